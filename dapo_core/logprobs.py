@@ -1,0 +1,56 @@
+"""Token log-probabilities and entropies from hidden states, in chunks.
+
+The policy loss needs log pi(y_t | y_<t) only at response tokens. Projecting every position of a
+(B, T, H) batch onto a vocabulary of 150k entries would materialise B*T*V logits (tens of GB for a
+paper-scale batch), and most positions are prompt or padding. Instead the caller selects the N
+positions that count, and this module projects them ``chunk`` rows at a time; with gradients on,
+each chunk runs under activation checkpointing, so backward recomputes its logits instead of
+keeping them, and peak memory is O(chunk * V) rather than O(N * V).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+
+def _chunk_logp_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, H) hidden, (V, H) weight, (n,) targets -> (n,) log-probs and (n,) entropies."""
+    logits = (hidden @ weight.T).float() / temperature  # (n, V)
+    logz = torch.logsumexp(logits, dim=-1)  # (n,)
+    logp = logits.gather(-1, targets[:, None]).squeeze(-1) - logz
+    with torch.no_grad():
+        entropy = logz - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+    return logp, entropy
+
+
+def token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    chunk: int = 4096,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs (differentiable) and entropies (detached) of ``targets`` under the head ``weight``.
+
+    ``hidden`` (N, H) are the states that predict ``targets`` (N,). Logits are divided by the
+    sampling temperature, so the log-probs are those of the distribution the rollout sampled from.
+    """
+    logps, entropies = [], []
+    use_ckpt = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    for start in range(0, hidden.shape[0], chunk):
+        h, t = hidden[start : start + chunk], targets[start : start + chunk]
+        if use_ckpt:
+            lp, ent = checkpoint(
+                _chunk_logp_entropy, h, weight, t, temperature, use_reentrant=False
+            )
+        else:
+            lp, ent = _chunk_logp_entropy(h, weight, t, temperature)
+        logps.append(lp)
+        entropies.append(ent)
+    if not logps:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, empty
+    return torch.cat(logps), torch.cat(entropies)

@@ -1,0 +1,137 @@
+"""Dynamic sampling (DAPO section 3.2, Eq. 11).
+
+A group whose G responses are all correct or all wrong has zero advantage everywhere and gives no
+gradient; DAPO over-samples and keeps only groups with 0 < #correct < G until the training batch
+holds the configured number of prompts. The filter reads the raw accuracy, never the shaped reward
+(filtering on shaped reward lets all-wrong groups with different length penalties through).
+
+Beyond the paper:
+- surplus kept groups are not thrown away but carried to the next step by :class:`GroupAccumulator`
+  (they are slightly off-policy, so each carries the step it was generated at, and the batch
+  reports their age);
+- at the cap on generation batches the caller chooses the outcome: an error that explains what
+  happened (:class:`GenerationCapReached`) or training on the partial batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dapo_core.errors import PipelineError
+
+
+class GenerationCapReached(PipelineError):
+    """Dynamic sampling hit max_gen_batches before filling the batch (and on_gen_cap=error)."""
+
+
+def keep_groups(acc: torch.Tensor) -> torch.Tensor:
+    """(P, G) raw correctness -> (P,) bool: groups with 0 < #correct < G (Eq. 11)."""
+    correct = acc.to(torch.int64).sum(dim=1)  # (P,)
+    return (correct > 0) & (correct < acc.shape[1])
+
+
+@dataclass
+class GroupAccumulator:
+    """Kept groups waiting to be trained on, oldest first, each with the step that generated it."""
+
+    groups: list[tuple[int, Any]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def add(self, groups: Sequence[Any], step: int) -> None:
+        self.groups.extend((step, g) for g in groups)
+
+    def take(self, n: int, step: int) -> tuple[list[Any], list[int]]:
+        """Up to ``n`` groups (oldest first, so none grows stale) and their ages in steps."""
+        taken, self.groups = self.groups[:n], self.groups[n:]
+        return [g for _, g in taken], [step - born for born, _ in taken]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"groups": list(self.groups)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.groups = [(int(born), g) for born, g in state["groups"]]
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """What dynamic sampling did in one step (logged per step)."""
+
+    num_gen_batches: int
+    groups_generated: int
+    groups_kept: int
+    groups_in_batch: int
+    carried_over: int
+    mean_age: float
+    hit_cap: bool
+
+    @property
+    def kept_group_frac(self) -> float:
+        return self.groups_kept / self.groups_generated if self.groups_generated else 0.0
+
+    @property
+    def samples_per_kept(self) -> float:
+        """Generated groups per kept group (= samples per kept sample); 1 / kept fraction."""
+        return self.groups_generated / self.groups_kept if self.groups_kept else float("inf")
+
+
+GenerateFn = Callable[[int], tuple[Sequence[Any], torch.Tensor]]
+"""n_prompts -> (groups, (n_prompts, G) raw accuracy)."""
+
+
+def fill_batch(
+    generate: GenerateFn,
+    buffer: GroupAccumulator,
+    *,
+    step: int,
+    prompt_batch: int,
+    gen_batch: int,
+    max_gen_batches: int,
+    on_gen_cap: str,
+    dynamic_sampling: bool,
+) -> tuple[list[Any], BatchStats]:
+    """Build one training batch of ``prompt_batch`` groups.
+
+    With ``dynamic_sampling`` off (naive GRPO) this is one generation batch of exactly
+    ``prompt_batch`` prompts, all kept. With it on, generation batches of ``gen_batch`` prompts are
+    drawn and filtered until the buffer (which may hold groups carried from the last step) holds
+    enough, or ``max_gen_batches`` is reached.
+    """
+    if not dynamic_sampling:
+        groups, acc = generate(prompt_batch)
+        stats = BatchStats(1, len(groups), len(groups), len(groups), 0, 0.0, False)
+        return list(groups), stats
+
+    generated = kept = batches = 0
+    while len(buffer) < prompt_batch and batches < max_gen_batches:
+        groups, acc = generate(gen_batch)
+        mask = keep_groups(acc).tolist()
+        buffer.add([g for g, k in zip(groups, mask, strict=True) if k], step)
+        batches += 1
+        generated += len(groups)
+        kept += sum(mask)
+    hit_cap = len(buffer) < prompt_batch
+    if hit_cap and on_gen_cap == "error":
+        raise GenerationCapReached(
+            f"dynamic sampling kept {len(buffer)} of the {prompt_batch} groups a batch needs after "
+            f"{batches} generation batches ({kept}/{generated} groups had mixed correctness). "
+            "Most groups are all-correct or all-wrong: the task is too easy or too hard for this "
+            "policy. Raise algo.max_gen_batches or train.gen_batch, or set "
+            "algo.on_gen_cap=partial to train on the partial batch."
+        )
+    batch, ages = buffer.take(prompt_batch, step)
+    stats = BatchStats(
+        num_gen_batches=batches,
+        groups_generated=generated,
+        groups_kept=kept,
+        groups_in_batch=len(batch),
+        carried_over=len(buffer),
+        mean_age=sum(ages) / len(ages) if ages else 0.0,
+        hit_cap=hit_cap,
+    )
+    return batch, stats

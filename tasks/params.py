@@ -1,0 +1,50 @@
+"""Reading params.yaml (and overlay presets) into the typed config of ``dapo_core.config``.
+
+The repository root is found from this file, not from the cwd, so commands work from any directory
+and inside DVC's temporary experiment copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dapo_core.config import Config, ConfigError, resolve
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PARAMS = REPO_ROOT / "params.yaml"
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A YAML mapping from ``path``, or a :class:`ConfigError` that says what is wrong."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def load_params(
+    path: str | Path | None = None,
+    overlays: Sequence[str | Path] = (),
+    overrides: Sequence[str] = (),
+) -> Config:
+    """The resolved config: ``path`` (default: params.yaml at the repo root), then each overlay
+    preset, then ``section.key=value`` overrides (``-S`` on the command line)."""
+    path = Path(path) if path else DEFAULT_PARAMS
+    layers = [(str(o), read_yaml(o)) for o in overlays]
+    return resolve(read_yaml(path), layers, overrides, source=str(path))
+
+
+def repo_path(relative: str | Path) -> Path:
+    """A path from the config (relative to the repo root) as an absolute path."""
+    p = Path(relative)
+    return p if p.is_absolute() else REPO_ROOT / p

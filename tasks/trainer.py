@@ -1,0 +1,526 @@
+"""The DAPO training loop (DAPO Algorithm 1), with all algorithmic decisions made in ``dapo_core``.
+
+One step:
+1. build the batch with dynamic sampling (``dapo_core.sampling.fill_batch``): generate G responses
+   per prompt, score them (``dapo_core.reward``), keep informative groups, carry the surplus;
+2. rewards with the overlong penalty, group advantages, the overlong-filter loss mask;
+3. old log-probs once, only when there are several updates per rollout (with one update the ratio
+   is exactly 1 and the pass would be wasted);
+4. ``prompt_batch / mini_batch`` gradient updates, each accumulated over micro-batches sized by a
+   token budget, with the loss normalizer counted over the whole mini-batch (and all ranks);
+5. AdamW with linear warm-up (step 1 trains at lr / warmup, never at 0; the lr is a function of the
+   step, so a resumed run needs no scheduler state), gradient clipping, and
+   a skip of any update whose loss or gradient is not finite.
+
+Efficiency: sequences are sorted by length into micro-batches padded only to their own longest
+member; only response positions are projected onto the vocabulary, in chunks
+(``dapo_core.logprobs``); samples whose loss is identically zero (advantage 0, or masked out by
+overlong filtering) are counted in the normalizer but skip the forward and backward passes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from dapo_core.advantages import group_advantages
+from dapo_core.config import Config
+from dapo_core.errors import PipelineError
+from dapo_core.logprobs import token_logprobs
+from dapo_core.loss import policy_loss
+from dapo_core.metrics import masked_mean
+from dapo_core.overlong import overlong_filter_mask, shaped_rewards
+from dapo_core.reward import score
+from dapo_core.sampling import BatchStats, GroupAccumulator, fill_batch
+from dapo_core.synthetic import Problem
+from tasks.models import chat_prompt
+from tasks.rollout import Generator
+
+MetricsSink = Callable[[dict[str, float], int], None]
+
+
+class TrainingStopped(PipelineError):
+    """The run cannot go on (e.g. too many non-finite updates in a row); the message says why."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Data order
+# ---------------------------------------------------------------------------------------------
+
+
+class ProblemStream:
+    """Problems in a reshuffled order each epoch; its position is part of a checkpoint."""
+
+    def __init__(self, problems: list[Problem], seed: int):
+        if not problems:
+            raise ValueError("the training set is empty")
+        self.problems, self.seed = problems, seed
+        self.epoch, self.pos = 0, 0
+        self._order = self._shuffled(0)
+
+    def _shuffled(self, epoch: int) -> list[int]:
+        order = list(range(len(self.problems)))
+        random.Random(self.seed * 100_003 + epoch).shuffle(order)
+        return order
+
+    def take(self, n: int) -> list[Problem]:
+        out = []
+        while len(out) < n:
+            if self.pos == len(self._order):
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._order = self._shuffled(self.epoch)
+            out.append(self.problems[self._order[self.pos]])
+            self.pos += 1
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.pos = state["epoch"], state["pos"]
+        self._order = self._shuffled(self.epoch)
+
+
+@dataclass
+class Group:
+    """One prompt and its G scored responses."""
+
+    problem_id: str
+    answer: str
+    prompt_ids: list[int]
+    response_ids: list[list[int]]
+    finished: list[bool]
+    acc: list[bool]
+    texts: list[str]
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def global_sum(x: float) -> float:
+    """Sum over data-parallel ranks (identity on one process): the loss normalizer is global."""
+    if dist.is_available() and dist.is_initialized():
+        t = torch.tensor([x], dtype=torch.float64)
+        dist.all_reduce(t)
+        return float(t.item())
+    return x
+
+
+def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices grouped longest-first so that (count x longest) <= budget tokens per micro-batch."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= budget:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def warmup_lambda(warmup_steps: int) -> Callable[[int], float]:
+    """Linear warm-up then constant: step s (0-based) trains at lr * (s+1)/warmup, never at 0."""
+    return lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    """One response ready for the loss: its ids, advantage and loss weight."""
+
+    input_ids: list[int]  # prompt + response
+    prompt_len: int
+    advantage: float
+    keep: bool  # False when overlong filtering masks it out
+    old_logp: torch.Tensor | None = None  # (response_len,), when several updates per rollout
+
+
+@dataclass
+class StepResult:
+    metrics: dict[str, float]
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+class DAPOTrainer:
+    def __init__(
+        self,
+        cfg: Config,
+        model,
+        tokenizer,
+        generator: Generator,
+        problems: list[Problem],
+        run_dir: Path,
+        sink: MetricsSink | None = None,
+    ):
+        self.cfg, self.model, self.tokenizer, self.generator = cfg, model, tokenizer, generator
+        self.run_dir = Path(run_dir)
+        self.sink = sink
+        self.stream = ProblemStream(problems, cfg.train.seed)
+        self.buffer = GroupAccumulator()
+        self.step = 0
+        self.bad_steps = 0
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=cfg.train.lr,
+            weight_decay=cfg.train.weight_decay,
+        )
+        self.lr_at = warmup_lambda(cfg.train.warmup_steps)
+        self.loss_cfg = cfg.algo.loss_config()
+        self.device = next(model.parameters()).device
+        self.autocast = self.device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16")
+
+    # -- rollout -----------------------------------------------------------------------------
+
+    def _generate_groups(
+        self, n: int, gen_log: dict[str, float]
+    ) -> tuple[list[Group], torch.Tensor]:
+        cfg = self.cfg
+        problems = self.stream.take(n)
+        prompts = [chat_prompt(self.tokenizer, p.prompt) for p in problems]
+        t0 = time.perf_counter()
+        with torch.autocast(self.device.type, torch.bfloat16, enabled=self.autocast):
+            out = self.generator.generate(
+                prompts,
+                cfg.rollout.group_size,
+                cfg.rollout.temperature,
+                cfg.rollout.top_p,
+                cfg.rollout.max_response_len,
+            )
+        gen_log["gen_time"] += time.perf_counter() - t0
+        gen_log["prompts_truncated"] += out.prompts_truncated
+        G = cfg.rollout.group_size
+        groups, accs = [], []
+        for i, p in enumerate(problems):
+            sl = slice(i * G, (i + 1) * G)
+            acc = [score(t, p.answer).acc for t in out.texts[sl]]
+            groups.append(
+                Group(
+                    p.id,
+                    p.answer,
+                    out.prompt_ids[i],
+                    out.response_ids[sl],
+                    out.finished[sl],
+                    acc,
+                    out.texts[sl],
+                )
+            )
+            accs.append(acc)
+        gen_log["acc"] += [a for row in accs for a in row]
+        gen_log["lengths"] += out.lengths
+        gen_log["finished"] += out.finished
+        return groups, torch.tensor(accs, dtype=torch.bool)
+
+    # -- loss inputs -------------------------------------------------------------------------
+
+    def _samples(self, groups: list[Group]) -> tuple[list[Sample], dict[str, float]]:
+        cfg, a = self.cfg, self.cfg.algo
+        acc = torch.tensor([g.acc for g in groups], dtype=torch.bool)  # (P, G)
+        lengths = torch.tensor([[len(r) for r in g.response_ids] for g in groups])  # (P, G)
+        finished = torch.tensor([g.finished for g in groups])  # (P, G)
+        rewards = shaped_rewards(
+            acc.flatten(),
+            lengths.flatten(),
+            overlong_shaping=a.overlong_shaping,
+            max_len=cfg.rollout.max_response_len,
+            cache_len=a.cache_len,
+            factor=a.overlong_penalty_factor,
+        ).view_as(acc)
+        adv = group_advantages(rewards).flatten()  # (P*G,)
+        keep = overlong_filter_mask(
+            torch.ones(acc.numel(), 1), ~finished.flatten(), overlong_filtering=a.overlong_filtering
+        )[:, 0].bool()
+        samples = []
+        for gi, g in enumerate(groups):
+            for j, resp in enumerate(g.response_ids):
+                k = gi * len(g.response_ids) + j
+                samples.append(
+                    Sample(g.prompt_ids + resp, len(g.prompt_ids), float(adv[k]), bool(keep[k]))
+                )
+        stats = {
+            "train/batch_acc_mean": acc.float().mean().item(),
+            "train/adv_abs_mean": adv.abs().mean().item(),
+        }
+        return samples, stats
+
+    def _rollout_metrics(self, gen_log: dict[str, Any]) -> dict[str, float]:
+        """What the policy did this step, over every sample generated (kept or not)."""
+        a = self.cfg.algo
+        acc = torch.tensor(gen_log["acc"], dtype=torch.bool)
+        lengths = torch.tensor(gen_log["lengths"])
+        finished = torch.tensor(gen_log["finished"], dtype=torch.bool)
+        rewards = shaped_rewards(
+            acc,
+            lengths,
+            overlong_shaping=a.overlong_shaping,
+            max_len=self.cfg.rollout.max_response_len,
+            cache_len=a.cache_len,
+            factor=a.overlong_penalty_factor,
+        )
+        return {
+            "train/reward_mean": rewards.mean().item(),
+            "train/acc_mean": acc.float().mean().item(),
+            "train/response_len_mean": lengths.float().mean().item(),
+            "train/truncated_frac": (~finished).float().mean().item(),
+        }
+
+    # -- forward -----------------------------------------------------------------------------
+
+    def _forward_logprobs(
+        self, batch: list[Sample]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(b, R) response log-probs (differentiable), (b, R) entropies, (b, R) response mask."""
+        pad = self.tokenizer.pad_token_id
+        width = max(len(s.input_ids) for s in batch)
+        ids = torch.tensor([s.input_ids + [pad] * (width - len(s.input_ids)) for s in batch])
+        attn = torch.tensor(
+            [[1] * len(s.input_ids) + [0] * (width - len(s.input_ids)) for s in batch]
+        )
+        resp_lens = [len(s.input_ids) - s.prompt_len for s in batch]
+        R = max(resp_lens)
+        dev = self.device
+        # Flat coordinates of every response token: row, column in the response, position in ids.
+        rows = torch.tensor([i for i, n in enumerate(resp_lens) for _ in range(n)], device=dev)
+        cols = torch.tensor([j for n in resp_lens for j in range(n)], device=dev)
+        pos = cols + torch.tensor([s.prompt_len for s in batch], device=dev)[rows]
+        ids, attn = ids.to(dev), attn.to(dev)
+        with torch.autocast(dev.type, torch.bfloat16, enabled=self.autocast):
+            hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
+        head = self.model.get_output_embeddings().weight
+        # The token at position t is predicted by the hidden state at t - 1.
+        logp_flat, ent_flat = token_logprobs(
+            hidden[rows, pos - 1], head, ids[rows, pos], self.cfg.rollout.temperature
+        )
+        logp = torch.zeros(len(batch), R, device=dev, dtype=logp_flat.dtype)
+        logp = logp.index_put((rows, cols), logp_flat)  # differentiable scatter
+        ent = torch.zeros(len(batch), R, device=dev)
+        ent[rows, cols] = ent_flat
+        mask = torch.arange(R, device=dev)[None, :] < torch.tensor(resp_lens, device=dev)[:, None]
+        return logp, ent, mask.float()
+
+    @torch.no_grad()
+    def _compute_old_logprobs(self, samples: list[Sample]) -> None:
+        budget = self.cfg.train.micro_batch_tokens
+        active = [s for s in samples if s.keep and s.advantage != 0.0]
+        for idx in micro_batches([len(s.input_ids) for s in active], budget):
+            batch = [active[i] for i in idx]
+            logp, _, mask = self._forward_logprobs(batch)
+            for s, lp, m in zip(batch, logp, mask, strict=True):
+                s.old_logp = lp[: int(m.sum())].float()
+
+    # -- one update --------------------------------------------------------------------------
+
+    def _update(self, samples: list[Sample]) -> dict[str, float]:
+        """One gradient update over a mini-batch of samples."""
+        token_level = self.loss_cfg.token_level_loss
+        # The normalizer counts every sample of the mini-batch (all ranks), including the ones
+        # skipped below because their loss is identically zero.
+        kept = [s for s in samples if s.keep]
+        local = sum(len(s.input_ids) - s.prompt_len for s in kept) if token_level else len(kept)
+        normalizer = max(global_sum(float(local)), 1.0)
+        active = [s for s in kept if s.advantage != 0.0]
+        sums = {"clip_frac_high": 0.0, "clip_frac_low": 0.0, "entropy": 0.0, "loss": 0.0}
+        n_tok = 0.0
+        for idx in micro_batches(
+            [len(s.input_ids) for s in active], self.cfg.train.micro_batch_tokens
+        ):
+            batch = [active[i] for i in idx]
+            logp, ent, mask = self._forward_logprobs(batch)
+            if batch[0].old_logp is None:
+                old = logp.detach()
+            else:
+                old = torch.zeros_like(logp)
+                for i, s in enumerate(batch):
+                    old[i, : len(s.old_logp)] = s.old_logp.to(old.dtype)
+            adv = torch.tensor([s.advantage for s in batch], device=self.device)
+            loss, m = policy_loss(logp, old, adv, mask, self.loss_cfg, normalizer=normalizer)
+            loss.backward()
+            t = m["num_tokens"].item()
+            n_tok += t
+            sums["clip_frac_high"] += m["clip_frac_high"].item() * t
+            sums["clip_frac_low"] += m["clip_frac_low"].item() * t
+            sums["entropy"] += masked_mean(ent, mask).item() * t
+            sums["loss"] += loss.item()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip).item()
+        finite = math.isfinite(grad_norm) and math.isfinite(sums["loss"])
+        if finite:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        out = {k: (v / n_tok if k != "loss" and n_tok else v) for k, v in sums.items()}
+        out.update(grad_norm=grad_norm, finite=float(finite), tokens=n_tok)
+        return out
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def train_step(self) -> StepResult:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        seed_everything(cfg.train.seed * 1_000_003 + self.step)
+        gen_log: dict[str, Any] = {
+            "gen_time": 0.0,
+            "prompts_truncated": 0,
+            "acc": [],
+            "lengths": [],
+            "finished": [],
+        }
+        groups, ds = fill_batch(
+            lambda n: self._generate_groups(n, gen_log),
+            self.buffer,
+            step=self.step,
+            prompt_batch=cfg.train.prompt_batch,
+            gen_batch=cfg.train.gen_batch,
+            max_gen_batches=cfg.algo.max_gen_batches,
+            on_gen_cap=cfg.algo.on_gen_cap,
+            dynamic_sampling=cfg.algo.dynamic_sampling,
+        )
+        metrics = {**self._ds_metrics(ds), **self._rollout_metrics(gen_log)}
+        lr = cfg.train.lr * self.lr_at(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        updates: list[dict[str, float]] = []
+        t_train = time.perf_counter()
+        if groups:
+            samples, batch_stats = self._samples(groups)
+            metrics.update(batch_stats)
+            G = cfg.rollout.group_size
+            n_updates = math.ceil(len(groups) / cfg.train.mini_batch)
+            if n_updates > 1:
+                self._compute_old_logprobs(samples)
+            for u in range(n_updates):
+                mini = samples[u * cfg.train.mini_batch * G : (u + 1) * cfg.train.mini_batch * G]
+                updates.append(self._update(mini))
+        self.step += 1
+
+        all_finite = all(u["finite"] for u in updates)
+        self.bad_steps = 0 if all_finite else self.bad_steps + 1
+        tokens = sum(u["tokens"] for u in updates)
+        step_time = time.perf_counter() - t0
+        mean = lambda k: float(np.mean([u[k] for u in updates])) if updates else 0.0  # noqa: E731
+        metrics.update(
+            {
+                "train/entropy": mean("entropy"),
+                "train/clip_frac_low": mean("clip_frac_low"),
+                "train/clip_frac_high": mean("clip_frac_high"),
+                "train/grad_norm": mean("grad_norm"),
+                "train/loss": mean("loss"),
+                "train/lr": lr,
+                "train/skipped_updates": float(sum(not u["finite"] for u in updates)),
+                "train/prompts_truncated": gen_log["prompts_truncated"],
+                "perf/step_time_s": step_time,
+                "perf/gen_time_s": gen_log["gen_time"],
+                "perf/train_time_s": time.perf_counter() - t_train,
+                "perf/tokens_per_s": (sum(gen_log["lengths"]) + tokens) / step_time,
+            }
+        )
+        if self.sink:
+            self.sink(metrics, self.step)
+        if self.bad_steps >= cfg.train.max_bad_steps:
+            raise TrainingStopped(
+                f"{self.bad_steps} steps in a row had a non-finite loss or gradient (updates "
+                "skipped). Lower train.lr, check the model's dtype, or raise train.max_bad_steps."
+            )
+        samples_out = [
+            {
+                "step": self.step,
+                "problem_id": g.problem_id,
+                "answer": g.answer,
+                "response": g.texts[0],
+                "acc": g.acc[0],
+            }
+            for g in groups[: cfg.tracking.log_samples]
+        ]
+        return StepResult(metrics, samples_out)
+
+    @staticmethod
+    def _ds_metrics(ds: BatchStats) -> dict[str, float]:
+        return {
+            "train/kept_group_frac": ds.kept_group_frac,
+            "train/num_gen_batches": float(ds.num_gen_batches),
+            "train/groups_in_batch": float(ds.groups_in_batch),
+            "train/carried_groups": float(ds.carried_over),
+            "train/carried_age_mean": ds.mean_age,
+            "train/samples_per_kept": ds.samples_per_kept if ds.groups_kept else 0.0,
+            "train/hit_gen_cap": float(ds.hit_cap),
+        }
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def save_checkpoint(self) -> Path:
+        """Write ``checkpoints/step_N`` atomically (tmp dir + rename) and keep the last K."""
+        root = self.run_dir / "checkpoints"
+        root.mkdir(parents=True, exist_ok=True)
+        final = root / f"step_{self.step:06d}"
+        tmp = root / f".tmp-step_{self.step:06d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.model.save_pretrained(tmp / "model")
+        self.tokenizer.save_pretrained(tmp / "model")
+        state = {
+            "step": self.step,
+            "bad_steps": self.bad_steps,
+            "optimizer": self.optimizer.state_dict(),
+            "stream": self.stream.state_dict(),
+            "buffer": self.buffer.state_dict(),
+            "rng": {
+                "python": random.getstate(),
+                "numpy": np.random.get_state(),
+                "torch": torch.get_rng_state(),
+            },
+        }
+        torch.save(state, tmp / "trainer.pt")
+        (tmp / "COMPLETE").write_text(json.dumps({"step": self.step}))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for old in list_checkpoints(self.run_dir)[: -self.cfg.train.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def load_checkpoint(self, ckpt: Path) -> None:
+        from safetensors.torch import load_file
+
+        weights = {}
+        for f in sorted((ckpt / "model").glob("*.safetensors")):
+            weights.update(load_file(f))
+        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        # Tied embeddings are saved once; anything else missing means a different model.
+        if unexpected or any("lm_head" not in k for k in missing):
+            raise RuntimeError(f"checkpoint {ckpt} does not match the model ({missing[:3]})")
+        state = torch.load(ckpt / "trainer.pt", weights_only=False)
+        self.step, self.bad_steps = state["step"], state["bad_steps"]
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.stream.load_state_dict(state["stream"])
+        self.buffer.load_state_dict(state["buffer"])
+        random.setstate(state["rng"]["python"])
+        np.random.set_state(state["rng"]["numpy"])
+        torch.set_rng_state(state["rng"]["torch"])
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first (a half-written one has no COMPLETE file)."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.exists():
+        return []
+    return sorted(p for p in root.glob("step_*") if (p / "COMPLETE").exists())

@@ -1,0 +1,104 @@
+import dataclasses
+
+import pytest
+
+from dapo_core.config import (
+    ABLATION_LADDER,
+    ABLATION_SWITCHES,
+    ConfigError,
+    apply_variant,
+    from_dict,
+    parse_override,
+    resolve,
+)
+from tasks.params import DEFAULT_PARAMS, load_params, read_yaml
+
+
+@pytest.fixture(scope="module")
+def base():
+    return read_yaml(DEFAULT_PARAMS)
+
+
+def test_default_params_load(base):
+    cfg = load_params()
+    assert cfg.algo.eps_low == 0.2 and cfg.algo.eps_high == 0.28
+    assert isinstance(cfg.train.lr, float)
+
+
+def test_unknown_key_names_key_and_file(base, tmp_path):
+    bad = tmp_path / "p.yaml"
+    bad.write_text(DEFAULT_PARAMS.read_text().replace("eps_high:", "eps_hihg:"))
+    with pytest.raises(ConfigError, match=r"p\.yaml.*unknown key 'algo\.eps_hihg'"):
+        load_params(bad)
+
+
+def test_missing_key(base):
+    raw = {**base, "algo": {k: v for k, v in base["algo"].items() if k != "cache_len"}}
+    with pytest.raises(ConfigError, match="missing key 'algo.cache_len'"):
+        from_dict(raw)
+
+
+def test_wrong_type_and_literal(base):
+    with pytest.raises(ConfigError, match="'algo.clip_higher' must be bool"):
+        resolve(base, overrides=["algo.clip_higher=yes"])
+    with pytest.raises(ConfigError, match="'algo.on_gen_cap' must be one of"):
+        resolve(base, overrides=["algo.on_gen_cap=ignore"])
+
+
+def test_overrides(base):
+    cfg = resolve(base, overrides=["algo.eps_high=0.3", "train.lr=1e-6", "algo.dual_clip_c=10"])
+    assert cfg.algo.eps_high == 0.3 and cfg.train.lr == 1e-6 and cfg.algo.dual_clip_c == 10.0
+    with pytest.raises(ConfigError, match="unknown key 'algo.nope'"):
+        resolve(base, overrides=["algo.nope=1"])
+    with pytest.raises(ConfigError, match="section.key=value"):
+        parse_override("algo.eps_high")
+
+
+def test_overlay_presets(tmp_path):
+    cfg = load_params(overlays=["configs/qwen2.5-32b.yaml"])
+    assert cfg.rollout.group_size == 16 and cfg.rollout.max_response_len == 20480
+    assert cfg.algo.cache_len == 4096 and cfg.train.prompt_batch == 512 and cfg.train.lr == 1e-6
+    bad = tmp_path / "o.yaml"
+    bad.write_text("train:\n  stepz: 3\n")
+    with pytest.raises(ConfigError, match="unknown key 'train.stepz'"):
+        load_params(overlays=[bad])
+
+
+def test_cross_field_checks(base):
+    with pytest.raises(ConfigError, match="multiple of train.mini_batch"):
+        resolve(base, overrides=["train.prompt_batch=10", "train.mini_batch=4"])
+    with pytest.raises(ConfigError, match="cache_len"):
+        resolve(base, overrides=["algo.cache_len=9999"])
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_params("/nonexistent/params.yaml")
+
+
+def test_ladder_is_cumulative_and_ends_at_full_dapo(base):
+    names = list(ABLATION_LADDER)
+    assert names == [
+        "grpo",
+        "+overlong_filtering",
+        "+clip_higher",
+        "+overlong_shaping",
+        "+token_level_loss",
+        "+dynamic_sampling",
+    ]
+    on_counts = [sum(ABLATION_LADDER[n].values()) for n in names]
+    assert on_counts == [0, 1, 2, 3, 4, 5]
+    for prev, cur in zip(names, names[1:], strict=False):
+        added = {
+            s for s in ABLATION_SWITCHES if ABLATION_LADDER[cur][s] and not ABLATION_LADDER[prev][s]
+        }
+        assert added == {cur.lstrip("+")}
+    cfg = from_dict(base)
+    grpo = apply_variant(cfg, "grpo")
+    assert not any(getattr(grpo.algo, s) for s in ABLATION_SWITCHES)
+    assert grpo.algo.loss_config().clip_higher is False
+    full = apply_variant(cfg, "+dynamic_sampling")
+    assert all(getattr(full.algo, s) for s in ABLATION_SWITCHES)
+    assert dataclasses.replace(full, algo=cfg.algo).train == cfg.train  # only algo changes
+    with pytest.raises(ConfigError, match="unknown variant"):
+        apply_variant(cfg, "dapo++")

@@ -1,0 +1,191 @@
+"""The training engine on a tiny model: exact resume, micro-batch invariance, fault handling."""
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dapo_core.config import apply_variant, resolve
+from tasks.models import load_policy, resolve_model_path
+from tasks.train import run_training
+from tasks.trainer import (
+    DAPOTrainer,
+    ProblemStream,
+    TrainingStopped,
+    list_checkpoints,
+    micro_batches,
+    warmup_lambda,
+)
+
+
+def test_micro_batches_respect_budget_and_cover_everything():
+    lengths = [5, 17, 3, 9, 9, 30, 1, 12]
+    batches = micro_batches(lengths, budget=32)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 32
+
+
+def test_warmup_never_trains_at_zero():
+    f = warmup_lambda(4)
+    assert [f(s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert warmup_lambda(0)(0) == 1.0
+
+
+def test_problem_stream_resumes_in_place():
+    from dapo_core.synthetic import arith_problems
+
+    problems, _ = arith_problems(0, 10, 0, 9, 2)
+    a = ProblemStream(problems, seed=1)
+    a.take(7)
+    b = ProblemStream(problems, seed=1)
+    b.load_state_dict(a.state_dict())
+    assert [p.id for p in a.take(12)] == [p.id for p in b.take(12)]  # crosses an epoch
+
+
+def _trainer(cfg, tmp_path):
+    from tasks.rollout import HFGenerator
+    from tasks.train import training_problems
+
+    model, tok = load_policy(resolve_model_path(cfg), "float32")
+    gen = HFGenerator(model, tok, cfg.rollout.max_prompt_len)
+    return DAPOTrainer(cfg, model, tok, gen, training_problems(cfg), tmp_path)
+
+
+def _weights(run_dir):
+    return load_file(str(run_dir / "final" / "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_resume_reproduces_uninterrupted_run(tiny_cfg, tmp_path):
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["train.steps=4"])
+    full = run_training(cfg, tmp_path / "full", progress=False)
+    first = run_training(cfg, tmp_path / "cut", progress=False, max_steps=2)
+    assert first.steps == 2 and not (tmp_path / "cut" / "final").exists()
+    with pytest.raises(FileExistsError, match="--resume"):
+        run_training(cfg, tmp_path / "cut", progress=False)
+    rest = run_training(cfg, tmp_path / "cut", resume=True, progress=False)
+    assert rest.steps == 4
+
+    def strip(h):  # timings differ between runs; everything else must match exactly
+        return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in h]
+
+    assert strip(rest.history) == strip(full.history)
+    wa, wb = _weights(tmp_path / "full"), _weights(tmp_path / "cut")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert len(list_checkpoints(tmp_path / "cut")) <= cfg.train.keep_checkpoints
+
+
+def _mixed_groups(t):
+    """Real rollouts with a fixed mixed correctness pattern, so every group carries signal."""
+    torch.manual_seed(0)
+    log = {"gen_time": 0.0, "prompts_truncated": 0, "acc": [], "lengths": [], "finished": []}
+    groups, _ = t._generate_groups(4, log)
+    for i, g in enumerate(groups):
+        g.acc = [(i + j) % 3 == 0 for j in range(len(g.acc))]
+    return groups
+
+
+@pytest.mark.slow
+def test_update_is_invariant_to_micro_batch_size(tiny_cfg, tmp_path):
+    """The global normalizer makes accumulation over micro-batches equal one big batch."""
+    results = {}
+    for variant in ("+dynamic_sampling", "grpo"):  # token-level and sample-level losses
+        for budget in (10_000, 8):
+            cfg = apply_variant(
+                resolve(tiny_cfg.to_dict(), overrides=[f"train.micro_batch_tokens={budget}"]),
+                variant,
+            )
+            t = _trainer(cfg, tmp_path / f"{budget}{variant}")
+            # SGD(lr=1): the update is the accumulated gradient itself (Adam's first step is
+            # ~lr * sign(g), which would amplify float noise in near-zero gradients).
+            t.optimizer = torch.optim.SGD(t.model.parameters(), lr=1.0)
+            before = {k: v.clone() for k, v in t.model.state_dict().items()}
+            samples, _ = t._samples(_mixed_groups(t))
+            out = t._update(samples)
+            assert out["finite"] == 1.0 and out["tokens"] > 0
+            after = t.model.state_dict()
+            results[variant, budget] = {k: after[k] - before[k] for k in after}
+    for variant in ("+dynamic_sampling", "grpo"):
+        big, small = results[variant, 10_000], results[variant, 8]
+        assert any(big[k].abs().sum() > 0 for k in big)  # an update happened
+        for k in big:
+            torch.testing.assert_close(big[k], small[k], rtol=1e-4, atol=1e-7)
+    a, b = results["+dynamic_sampling", 10_000], results["grpo", 10_000]
+    assert any(not torch.allclose(a[k], b[k]) for k in a)  # the variants really differ
+
+
+@pytest.mark.slow
+def test_non_finite_updates_are_skipped_then_stop(tiny_cfg, tmp_path):
+    cfg = resolve(
+        tiny_cfg.to_dict(), overrides=["train.max_bad_steps=2", "algo.dynamic_sampling=false"]
+    )
+    t = _trainer(cfg, tmp_path)
+    before = {k: v.clone() for k, v in t.model.state_dict().items()}
+    # Poison the forward pass: every log-prob becomes NaN.
+    original = t._forward_logprobs
+
+    def poisoned(batch):
+        logp, ent, mask = original(batch)
+        return logp * float("nan"), ent, mask
+
+    t._forward_logprobs = poisoned
+    mixed = _mixed_groups(t)
+
+    def fake_generate(n, log):
+        log["acc"] += [a for g in mixed[:n] for a in g.acc]
+        log["lengths"] += [len(r) for g in mixed[:n] for r in g.response_ids]
+        log["finished"] += [f for g in mixed[:n] for f in g.finished]
+        return mixed[:n], torch.tensor([g.acc for g in mixed[:n]])
+
+    t._generate_groups = fake_generate
+    r = t.train_step()
+    assert r.metrics["train/skipped_updates"] >= 1
+    after = t.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # no update applied
+    with pytest.raises(TrainingStopped, match="non-finite"):
+        t.train_step()
+
+
+@pytest.mark.slow
+def test_checkpoints_are_atomic_and_pruned(tiny_cfg, tmp_path):
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["train.keep_checkpoints=2"])
+    t = _trainer(cfg, tmp_path)
+    for _ in range(3):
+        t.train_step()
+        t.save_checkpoint()
+    names = [p.name for p in list_checkpoints(tmp_path)]
+    assert names == ["step_000002", "step_000003"]
+    # A save killed half-way leaves a tmp dir without COMPLETE: it is never picked up.
+    broken = tmp_path / "checkpoints" / ".tmp-step_000004"
+    (broken / "model").mkdir(parents=True)
+    assert [p.name for p in list_checkpoints(tmp_path)] == names
+    meta = json.loads((list_checkpoints(tmp_path)[-1] / "COMPLETE").read_text())
+    assert meta["step"] == 3
+
+
+@pytest.mark.slow
+def test_metrics_have_the_documented_names(tiny_cfg, tmp_path):
+    t = _trainer(tiny_cfg, tmp_path)
+    m = t.train_step().metrics
+    required = [
+        "train/reward_mean",
+        "train/acc_mean",
+        "train/entropy",
+        "train/response_len_mean",
+        "train/truncated_frac",
+        "train/clip_frac_low",
+        "train/clip_frac_high",
+        "train/kept_group_frac",
+        "train/num_gen_batches",
+        "train/grad_norm",
+        "train/lr",
+        "perf/step_time_s",
+        "perf/tokens_per_s",
+    ]
+    missing = [k for k in required if k not in m]
+    assert not missing
+    assert all(math.isfinite(m[k]) for k in required)
+    assert m["train/lr"] == pytest.approx(tiny_cfg.train.lr / tiny_cfg.train.warmup_steps)

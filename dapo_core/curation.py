@@ -435,7 +435,12 @@ def _radical_form(a: Fraction, b: Fraction, n: int) -> Integerized:
 def _exact_simplify(value: sympy.Expr) -> sympy.Expr:
     """Rationalise denominators and multiply out, so (1+sqrt 2)(sqrt 2-1) is seen to be 1."""
     _check_roots(value)
-    return sympy.expand(sympy.radsimp(value))
+    roots = [p for p in value.atoms(sympy.Pow) if not p.exp.is_Integer]
+    if all(p.exp.q == 2 for p in roots):
+        # Only square roots can appear in a canonical form, and radsimp can be very slow on
+        # higher roots (1/(2^(1/64) + 3^(1/63))), so other values are just multiplied out.
+        value = sympy.radsimp(value)
+    return sympy.expand(value)
 
 
 def _classify(value: sympy.Expr) -> Integerized | None:

@@ -8,7 +8,9 @@ holds the configured number of prompts. The filter reads the raw accuracy, never
 Beyond the paper:
 - surplus kept groups are not thrown away but carried to the next step by :class:`GroupAccumulator`
   (they are slightly off-policy, so each carries the step it was generated at, and the batch
-  reports their age);
+  reports their age). Every step still generates at least one fresh batch, and at most one batch
+  worth of groups is carried (the oldest beyond that are dropped and counted), so the carried
+  groups stay at most a step or two old even when almost every group is kept;
 - at the cap on generation batches the caller chooses the outcome: an error that explains what
   happened (:class:`GenerationCapReached`) or training on the partial batch.
 """
@@ -51,6 +53,12 @@ class GroupAccumulator:
         taken, self.groups = self.groups[:n], self.groups[n:]
         return [g for _, g in taken], [step - born for born, _ in taken]
 
+    def trim(self, capacity: int) -> int:
+        """Drop the oldest groups beyond ``capacity``; returns how many were dropped."""
+        dropped = max(0, len(self.groups) - capacity)
+        self.groups = self.groups[dropped:]
+        return dropped
+
     def state_dict(self) -> dict[str, Any]:
         return {"groups": list(self.groups)}
 
@@ -69,6 +77,7 @@ class BatchStats:
     carried_over: int
     mean_age: float
     hit_cap: bool
+    dropped: int = 0
 
     @property
     def kept_group_frac(self) -> float:
@@ -99,8 +108,9 @@ def fill_batch(
 
     With ``dynamic_sampling`` off (naive GRPO) this is one generation batch of exactly
     ``prompt_batch`` prompts, all kept. With it on, generation batches of ``gen_batch`` prompts are
-    drawn and filtered until the buffer (which may hold groups carried from the last step) holds
-    enough, or ``max_gen_batches`` is reached.
+    drawn and filtered (at least one per step) until the buffer, which may hold groups carried
+    from the last step, holds enough, or ``max_gen_batches`` is reached. At most ``prompt_batch``
+    surplus groups are carried to the next step.
     """
     if not dynamic_sampling:
         groups, acc = generate(prompt_batch)
@@ -108,7 +118,7 @@ def fill_batch(
         return list(groups), stats
 
     generated = kept = batches = 0
-    while len(buffer) < prompt_batch and batches < max_gen_batches:
+    while (len(buffer) < prompt_batch or batches == 0) and batches < max_gen_batches:
         groups, acc = generate(gen_batch)
         mask = keep_groups(acc).tolist()
         buffer.add([g for g, k in zip(groups, mask, strict=True) if k], step)
@@ -125,6 +135,7 @@ def fill_batch(
             "algo.on_gen_cap=partial to train on the partial batch."
         )
     batch, ages = buffer.take(prompt_batch, step)
+    dropped = buffer.trim(prompt_batch)
     stats = BatchStats(
         num_gen_batches=batches,
         groups_generated=generated,
@@ -133,5 +144,6 @@ def fill_batch(
         carried_over=len(buffer),
         mean_age=sum(ages) / len(ages) if ages else 0.0,
         hit_cap=hit_cap,
+        dropped=dropped,
     )
     return batch, stats

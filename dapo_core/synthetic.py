@@ -10,22 +10,10 @@ on a 2-core CPU the template would cost most of the compute of every step.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+
+from dapo_core.problem import Problem
 
 SOURCE_NAME = "synthetic:arith"
-
-
-@dataclass(frozen=True)
-class Problem:
-    id: str
-    problem: str
-    answer: str
-    source: str = SOURCE_NAME
-
-    @property
-    def prompt(self) -> str:
-        """The user message the policy sees."""
-        return self.problem
 
 
 def arith_problems(
@@ -52,7 +40,8 @@ def arith_problems(
 
 def _problem(index: int, ops: tuple[int, ...]) -> Problem:
     expr = " + ".join(str(x) for x in ops)
-    return Problem(id=f"arith-{index:06d}", problem=f"Compute {expr}.", answer=str(sum(ops)))
+    text = f"Compute {expr}."
+    return Problem(f"arith-{index:06d}", text, str(sum(ops)), prompt=text, source=SOURCE_NAME)
 
 
 def solution(problem: Problem) -> str:

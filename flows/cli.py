@@ -144,6 +144,45 @@ def train(
     )
 
 
+@app.command("evaluate")
+@user_errors
+def evaluate(
+    model: Annotated[
+        str | None, typer.Option(help="Model directory or hub id (default: model.name_or_path).")
+    ] = None,
+    eval_set: Annotated[
+        str | None,
+        typer.Option(help="synthetic-test, a name from data.eval_sets, or a parquet/jsonl path."),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Write metrics.json and per_problem.csv here.")
+    ] = None,
+    params: ParamsOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Evaluate a model: avg@n, pass@k, maj@n and a 95% CI over problems (paper: AIME avg@32)."""
+    from rich.table import Table
+
+    from tasks.evaluate import evaluate_model
+
+    cfg = _load(params, config, set_)
+    name, result = evaluate_model(cfg, model, eval_set)
+    table = Table(
+        title=f"{name}: {len(result.per_problem)} problems x {cfg.eval.n_samples} samples"
+    )
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k, v in result.metrics.items():
+        table.add_row(k, f"{v:.4f}")
+    Console().print(table)
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.json").write_text(json.dumps(result.metrics, indent=2))
+        result.per_problem.to_csv(out / "per_problem.csv", index=False)
+        console.print(f"wrote {out / 'metrics.json'} and {out / 'per_problem.csv'}")
+
+
 def _load_logged(path: Path):
     from dapo_core.config import from_dict
 
@@ -157,6 +196,303 @@ def demo() -> None:
     from flows.demo import run_demo
 
     run_demo()
+
+
+# ---------------------------------------------------------------------------------------------
+# Orchestrated flows (Prefect) and tracking (MLflow): pipeline, ablate, schedule, ui, reproduce
+# ---------------------------------------------------------------------------------------------
+
+RunNameOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Run name = directory under train.out_dir; an existing run continues from its "
+        "last checkpoint (default: <flow>-<date>-<time>-<flow run id>)."
+    ),
+]
+EvalSetOpt = Annotated[
+    str | None,
+    typer.Option(help="Eval set: synthetic-test, a name from data.eval_sets, or a file."),
+]
+CurateOpt = Annotated[
+    bool, typer.Option("--curate/--no-curate", help="Run the DVC data stages first.")
+]
+
+
+def _flow_args(params: Path | None, config: list[Path] | None, set_: list[str] | None) -> dict:
+    """Flow parameters as plain values; paths absolute (a scheduled run may start elsewhere)."""
+    return {
+        "params": str(params.resolve()) if params else None,
+        "config": [str(c.resolve()) for c in config or []],
+        "overrides": list(set_ or []),
+    }
+
+
+def _split(values: list[str] | None) -> list[str] | None:
+    """Repeatable, comma-separated options: ``--seeds 0,1 --seeds 2`` -> ["0", "1", "2"]."""
+    items = [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
+    return items or None
+
+
+def _seeds(values: list[str] | None) -> list[int] | None:
+    items = _split(values)
+    try:
+        return [int(s) for s in items] if items else None
+    except ValueError:
+        raise ConfigError(f"--seeds takes integers, e.g. --seeds 0,1; got {items}") from None
+
+
+@app.command("pipeline")
+@user_errors
+def pipeline(
+    params: ParamsOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    variant: Annotated[str | None, typer.Option(help="A Table 1 variant to train.")] = None,
+    run_name: RunNameOpt = None,
+    eval_set: EvalSetOpt = None,
+    max_steps: Annotated[
+        int | None, typer.Option(help="Train at most this many more steps in this run.")
+    ] = None,
+    curate: CurateOpt = True,
+) -> None:
+    """Curate -> train -> evaluate as one Prefect flow, tracked in one MLflow run."""
+    from flows.pipeline import pipeline_flow
+
+    _load(params, config, set_, variant)  # a config error is reported before Prefect starts
+    out = pipeline_flow(
+        **_flow_args(params, config, set_),
+        variant=variant,
+        run_name=run_name,
+        eval_set=eval_set,
+        max_steps=max_steps,
+        curate=curate,
+    )
+    t, e = out["train"], out["evaluate"]
+    m = e.metrics
+    console.print(
+        f"[green]done[/]: {t.steps} steps in {t.wall_time_s:.0f}s; {e.eval_set} "
+        f"avg@{int(m['eval/n_samples'])} {m['eval/avg_at_k']:.4f} "
+        f"(95% CI {m['eval/avg_at_k_ci_low']:.4f}-{m['eval/avg_at_k_ci_high']:.4f}); "
+        f"run {t.run_dir}; MLflow run {t.mlflow_run_id} (browse with `dapo ui`)"
+    )
+
+
+@app.command("ablate")
+@user_errors
+def ablate(
+    params: ParamsOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    variants: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--variants",
+            help=f"Variants to run, comma-separated or repeated (default: all of "
+            f"{', '.join(ABLATION_LADDER)}); always run in Table 1 order.",
+        ),
+    ] = None,
+    seeds: Annotated[
+        list[str] | None,
+        typer.Option("--seeds", help="Training seeds, e.g. --seeds 0,1 (default: train.seed)."),
+    ] = None,
+    eval_set: EvalSetOpt = None,
+    run_name: RunNameOpt = None,
+    curate: CurateOpt = True,
+) -> None:
+    """The Table 1 ladder: train and evaluate each variant (per seed) as a Prefect flow.
+
+    One parent MLflow run holds a nested run per variant/seed and the ablation table (markdown,
+    CSV and a bar chart, ours beside the paper's numbers)."""
+    from rich.table import Table
+
+    from flows.ablate import ablate_flow, ordered_variants
+
+    names = ordered_variants(_split(variants))
+    seed_list = _seeds(seeds)
+    _load(params, config, set_)
+    table = ablate_flow(
+        **_flow_args(params, config, set_),
+        variants=names,
+        seeds=seed_list,
+        eval_set=eval_set,
+        run_name=run_name,
+        curate=curate,
+    )
+    view = Table(title="Ablation (DAPO Table 1 order)")
+    for col in ("variant", "avg@k", "95% CI", "steps", "train s", "paper AIME24"):
+        view.add_column(col)
+    for r in table.itertuples(index=False):
+        view.add_row(
+            r.variant,
+            f"{r.avg_at_k:.4f}",
+            f"{r.ci_low:.4f}-{r.ci_high:.4f}",
+            str(r.steps),
+            f"{r.train_wall_s:.0f}",
+            f"{r.paper_aime24:.0f}",
+        )
+    Console().print(view)
+
+
+@app.command("schedule")
+@user_errors
+def schedule(
+    params: ParamsOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    train_cron: Annotated[
+        str | None,
+        typer.Option(help="Cron of the nightly train (default '0 2 * * *'; '' leaves it out)."),
+    ] = None,
+    ablate_cron: Annotated[
+        str | None,
+        typer.Option(help="Cron of the weekly ablate (default '0 4 * * 0'; '' leaves it out)."),
+    ] = None,
+    nightly_steps: Annotated[
+        int | None, typer.Option(help="Steps per nightly train (default: until train.steps).")
+    ] = None,
+    run_name: Annotated[
+        str, typer.Option(help="The run the nightly train continues (under train.out_dir).")
+    ] = "nightly",
+    variants: Annotated[
+        list[str] | None, typer.Option("--variants", help="Variants of the weekly ablate.")
+    ] = None,
+    seeds: Annotated[
+        list[str] | None, typer.Option("--seeds", help="Seeds of the weekly ablate, e.g. 0,1.")
+    ] = None,
+    timezone: Annotated[str, typer.Option(help="Time zone of the cron schedules.")] = "UTC",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the deployments; register nothing.")
+    ] = False,
+) -> None:
+    """Register and serve cron deployments: nightly train, weekly ablate (blocks).
+
+    The nightly train continues one run from its latest checkpoint. Needs a Prefect server:
+    `prefect server start` and `export PREFECT_API_URL=http://127.0.0.1:4200/api` (see README,
+    Schedules); `--dry-run` only prints the deployments."""
+    from flows.schedule import (
+        NIGHTLY_TRAIN_CRON,
+        WEEKLY_ABLATE_CRON,
+        api_url,
+        build_deployments,
+        schedule_specs,
+        serve_deployments,
+    )
+
+    _load(params, config, set_)
+    specs = schedule_specs(
+        NIGHTLY_TRAIN_CRON if train_cron is None else train_cron,
+        WEEKLY_ABLATE_CRON if ablate_cron is None else ablate_cron,
+        nightly_steps=nightly_steps,
+        run_name=run_name,
+        variants=_split(variants),
+        seeds=_seeds(seeds),
+        timezone=timezone,
+        **_flow_args(params, config, set_),
+    )
+    if not specs:
+        raise ConfigError("nothing to schedule: both --train-cron and --ablate-cron are empty")
+    for s in specs:
+        sys.stdout.write(
+            f"{s.flow}/{s.name}  cron '{s.cron}' ({s.timezone})  {s.description}\n"
+            f"    parameters: {json.dumps(s.parameters)}\n"
+        )
+    if dry_run:
+        return
+    if not api_url():
+        raise PipelineError(
+            "schedules need a running Prefect server (the embedded one creates no scheduled "
+            "runs): start one with `prefect server start`, then `export "
+            "PREFECT_API_URL=http://127.0.0.1:4200/api` and run `dapo schedule` again."
+        )
+    console.print(
+        f"serving {len(specs)} deployment(s) on {api_url()}; `prefect deployment ls` lists them. "
+        "Ctrl-C stops (and pauses their schedules)."
+    )
+    serve_deployments(build_deployments(specs))
+
+
+@app.command("ui")
+@user_errors
+def ui(
+    port: Annotated[int, typer.Option(help="Port of the UI.")] = 5000,
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    params: ParamsOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    print_only: Annotated[
+        bool, typer.Option("--print-only", help="Print the mlflow command; start nothing.")
+    ] = False,
+) -> None:
+    """Start the MLflow UI on the project's tracking store and print its URL."""
+    import shlex
+    import subprocess
+
+    from tasks.tracking import mlflow_env, sqlite_path, tracking_uri, ui_command
+
+    uri = tracking_uri(_load(params, config, set_))
+    db = sqlite_path(uri)
+    if db is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
+    cmd = ui_command(uri, port, host)
+    sys.stdout.write(f"http://{host}:{port}\n")
+    sys.stdout.flush()
+    if print_only:
+        sys.stdout.write(" ".join(shlex.quote(c) for c in cmd) + "\n")
+        return
+    console.print(f"MLflow UI on store {uri}; Ctrl-C stops it.")
+    try:
+        rc = subprocess.call(cmd, env=mlflow_env())
+    except KeyboardInterrupt:
+        rc = 0
+    if rc:
+        console.print(f"[bold red]error:[/] mlflow ui exited with {rc} (is port {port} in use?)")
+        raise typer.Exit(rc)
+
+
+@app.command("reproduce")
+@user_errors
+def reproduce(
+    run_id: Annotated[str, typer.Argument(help="The MLflow run id to re-run.")],
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option(help="Store holding the run (default: MLFLOW_TRACKING_URI or ./mlflow)."),
+    ] = None,
+    run_name: RunNameOpt = None,
+    check_only: Annotated[
+        bool, typer.Option("--check-only", help="Compare data and code; re-run nothing.")
+    ] = False,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="A data or code difference is an error (exit 2).")
+    ] = False,
+) -> None:
+    """Re-run a tracked MLflow run from its logged config.
+
+    Warns when the run's data version (the dvc.lock md5) or git commit differ from this
+    checkout's; `--check-only` compares and exits 1 on a difference."""
+    import os
+
+    from flows.reproduce import original_avg, reproduce_run
+
+    if tracking_uri:
+        os.environ["MLFLOW_TRACKING_URI"] = tracking_uri  # the new run goes to the same store
+    out = reproduce_run(
+        run_id, tracking_uri, run_name=run_name, check_only=check_only, strict=strict
+    )
+    for w in out["warnings"]:
+        console.print(f"[bold yellow]warning:[/] {w}")
+    if not out["warnings"]:
+        console.print("data version and code match the run's.")
+    if check_only:
+        raise typer.Exit(1 if out["warnings"] else 0)
+    before, result = original_avg(out["original"]), out["result"]
+    after = None
+    if isinstance(result, dict) and "evaluate" in result:
+        after = result["evaluate"].metrics["eval/avg_at_k"]
+    elif hasattr(result, "metrics"):
+        after = result.metrics["eval/avg_at_k"]
+    if before is not None and after is not None:
+        console.print(f"avg@k: original {before:.4f}, reproduced {after:.4f}")
+    console.print(f"[green]done[/]: re-ran {run_id} (config {out['config_path']})")
 
 
 if __name__ == "__main__":

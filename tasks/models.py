@@ -17,7 +17,8 @@ import torch
 
 from dapo_core.config import Config, TinyModelConfig
 from dapo_core.curation import apply_template
-from dapo_core.synthetic import Problem, arith_problems, solution
+from dapo_core.problem import Problem
+from dapo_core.synthetic import arith_problems, solution
 from tasks.params import repo_path
 
 TINY = "tiny"
@@ -37,10 +38,20 @@ class ModelNotFound(FileNotFoundError):
     """A model path that is neither a directory with a config.json nor a reachable hub id."""
 
 
+def _transformers():
+    import transformers
+
+    from tasks.runtime import quiet_transformers
+
+    quiet_transformers()
+    return transformers
+
+
 def build_tokenizer(corpus: list[str], vocab_size: int):
     """A byte-level BPE tokenizer trained on ``corpus``, with a ChatML chat template."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+
+    PreTrainedTokenizerFast = _transformers().PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -70,7 +81,8 @@ def chat_prompt(tokenizer, prompt: str) -> str:
 
 def build_tiny_model(tiny: TinyModelConfig, train: list[Problem], out_dir: Path, seed: int) -> Path:
     """Build (untrained) the tiny Qwen2 and its tokenizer into ``out_dir``, atomically."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    transformers = _transformers()
+    Qwen2Config, Qwen2ForCausalLM = transformers.Qwen2Config, transformers.Qwen2ForCausalLM
 
     # The tokenizer must see the chat roles, the DAPO template and the answers.
     # (plus the DAPO template, so curated problems tokenize sensibly too).
@@ -135,7 +147,11 @@ def torch_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def load_policy(name_or_path: str, dtype: str = "auto", device: str | torch.device = "cpu"):
     """(model, tokenizer) from a model directory or hub id; a clear error when it is missing."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    transformers = _transformers()
+    AutoModelForCausalLM, AutoTokenizer = (
+        transformers.AutoModelForCausalLM,
+        transformers.AutoTokenizer,
+    )
 
     device = torch.device(device)
     local = Path(name_or_path)

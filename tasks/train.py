@@ -11,16 +11,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dapo_core.config import Config
-from dapo_core.synthetic import Problem, arith_problems
+from dapo_core.problem import Problem
+from dapo_core.synthetic import arith_problems
 from tasks.models import load_policy, resolve_model_path
 from tasks.rollout import HFGenerator, VLLMGenerator
-from tasks.trainer import DAPOTrainer, MetricsSink, list_checkpoints
+from tasks.runtime import configure_torch
+from tasks.trainer import DAPOTrainer, MetricsSink, StepResult, list_checkpoints
 
 
 @dataclasses.dataclass
@@ -77,8 +79,13 @@ def run_training(
     sink: MetricsSink | None = None,
     max_steps: int | None = None,
     progress: bool = True,
+    on_step: Callable[[DAPOTrainer, StepResult], None] | None = None,
 ) -> TrainResult:
-    """Train for ``train.steps`` steps (or stop after ``max_steps`` more, e.g. to test resume)."""
+    """Train for ``train.steps`` steps (or stop after ``max_steps`` more, e.g. to test resume).
+
+    ``on_step(trainer, result)`` runs after every step (after that step's checkpoint, if any):
+    the flows use it for validation every ``eval.every_n_steps`` and to collect sample generations.
+    """
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -88,7 +95,7 @@ def run_training(
             f"{run_dir} already holds checkpoints; pass --resume to continue it or pick a new run"
         )
     (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = configure_torch(cfg.train.cpu_threads)
     model_path = resolve_model_path(cfg)
     model, tokenizer = load_policy(model_path, "float32", device)
     if cfg.model.gradient_checkpointing:
@@ -133,6 +140,8 @@ def run_training(
             )
             if every and trainer.step % every == 0 and trainer.step < cfg.train.steps:
                 trainer.save_checkpoint()
+            if on_step:
+                on_step(trainer, result)
     trainer.save_checkpoint()
     final = run_dir / "final"
     if trainer.step >= cfg.train.steps:

@@ -42,9 +42,9 @@ from dapo_core.logprobs import token_logprobs
 from dapo_core.loss import policy_loss
 from dapo_core.metrics import masked_mean
 from dapo_core.overlong import overlong_filter_mask, shaped_rewards
+from dapo_core.problem import Problem
 from dapo_core.reward import score
 from dapo_core.sampling import BatchStats, GroupAccumulator, fill_batch
-from dapo_core.synthetic import Problem
 from tasks.models import chat_prompt
 from tasks.rollout import Generator
 
@@ -465,6 +465,7 @@ class DAPOTrainer:
             "train/carried_age_mean": ds.mean_age,
             "train/samples_per_kept": ds.samples_per_kept if ds.groups_kept else 0.0,
             "train/hit_gen_cap": float(ds.hit_cap),
+            "train/dropped_groups": float(ds.dropped),
         }
 
     # -- checkpoints -------------------------------------------------------------------------

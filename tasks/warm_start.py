@@ -15,7 +15,8 @@ import torch
 from rich.progress import Progress
 
 from dapo_core.config import Config
-from dapo_core.synthetic import Problem, solution
+from dapo_core.problem import Problem
+from dapo_core.synthetic import solution
 
 
 def sft_batch(tokenizer, problems: list[Problem]) -> dict[str, torch.Tensor]:

@@ -59,6 +59,21 @@ def test_dynamic_sampling_fills_batch_and_carries_surplus():
     assert stats2.num_gen_batches == 1 and stats2.mean_age == 0.5  # ages [1, 1, 0, 0]
 
 
+def test_always_generates_and_caps_the_carry():
+    gen = FakeGenerator(lambda i: True)  # every group kept: surplus would pile up
+    buf = GroupAccumulator()
+    kwargs = dict(
+        prompt_batch=2, gen_batch=5, max_gen_batches=3, on_gen_cap="error", dynamic_sampling=True
+    )
+    batch, stats = fill_batch(gen, buf, step=0, **kwargs)
+    # 0..4 kept; 0, 1 trained; of the surplus 2, 3, 4 the first (oldest-first order) is dropped
+    assert batch == [0, 1] and stats.carried_over == 2 and stats.dropped == 1
+    batch, stats = fill_batch(gen, buf, step=1, **kwargs)
+    assert gen.calls == [5, 5]  # fresh rollouts even though the buffer could fill the batch
+    assert batch == [3, 4] and stats.mean_age == 1.0  # the carried groups go first
+    assert stats.carried_over == 2 and stats.dropped == 3
+
+
 def test_cap_error_explains():
     gen = FakeGenerator(lambda i: i == 0)
     with pytest.raises(GenerationCapReached, match="max_gen_batches"):

@@ -1,0 +1,148 @@
+"""Evaluation: n samples per problem, scored by the DAPO reward, summarised as avg@n and friends.
+
+The paper's number is AIME 2024 avg@32: 32 samples per problem at temperature 1.0, top_p 0.7, the
+mean accuracy over all 960 samples (DAPO section 4.1). We sample n per prompt directly (verl repeats
+each row n times instead). Reported (``eval/`` metric names are what flows and plots rely on):
+
+- ``eval/avg_at_k`` and its bootstrap 95% CI over problems (``eval/avg_at_k_ci_low/high``);
+- unbiased ``eval/pass_at_{k}`` for each configured k <= n;
+- ``eval/maj_at_k``: majority vote over the n samples (unparseable samples abstain);
+- ``eval/unparseable_frac``: samples with no extractable answer (scored wrong, never an error);
+- a per-problem table and a few sample responses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from rich.progress import Progress
+
+from dapo_core.config import Config
+from dapo_core.metrics import avg_at_k, bootstrap_ci, maj_at_k, majority_vote, mean_pass_at_k
+from dapo_core.problem import Problem
+from dapo_core.reward import score
+from tasks.models import chat_prompt
+from tasks.rollout import Generator
+
+
+@dataclass
+class EvalResult:
+    metrics: dict[str, float]
+    per_problem: pd.DataFrame
+    samples: list[dict[str, object]]
+
+
+def evaluate_model(
+    cfg: Config, model_path: str | None = None, eval_set: str | None = None, progress: bool = True
+) -> tuple[str, EvalResult]:
+    """Load a model (default: the configured policy) and evaluate it on an eval set."""
+    from tasks.data import eval_problems
+    from tasks.models import load_policy, resolve_model_path
+    from tasks.runtime import configure_torch
+    from tasks.train import make_generator
+
+    name, problems = eval_problems(cfg, eval_set)
+    device = configure_torch(cfg.train.cpu_threads)
+    path = model_path or resolve_model_path(cfg)
+    model, tokenizer = load_policy(path, cfg.model.dtype, device)
+    generator = make_generator(cfg, model, tokenizer, path)
+    return name, evaluate_policy(generator, tokenizer, problems, cfg, progress=progress)
+
+
+def evaluate_policy(
+    generator: Generator,
+    tokenizer,
+    problems: list[Problem],
+    cfg: Config,
+    batch_prompts: int = 16,
+    progress: bool = True,
+    on_batch: Callable[[int], None] | None = None,
+) -> EvalResult:
+    """Sample ``eval.n_samples`` responses per problem and score them; seeded by ``eval.seed``."""
+    if not problems:
+        raise ValueError("the evaluation set is empty")
+    e = cfg.eval
+    n = e.n_samples
+    fork = torch.random.fork_rng(devices=[])  # evaluation must not shift the training RNG stream
+    with fork, Progress(transient=True, disable=not progress) as bar:
+        torch.manual_seed(e.seed)
+        task = bar.add_task(f"evaluate ({n} samples/problem)", total=len(problems))
+        texts: list[str] = []
+        lengths: list[int] = []
+        finished: list[bool] = []
+        for start in range(0, len(problems), batch_prompts):
+            chunk = problems[start : start + batch_prompts]
+            prompts = [chat_prompt(tokenizer, p.prompt) for p in chunk]
+            out = generator.generate(prompts, n, e.temperature, e.top_p, e.max_response_len)
+            texts += out.texts
+            lengths += out.lengths
+            finished += out.finished
+            bar.update(task, advance=len(chunk))
+            if on_batch:
+                on_batch(start + len(chunk))
+    return summarize(problems, texts, lengths, finished, cfg)
+
+
+def summarize(
+    problems: list[Problem],
+    texts: list[str],
+    lengths: list[int],
+    finished: list[bool],
+    cfg: Config,
+) -> EvalResult:
+    """Scores, metrics, the per-problem table and samples from flat prompt-major samples."""
+    n = cfg.eval.n_samples
+    scores = [score(t, p.answer) for t, p in zip(texts, np.repeat(problems, n), strict=True)]
+    correct = np.array([s.acc for s in scores], dtype=bool).reshape(len(problems), n)
+    preds = [[s.pred for s in scores[i * n : (i + 1) * n]] for i in range(len(problems))]
+    answers = [_canonical(p.answer) for p in problems]
+    per_problem_acc = correct.mean(axis=1)
+    low, high = bootstrap_ci(per_problem_acc, cfg.eval.bootstrap_samples, seed=cfg.eval.seed)
+    metrics = {
+        "eval/avg_at_k": avg_at_k(correct),
+        "eval/avg_at_k_ci_low": low,
+        "eval/avg_at_k_ci_high": high,
+        "eval/maj_at_k": maj_at_k(preds, answers, n),
+        "eval/unparseable_frac": float(np.mean([s.pred is None for s in scores])),
+        "eval/response_len_mean": float(np.mean(lengths)),
+        "eval/truncated_frac": float(1 - np.mean(finished)),
+        "eval/num_problems": float(len(problems)),
+        "eval/n_samples": float(n),
+    }
+    for k in cfg.eval.pass_ks:
+        if k <= n:
+            metrics[f"eval/pass_at_{k}"] = mean_pass_at_k(correct, k)
+    length_arr = np.array(lengths).reshape(len(problems), n)
+    finished_arr = np.array(finished).reshape(len(problems), n)
+    per_problem = pd.DataFrame(
+        {
+            "problem_id": [p.id for p in problems],
+            "answer": [p.answer for p in problems],
+            "accuracy": per_problem_acc,
+            "majority_answer": [majority_vote(row) for row in preds],
+            "mean_response_len": length_arr.mean(axis=1),
+            "truncated_frac": 1 - finished_arr.mean(axis=1),
+        }
+    )
+    samples = [
+        {
+            "problem_id": p.id,
+            "answer": p.answer,
+            "response": texts[i * n],
+            "correct": bool(correct[i, 0]),
+        }
+        for i, p in enumerate(problems[:8])
+    ]
+    return EvalResult(metrics, per_problem, samples)
+
+
+def _canonical(answer: str) -> str:
+    """The ground truth in the form ``Score.pred`` uses for integers (``023`` -> ``23``)."""
+    from dapo_core.reward import normalize_integer
+
+    value = normalize_integer(answer)
+    return str(value) if value is not None else answer

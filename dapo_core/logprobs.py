@@ -10,15 +10,21 @@ keeping them, and peak memory is O(chunk * V) rather than O(N * V).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
+Head = Callable[[torch.Tensor], torch.Tensor]
+"""(n, H) hidden states -> (n, V) logits: the model's output layer, called as a module so that
+sharded-parameter engines (DeepSpeed ZeRO-3) can gather its weight."""
+
 
 def _chunk_logp_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float
+    hidden: torch.Tensor, head: Head, targets: torch.Tensor, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(n, H) hidden, (V, H) weight, (n,) targets -> (n,) log-probs and (n,) entropies."""
-    logits = (hidden @ weight.T).float() / temperature  # (n, V)
+    """(n, H) hidden, (n,) targets -> (n,) log-probs and (n,) entropies."""
+    logits = head(hidden).float() / temperature  # (n, V)
     logz = torch.logsumexp(logits, dim=-1)  # (n,)
     logp = logits.gather(-1, targets[:, None]).squeeze(-1) - logz
     with torch.no_grad():
@@ -28,26 +34,24 @@ def _chunk_logp_entropy(
 
 def token_logprobs(
     hidden: torch.Tensor,
-    weight: torch.Tensor,
+    head: Head,
     targets: torch.Tensor,
     temperature: float = 1.0,
     chunk: int = 4096,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs (differentiable) and entropies (detached) of ``targets`` under the head ``weight``.
+    """Log-probs (differentiable) and entropies (detached) of ``targets`` under ``head``.
 
     ``hidden`` (N, H) are the states that predict ``targets`` (N,). Logits are divided by the
     sampling temperature, so the log-probs are those of the distribution the rollout sampled from.
     """
     logps, entropies = [], []
-    use_ckpt = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    use_ckpt = torch.is_grad_enabled()
     for start in range(0, hidden.shape[0], chunk):
         h, t = hidden[start : start + chunk], targets[start : start + chunk]
         if use_ckpt:
-            lp, ent = checkpoint(
-                _chunk_logp_entropy, h, weight, t, temperature, use_reentrant=False
-            )
+            lp, ent = checkpoint(_chunk_logp_entropy, h, head, t, temperature, use_reentrant=False)
         else:
-            lp, ent = _chunk_logp_entropy(h, weight, t, temperature)
+            lp, ent = _chunk_logp_entropy(h, head, t, temperature)
         logps.append(lp)
         entropies.append(ent)
     if not logps:

@@ -136,7 +136,9 @@ def train(
         cfg = _load(params, config, set_, variant)
         out = run_dir or repo_path(cfg.train.out_dir) / time.strftime("train-%Y%m%d-%H%M%S")
     result = run_training(cfg, out, resume=resume is not None)
-    last = result.history[-1] if result.history else {}
+    if not result.history:  # ranks > 0 under the deepspeed launcher: rank 0 reports
+        return
+    last = result.history[-1]
     console.print(
         f"[green]done[/]: {result.steps} steps in {result.wall_time_s:.0f}s, "
         f"last sampled accuracy {last.get('train/acc_mean', float('nan')):.3f}; "
@@ -478,12 +480,14 @@ def reproduce(
     out = reproduce_run(
         run_id, tracking_uri, run_name=run_name, check_only=check_only, strict=strict
     )
-    for w in out["warnings"]:
+    for w in out["mismatches"]:
         console.print(f"[bold yellow]warning:[/] {w}")
-    if not out["warnings"]:
+    for note in out["notes"]:
+        console.print(f"[yellow]note:[/] {note}")
+    if not out["mismatches"]:
         console.print("data version and code match the run's.")
     if check_only:
-        raise typer.Exit(1 if out["warnings"] else 0)
+        raise typer.Exit(1 if out["mismatches"] else 0)
     before, result = original_avg(out["original"]), out["result"]
     after = None
     if isinstance(result, dict) and "evaluate" in result:

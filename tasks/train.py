@@ -19,6 +19,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from dapo_core.config import Config
 from dapo_core.problem import Problem
 from dapo_core.synthetic import arith_problems
+from tasks.distributed import barrier, init_distributed
 from tasks.models import load_policy, resolve_model_path
 from tasks.rollout import HFGenerator, VLLMGenerator
 from tasks.runtime import configure_torch
@@ -88,14 +89,18 @@ def run_training(
     """
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    device = configure_torch(cfg.train.cpu_threads)
+    rank, world = init_distributed(device)  # several ranks under the deepspeed launcher
     ckpts = list_checkpoints(run_dir)
     if not resume and ckpts:
         raise FileExistsError(
             f"{run_dir} already holds checkpoints; pass --resume to continue it or pick a new run"
         )
-    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    device = configure_torch(cfg.train.cpu_threads)
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        model_path = resolve_model_path(cfg)  # may build the embedded model: one rank does it
+    barrier(world)
     model_path = resolve_model_path(cfg)
     model, tokenizer = load_policy(model_path, "float32", device)
     if cfg.model.gradient_checkpointing:
@@ -113,8 +118,9 @@ def run_training(
     )
     if resume and ckpts:
         trainer.load_checkpoint(ckpts[-1])
-        _truncate_metrics(metrics_path, trainer.step)
-    elif metrics_path.exists():
+        if rank == 0:
+            _truncate_metrics(metrics_path, trainer.step)
+    elif metrics_path.exists() and rank == 0:
         metrics_path.unlink()
     end = cfg.train.steps if max_steps is None else min(cfg.train.steps, trainer.step + max_steps)
     every = cfg.train.checkpoint_every
@@ -144,10 +150,11 @@ def run_training(
                 on_step(trainer, result)
     trainer.save_checkpoint()
     final = run_dir / "final"
-    if trainer.step >= cfg.train.steps:
+    if trainer.step >= cfg.train.steps and rank == 0:
         model.save_pretrained(final)
         tokenizer.save_pretrained(final)
-    history = [json.loads(x) for x in metrics_path.read_text().splitlines()]
+    barrier(world)
+    history = [json.loads(x) for x in metrics_path.read_text().splitlines()] if rank == 0 else []
     return TrainResult(run_dir, final, trainer.step, history, time.perf_counter() - t0)
 
 

@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from dapo_core.advantages import group_advantages
 from dapo_core.config import Config
@@ -45,6 +44,13 @@ from dapo_core.overlong import overlong_filter_mask, shaped_rewards
 from dapo_core.problem import Problem
 from dapo_core.reward import score
 from dapo_core.sampling import BatchStats, GroupAccumulator, fill_batch
+from tasks.distributed import (
+    OptimizerEngine,
+    all_reduce_max,
+    all_reduce_sum,
+    barrier,
+    init_distributed,
+)
 from tasks.models import chat_prompt
 from tasks.rollout import Generator
 
@@ -117,15 +123,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def global_sum(x: float) -> float:
-    """Sum over data-parallel ranks (identity on one process): the loss normalizer is global."""
-    if dist.is_available() and dist.is_initialized():
-        t = torch.tensor([x], dtype=torch.float64)
-        dist.all_reduce(t)
-        return float(t.item())
-    return x
-
-
 def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
     """Indices grouped longest-first so that (count x longest) <= budget tokens per micro-batch."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
@@ -175,23 +172,28 @@ class DAPOTrainer:
         problems: list[Problem],
         run_dir: Path,
         sink: MetricsSink | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
     ):
         self.cfg, self.model, self.tokenizer, self.generator = cfg, model, tokenizer, generator
         self.run_dir = Path(run_dir)
-        self.sink = sink
         self.stream = ProblemStream(problems, cfg.train.seed)
         self.buffer = GroupAccumulator()
         self.step = 0
         self.bad_steps = 0
-        self.optimizer = torch.optim.AdamW(
+        self.device = next(model.parameters()).device
+        self.autocast = self.device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16")
+        self.rank, self.world = init_distributed(self.device.type)
+        self.sink = sink if self.rank == 0 else None  # one writer of metrics and files
+        optimizer = optimizer or torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=cfg.train.lr,
             weight_decay=cfg.train.weight_decay,
         )
+        self.engine = OptimizerEngine(
+            model, optimizer, cfg.train.grad_clip, self.world, cfg.train.zero_stage, self.autocast
+        )
         self.lr_at = warmup_lambda(cfg.train.warmup_steps)
         self.loss_cfg = cfg.algo.loss_config()
-        self.device = next(model.parameters()).device
-        self.autocast = self.device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16")
 
     # -- rollout -----------------------------------------------------------------------------
 
@@ -230,8 +232,8 @@ class DAPOTrainer:
             )
             accs.append(acc)
         gen_log["acc"] += [a for row in accs for a in row]
-        gen_log["lengths"] += out.lengths
-        gen_log["finished"] += out.finished
+        gen_log["lengths"] += [len(r) for g in groups for r in g.response_ids]
+        gen_log["finished"] += [f for g in groups for f in g.finished]
         return groups, torch.tensor(accs, dtype=torch.bool)
 
     # -- loss inputs -------------------------------------------------------------------------
@@ -309,7 +311,7 @@ class DAPOTrainer:
         ids, attn = ids.to(dev), attn.to(dev)
         with torch.autocast(dev.type, torch.bfloat16, enabled=self.autocast):
             hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
-        head = self.model.get_output_embeddings().weight
+        head = self.model.get_output_embeddings()
         # The token at position t is predicted by the hidden state at t - 1.
         logp_flat, ent_flat = token_logprobs(
             hidden[rows, pos - 1], head, ids[rows, pos], self.cfg.rollout.temperature
@@ -321,57 +323,73 @@ class DAPOTrainer:
         mask = torch.arange(R, device=dev)[None, :] < torch.tensor(resp_lens, device=dev)[:, None]
         return logp, ent, mask.float()
 
+    def _my_micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
+        """This rank's shard of the samples that carry loss, packed into micro-batches; padded with
+        empty micro-batches to the largest count over ranks (ZeRO-3 gathers at every forward)."""
+        active = [s for s in samples if s.keep and s.advantage != 0.0][self.rank :: self.world]
+        lengths = [len(s.input_ids) for s in active]
+        batches = [
+            [active[i] for i in idx]
+            for idx in micro_batches(lengths, self.cfg.train.micro_batch_tokens)
+        ]
+        count = all_reduce_max(len(batches), self.world)
+        return batches + [[] for _ in range(count - len(batches))]
+
+    def _dummy(self) -> list[Sample]:
+        """A one-token sample with zero advantage: zero loss and gradient, same collectives."""
+        pad = self.tokenizer.pad_token_id
+        return [Sample([pad, pad], 1, 0.0, True)]
+
     @torch.no_grad()
-    def _compute_old_logprobs(self, samples: list[Sample]) -> None:
-        budget = self.cfg.train.micro_batch_tokens
-        active = [s for s in samples if s.keep and s.advantage != 0.0]
-        for idx in micro_batches([len(s.input_ids) for s in active], budget):
-            batch = [active[i] for i in idx]
-            logp, _, mask = self._forward_logprobs(batch)
-            for s, lp, m in zip(batch, logp, mask, strict=True):
-                s.old_logp = lp[: int(m.sum())].float()
+    def _compute_old_logprobs(self, minis: list[list[Sample]]) -> None:
+        """log pi_old of every response token, once, before the first update of the step."""
+        for mini in minis:
+            for batch in self._my_micro_batches(mini):
+                logp, _, mask = self._forward_logprobs(batch or self._dummy())
+                for s, lp, m in zip(batch, logp, mask, strict=False):
+                    s.old_logp = lp[: int(m.sum())].float()
 
     # -- one update --------------------------------------------------------------------------
 
     def _update(self, samples: list[Sample]) -> dict[str, float]:
-        """One gradient update over a mini-batch of samples."""
+        """One gradient update over a mini-batch of samples (the same list on every rank)."""
         token_level = self.loss_cfg.token_level_loss
-        # The normalizer counts every sample of the mini-batch (all ranks), including the ones
-        # skipped below because their loss is identically zero.
+        # The normalizer counts every sample of the whole mini-batch (every rank holds all of it),
+        # including the ones skipped because their loss is identically zero.
         kept = [s for s in samples if s.keep]
-        local = sum(len(s.input_ids) - s.prompt_len for s in kept) if token_level else len(kept)
-        normalizer = max(global_sum(float(local)), 1.0)
-        active = [s for s in kept if s.advantage != 0.0]
-        sums = {"clip_frac_high": 0.0, "clip_frac_low": 0.0, "entropy": 0.0, "loss": 0.0}
-        n_tok = 0.0
-        for idx in micro_batches(
-            [len(s.input_ids) for s in active], self.cfg.train.micro_batch_tokens
-        ):
-            batch = [active[i] for i in idx]
+        count = sum(len(s.input_ids) - s.prompt_len for s in kept) if token_level else len(kept)
+        normalizer = max(float(count), 1.0)
+        sums = dict.fromkeys(["clip_frac_high", "clip_frac_low", "entropy", "loss", "tokens"], 0.0)
+        batches = self._my_micro_batches(samples)
+        for i, real in enumerate(batches):
+            batch = real or self._dummy()
             logp, ent, mask = self._forward_logprobs(batch)
             if batch[0].old_logp is None:
                 old = logp.detach()
             else:
                 old = torch.zeros_like(logp)
-                for i, s in enumerate(batch):
-                    old[i, : len(s.old_logp)] = s.old_logp.to(old.dtype)
+                for j, s in enumerate(batch):
+                    old[j, : len(s.old_logp)] = s.old_logp.to(old.dtype)
             adv = torch.tensor([s.advantage for s in batch], device=self.device)
             loss, m = policy_loss(logp, old, adv, mask, self.loss_cfg, normalizer=normalizer)
-            loss.backward()
+            self.engine.backward(loss, boundary=i == len(batches) - 1)
+            if not real:
+                continue
             t = m["num_tokens"].item()
-            n_tok += t
+            sums["tokens"] += t
             sums["clip_frac_high"] += m["clip_frac_high"].item() * t
             sums["clip_frac_low"] += m["clip_frac_low"].item() * t
             sums["entropy"] += masked_mean(ent, mask).item() * t
             sums["loss"] += loss.item()
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip).item()
-        finite = math.isfinite(grad_norm) and math.isfinite(sums["loss"])
-        if finite:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        out = {k: (v / n_tok if k != "loss" and n_tok else v) for k, v in sums.items()}
-        out.update(grad_norm=grad_norm, finite=float(finite), tokens=n_tok)
+        keys = list(sums)
+        sums = dict(zip(keys, all_reduce_sum([sums[k] for k in keys], self.world), strict=True))
+        grad_norm, applied = self.engine.step(finite=math.isfinite(sums["loss"]))
+        n_tok = sums["tokens"]
+        out = {
+            k: sums[k] / n_tok if n_tok else 0.0
+            for k in ("clip_frac_high", "clip_frac_low", "entropy")
+        }
+        out.update(loss=sums["loss"], grad_norm=grad_norm, finite=float(applied), tokens=n_tok)
         return out
 
     # -- one step ----------------------------------------------------------------------------
@@ -399,20 +417,17 @@ class DAPOTrainer:
         )
         metrics = {**self._ds_metrics(ds), **self._rollout_metrics(gen_log)}
         lr = cfg.train.lr * self.lr_at(self.step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self.engine.set_lr(lr)
         updates: list[dict[str, float]] = []
         t_train = time.perf_counter()
         if groups:
             samples, batch_stats = self._samples(groups)
             metrics.update(batch_stats)
-            G = cfg.rollout.group_size
-            n_updates = math.ceil(len(groups) / cfg.train.mini_batch)
-            if n_updates > 1:
-                self._compute_old_logprobs(samples)
-            for u in range(n_updates):
-                mini = samples[u * cfg.train.mini_batch * G : (u + 1) * cfg.train.mini_batch * G]
-                updates.append(self._update(mini))
+            per_update = cfg.train.mini_batch * cfg.rollout.group_size
+            minis = [samples[i : i + per_update] for i in range(0, len(samples), per_update)]
+            if len(minis) > 1:  # with one update the ratio is exactly 1: no extra pass
+                self._compute_old_logprobs(minis)
+            updates = [self._update(mini) for mini in minis]
         self.step += 1
 
         all_finite = all(u["finite"] for u in updates)
@@ -425,7 +440,9 @@ class DAPOTrainer:
                 "train/entropy": mean("entropy"),
                 "train/clip_frac_low": mean("clip_frac_low"),
                 "train/clip_frac_high": mean("clip_frac_high"),
-                "train/grad_norm": mean("grad_norm"),
+                "train/grad_norm": float(np.nanmean([u["grad_norm"] for u in updates]))
+                if any(math.isfinite(u["grad_norm"]) for u in updates)
+                else 0.0,
                 "train/loss": mean("loss"),
                 "train/lr": lr,
                 "train/skipped_updates": float(sum(not u["finite"] for u in updates)),
@@ -473,16 +490,24 @@ class DAPOTrainer:
     def save_checkpoint(self) -> Path:
         """Write ``checkpoints/step_N`` atomically (tmp dir + rename) and keep the last K."""
         root = self.run_dir / "checkpoints"
-        root.mkdir(parents=True, exist_ok=True)
         final = root / f"step_{self.step:06d}"
         tmp = root / f".tmp-step_{self.step:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        barrier(self.world)
+        # Each rank's optimizer state (a ZeRO partition under DeepSpeed).
+        torch.save(self.engine.state_dict(), tmp / f"optimizer_rank{self.rank}.pt")
+        barrier(self.world)
+        if self.rank != 0:
+            barrier(self.world)
+            return final
         self.model.save_pretrained(tmp / "model")
         self.tokenizer.save_pretrained(tmp / "model")
         state = {
             "step": self.step,
             "bad_steps": self.bad_steps,
-            "optimizer": self.optimizer.state_dict(),
+            "world": self.world,
             "stream": self.stream.state_dict(),
             "buffer": self.buffer.state_dict(),
             "rng": {
@@ -497,6 +522,7 @@ class DAPOTrainer:
         os.replace(tmp, final)
         for old in list_checkpoints(self.run_dir)[: -self.cfg.train.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
+        barrier(self.world)
         return final
 
     def load_checkpoint(self, ckpt: Path) -> None:
@@ -510,8 +536,13 @@ class DAPOTrainer:
         if unexpected or any("lm_head" not in k for k in missing):
             raise RuntimeError(f"checkpoint {ckpt} does not match the model ({missing[:3]})")
         state = torch.load(ckpt / "trainer.pt", weights_only=False)
+        if state["world"] != self.world:
+            raise RuntimeError(
+                f"{ckpt} was written by {state['world']} rank(s); resume it with as many"
+            )
         self.step, self.bad_steps = state["step"], state["bad_steps"]
-        self.optimizer.load_state_dict(state["optimizer"])
+        optim = torch.load(ckpt / f"optimizer_rank{self.rank}.pt", weights_only=False)
+        self.engine.load_state_dict(optim)
         self.stream.load_state_dict(state["stream"])
         self.buffer.load_state_dict(state["buffer"])
         random.setstate(state["rng"]["python"])

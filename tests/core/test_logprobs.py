@@ -17,7 +17,9 @@ def test_matches_full_log_softmax_in_any_chunking():
     targets = torch.randint(0, 50, (37,), generator=g)
     ref_lp, ref_ent = _reference(hidden, weight, targets, 0.7)
     for chunk in (1, 5, 37, 1000):
-        lp, ent = token_logprobs(hidden, weight, targets, temperature=0.7, chunk=chunk)
+        lp, ent = token_logprobs(
+            hidden, lambda h: h @ weight.T, targets, temperature=0.7, chunk=chunk
+        )
         torch.testing.assert_close(lp, ref_lp.float(), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(ent, ref_ent.float(), rtol=1e-5, atol=1e-5)
 
@@ -32,7 +34,7 @@ def test_gradients_match_unchunked():
     h1, w1 = h0.clone().requires_grad_(), w0.clone().requires_grad_()
     (_reference(h1, w1, targets, 1.0)[0] * coef).sum().backward()
     h2, w2 = h0.clone().requires_grad_(), w0.clone().requires_grad_()
-    lp, ent = token_logprobs(h2, w2, targets, chunk=7)
+    lp, ent = token_logprobs(h2, lambda h: h @ w2.T, targets, chunk=7)
     (lp * coef).sum().backward()
     assert not ent.requires_grad
     torch.testing.assert_close(h2.grad, h1.grad, rtol=1e-4, atol=1e-5)
@@ -40,5 +42,7 @@ def test_gradients_match_unchunked():
 
 
 def test_empty_selection():
-    lp, ent = token_logprobs(torch.zeros(0, 4), torch.zeros(9, 4), torch.zeros(0, dtype=torch.long))
+    lp, ent = token_logprobs(
+        torch.zeros(0, 4), lambda h: h @ torch.zeros(9, 4).T, torch.zeros(0, dtype=torch.long)
+    )
     assert lp.shape == (0,) and ent.shape == (0,)

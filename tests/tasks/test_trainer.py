@@ -45,13 +45,16 @@ def test_problem_stream_resumes_in_place():
     assert [p.id for p in a.take(12)] == [p.id for p in b.take(12)]  # crosses an epoch
 
 
-def _trainer(cfg, tmp_path):
+def _trainer(cfg, tmp_path, sgd=False):
     from tasks.rollout import HFGenerator
     from tasks.train import training_problems
 
     model, tok = load_policy(resolve_model_path(cfg), "float32")
     gen = HFGenerator(model, tok, cfg.rollout.max_prompt_len)
-    return DAPOTrainer(cfg, model, tok, gen, training_problems(cfg), tmp_path)
+    # SGD(lr=1): the update is the accumulated gradient itself (Adam's first step is
+    # ~lr * sign(g), which would amplify float noise in near-zero gradients).
+    opt = torch.optim.SGD(model.parameters(), lr=1.0) if sgd else None
+    return DAPOTrainer(cfg, model, tok, gen, training_problems(cfg), tmp_path, optimizer=opt)
 
 
 def _weights(run_dir):
@@ -98,10 +101,7 @@ def test_update_is_invariant_to_micro_batch_size(tiny_cfg, tmp_path):
                 resolve(tiny_cfg.to_dict(), overrides=[f"train.micro_batch_tokens={budget}"]),
                 variant,
             )
-            t = _trainer(cfg, tmp_path / f"{budget}{variant}")
-            # SGD(lr=1): the update is the accumulated gradient itself (Adam's first step is
-            # ~lr * sign(g), which would amplify float noise in near-zero gradients).
-            t.optimizer = torch.optim.SGD(t.model.parameters(), lr=1.0)
+            t = _trainer(cfg, tmp_path / f"{budget}{variant}", sgd=True)
             before = {k: v.clone() for k, v in t.model.state_dict().items()}
             samples, _ = t._samples(_mixed_groups(t))
             out = t._update(samples)

@@ -1,0 +1,146 @@
+"""Data parallelism: one optimizer interface over plain torch (1 process) and DeepSpeed ZeRO.
+
+How a step is split across R ranks (launched by the ``deepspeed`` launcher or torchrun):
+
+- rollouts: every rank draws the same prompts, generates its slice (``prompts[rank::R]``), and the
+  scored groups are all-gathered, so every rank holds the same global batch and takes the same
+  dynamic-sampling decisions and loss normalizer with no further communication;
+- updates: each rank computes the loss of its shard of the mini-batch (divided by the global
+  normalizer) and DeepSpeed all-reduces the gradients. DeepSpeed averages over ranks, so the shard
+  loss is scaled by R: the update then equals the single-process update of the whole mini-batch.
+- ZeRO-3 gathers parameters at every forward, so every rank must run the same number of
+  micro-batches: counts are padded to the maximum over ranks with empty micro-batches.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def env_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init_distributed(device: str) -> tuple[int, int]:
+    """(rank, world size); initialises the process group when launched with several ranks."""
+    if env_world_size() > 1 and not dist.is_initialized():
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def all_gather_objects(obj: Any, world: int) -> list[Any]:
+    if world == 1:
+        return [obj]
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def all_reduce_max(value: int, world: int) -> int:
+    if world == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def all_ranks_true(flag: bool, world: int) -> bool:
+    return all_reduce_max(0 if flag else 1, world) == 0
+
+
+def all_reduce_sum(values: list[float], world: int) -> list[float]:
+    if world == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def barrier(world: int) -> None:
+    if world > 1:
+        dist.barrier()
+
+
+class OptimizerEngine:
+    """backward / step / zero_grad for one process (torch) or several (DeepSpeed ZeRO)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        grad_clip: float,
+        world: int,
+        zero_stage: int,
+        bf16: bool,
+    ):
+        self.model, self.optimizer, self.grad_clip, self.world = model, optimizer, grad_clip, world
+        self.ds = None
+        if world > 1:
+            import deepspeed
+
+            config = {
+                "train_micro_batch_size_per_gpu": 1,
+                "gradient_accumulation_steps": 1,
+                "gradient_clipping": grad_clip,
+                "zero_optimization": {"stage": zero_stage},
+                # torch AdamW (or a test's SGD) under ZeRO: it only partitions their states.
+                "zero_allow_untested_optimizer": True,
+                "bf16": {"enabled": bf16},
+                "steps_per_print": 10**9,
+                "wall_clock_breakdown": False,
+            }
+            self.ds, self.optimizer, _, _ = deepspeed.initialize(
+                model=model, optimizer=optimizer, config=config
+            )
+            self.model = self.ds.module
+
+    @property
+    def loss_scale(self) -> float:
+        """DeepSpeed averages gradients over ranks; each rank's shard loss is scaled back up."""
+        return float(self.world)
+
+    def backward(self, loss: torch.Tensor, boundary: bool) -> None:
+        if self.ds is None:
+            loss.backward()
+            return
+        self.ds.set_gradient_accumulation_boundary(boundary)
+        self.ds.backward(loss * self.loss_scale, scale_wrt_gas=False)
+
+    def step(self, finite: bool) -> tuple[float, bool]:
+        """Clip and apply the update unless a rank saw a non-finite loss or gradient.
+
+        Returns (gradient norm before clipping, whether the update was applied)."""
+        if self.ds is None:
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip).item()
+            applied = finite and math.isfinite(norm)
+            if applied:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            return norm, applied
+        if all_ranks_true(finite, self.world):
+            self.ds.step()
+            norm = self.ds.get_global_grad_norm()
+            norm = float(norm) if norm is not None else float("nan")
+            return norm, True
+        self.ds.zero_grad()
+        return float("nan"), False
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)

@@ -1,0 +1,53 @@
+"""One DAPO update on a fixed global batch; run as 1 process or under torchrun/deepspeed.
+
+Used by test_distributed.py: the parameters after the update must not depend on the world size.
+"""
+
+import sys
+
+import torch
+
+from dapo_core.config import resolve
+from tasks.models import load_policy
+from tasks.rollout import HFGenerator
+from tasks.train import training_problems
+from tasks.trainer import DAPOTrainer, Group
+
+
+def fixed_groups(n_prompts: int, group_size: int, vocab: int) -> list[Group]:
+    """Deterministic groups with varied lengths and mixed correctness (no sampling involved)."""
+    g = torch.Generator().manual_seed(0)
+    groups = []
+    for i in range(n_prompts):
+        prompt = torch.randint(3, vocab, (3 + i % 4,), generator=g).tolist()
+        responses = [
+            torch.randint(3, vocab, (1 + (i + j) % 5,), generator=g).tolist()
+            for j in range(group_size)
+        ]
+        acc = [(i + j) % 3 == 0 for j in range(group_size)]
+        groups.append(
+            Group(f"p{i}", "0", prompt, responses, [True] * group_size, acc, [""] * group_size)
+        )
+    return groups
+
+
+def main(params_json: str, out: str) -> None:
+    import json
+    from pathlib import Path
+
+    cfg = resolve(json.loads(Path(params_json).read_text()))
+    torch.manual_seed(0)
+    model, tok = load_policy(cfg.tiny.path, "float32")
+    gen = HFGenerator(model, tok, cfg.rollout.max_prompt_len)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    t = DAPOTrainer(cfg, model, tok, gen, training_problems(cfg), "/tmp/ds-worker", optimizer=opt)
+    before = {k: v.detach().clone() for k, v in t.engine.model.state_dict().items()}
+    samples, _ = t._samples(fixed_groups(6, cfg.rollout.group_size, len(tok)))
+    stats = t._update(samples)
+    if t.rank == 0:
+        state = {k: v.detach().clone() for k, v in t.engine.model.state_dict().items()}
+        torch.save({"before": before, "state": state, "stats": stats, "world": t.world}, out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,34 @@
+"""The product's claim on the embedded default: DAPO lifts held-out accuracy on 2 CPU cores.
+
+Issue 4 asks for >= 15 points of avg@k over the warm-started policy within 10 minutes for the
+whole run; measured here: 16% -> 57% avg@8 in about 75 s (build, warm start and 50 RL steps).
+"""
+
+import time
+
+import pytest
+
+from tasks.evaluate import evaluate_model
+from tasks.params import load_params
+from tasks.train import run_training
+
+
+@pytest.mark.slow
+def test_dapo_lifts_heldout_accuracy(tmp_path):
+    cfg = load_params(overrides=[f"tiny.path={tmp_path / 'tiny'}", "train.checkpoint_every=0"])
+    t0 = time.perf_counter()
+    result = run_training(cfg, tmp_path / "run", progress=False)
+    wall = time.perf_counter() - t0
+    _, before = evaluate_model(cfg, str(tmp_path / "tiny"), progress=False)
+    _, after = evaluate_model(cfg, str(result.final_model), progress=False)
+    lift = after.metrics["eval/avg_at_k"] - before.metrics["eval/avg_at_k"]
+    print(
+        f"avg@{cfg.eval.n_samples}: {before.metrics['eval/avg_at_k']:.3f} -> "
+        f"{after.metrics['eval/avg_at_k']:.3f} (+{lift:.3f}) in {wall:.0f}s"
+    )
+    assert lift >= 0.15
+    assert wall < 600
+    # the run's own per-step accuracy (sampled at temperature 1) trends up too
+    first = sum(r["train/acc_mean"] for r in result.history[:5]) / 5
+    last = sum(r["train/acc_mean"] for r in result.history[-5:]) / 5
+    assert last > first

@@ -46,6 +46,7 @@ from dapo_core.reward import score
 from dapo_core.sampling import BatchStats, GroupAccumulator, fill_batch
 from tasks.distributed import (
     OptimizerEngine,
+    all_gather_objects,
     all_reduce_max,
     all_reduce_sum,
     barrier,
@@ -197,40 +198,45 @@ class DAPOTrainer:
 
     # -- rollout -----------------------------------------------------------------------------
 
-    def _generate_groups(
-        self, n: int, gen_log: dict[str, float]
-    ) -> tuple[list[Group], torch.Tensor]:
+    def _generate_groups(self, n: int, gen_log: dict[str, Any]) -> tuple[list[Group], torch.Tensor]:
+        """n prompts x G scored responses; under data parallelism each rank generates its slice
+        and the groups are all-gathered, so every rank returns the same list."""
         cfg = self.cfg
-        problems = self.stream.take(n)
-        prompts = [chat_prompt(self.tokenizer, p.prompt) for p in problems]
-        t0 = time.perf_counter()
-        with torch.autocast(self.device.type, torch.bfloat16, enabled=self.autocast):
-            out = self.generator.generate(
-                prompts,
-                cfg.rollout.group_size,
-                cfg.rollout.temperature,
-                cfg.rollout.top_p,
-                cfg.rollout.max_response_len,
-            )
-        gen_log["gen_time"] += time.perf_counter() - t0
-        gen_log["prompts_truncated"] += out.prompts_truncated
         G = cfg.rollout.group_size
-        groups, accs = [], []
-        for i, p in enumerate(problems):
-            sl = slice(i * G, (i + 1) * G)
-            acc = [score(t, p.answer).acc for t in out.texts[sl]]
-            groups.append(
-                Group(
-                    p.id,
-                    p.answer,
-                    out.prompt_ids[i],
-                    out.response_ids[sl],
-                    out.finished[sl],
-                    acc,
-                    out.texts[sl],
+        problems = self.stream.take(n)  # the same prompts on every rank
+        mine = problems[self.rank :: self.world]
+        t0 = time.perf_counter()
+        groups: list[Group] = []
+        if mine:
+            prompts = [chat_prompt(self.tokenizer, p.prompt) for p in mine]
+            with torch.autocast(self.device.type, torch.bfloat16, enabled=self.autocast):
+                out = self.generator.generate(
+                    prompts,
+                    G,
+                    cfg.rollout.temperature,
+                    cfg.rollout.top_p,
+                    cfg.rollout.max_response_len,
                 )
-            )
-            accs.append(acc)
+            gen_log["prompts_truncated"] += out.prompts_truncated
+            for i, p in enumerate(mine):
+                sl = slice(i * G, (i + 1) * G)
+                acc = [score(t, p.answer).acc for t in out.texts[sl]]
+                groups.append(
+                    Group(
+                        p.id,
+                        p.answer,
+                        out.prompt_ids[i],
+                        out.response_ids[sl],
+                        out.finished[sl],
+                        acc,
+                        out.texts[sl],
+                    )
+                )
+        gen_log["gen_time"] += time.perf_counter() - t0
+        if self.world > 1:  # interleave the shards back into the prompt order
+            shards = all_gather_objects(groups, self.world)
+            groups = [shards[i % self.world][i // self.world] for i in range(n)]
+        accs = [g.acc for g in groups]
         gen_log["acc"] += [a for row in accs for a in row]
         gen_log["lengths"] += [len(r) for g in groups for r in g.response_ids]
         gen_log["finished"] += [f for g in groups for f in g.finished]

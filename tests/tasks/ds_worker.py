@@ -44,9 +44,26 @@ def main(params_json: str, out: str) -> None:
     before = {k: v.detach().clone() for k, v in t.engine.model.state_dict().items()}
     samples, _ = t._samples(fixed_groups(6, cfg.rollout.group_size, len(tok)))
     stats = t._update(samples)
+    # Sharded rollouts: each rank generates its slice; every rank ends with all groups, in order.
+    log = {"gen_time": 0.0, "prompts_truncated": 0, "acc": [], "lengths": [], "finished": []}
+    local = []
+    generate = t.generator.generate
+    t.generator.generate = lambda prompts, *a: local.append(len(prompts)) or generate(prompts, *a)
+    groups, acc = t._generate_groups(5, log)
+    rollout = {"ids": [g.problem_id for g in groups], "acc_shape": tuple(acc.shape)}
+    rollout["local_prompts"] = sum(local)
     if t.rank == 0:
         state = {k: v.detach().clone() for k, v in t.engine.model.state_dict().items()}
-        torch.save({"before": before, "state": state, "stats": stats, "world": t.world}, out)
+        torch.save(
+            {
+                "before": before,
+                "state": state,
+                "stats": stats,
+                "world": t.world,
+                "rollout": rollout,
+            },
+            out,
+        )
 
 
 if __name__ == "__main__":

@@ -60,3 +60,7 @@ def test_two_ranks_equal_one(tiny_cfg, tmp_path):
     for k, v in one["state"].items():
         torch.testing.assert_close(two["state"][k], v, rtol=1e-5, atol=1e-6)
     assert any(not torch.equal(one["before"][k], v) for k, v in one["state"].items())
+    # both runs draw the same 5 prompts; on 2 ranks each generated half and all were gathered
+    assert two["rollout"]["ids"] == one["rollout"]["ids"] and len(one["rollout"]["ids"]) == 5
+    assert two["rollout"]["acc_shape"] == one["rollout"]["acc_shape"] == (5, cfg.rollout.group_size)
+    assert one["rollout"]["local_prompts"] == 5 and two["rollout"]["local_prompts"] == 3

@@ -83,6 +83,8 @@ RADICALS = [
     (r"\frac{\sqrt{5}-1}{4}", "\\frac{m\\sqrt{n}-k}{p}", 11),
     (r"-\frac{1+\sqrt{3}}{2}", "-\\frac{k+m\\sqrt{n}}{p}", 7),
     (r"\frac{4+\sqrt{12}}{2}", "k+m\\sqrt{n}", 6),  # 2 + sqrt 3: p = 1 drops the fraction
+    (r"(1+\sqrt{2})^{2}", "k+m\\sqrt{n}", 7),  # 3 + 2 sqrt 2
+    (r"\frac{2}{\sqrt{3}-1}", "k+m\\sqrt{n}", 5),  # 1 + sqrt 3
 ]
 
 PI_FORMS = [
@@ -112,11 +114,13 @@ INTEGERS_IN_DISGUISE = [
     ("+5", 5),
     (r"\frac{4\pi}{\pi}", 4),
     (r"(\sqrt{2})^2", 2),
+    (r"(1+\sqrt{2})(\sqrt{2}-1)", 1),  # only seen after multiplying out
     ("0.5*4", 2),
     (r"5^\circ", 5),
     (r"90^{\circ}", 90),
     (r"10\%", 10),
     (r"\$5", 5),
+    ("$5", 5),
     (r"\$32,\!348", 32348),
     (r"10,\!080", 10080),
     (r"11,\! 111,\! 111,\! 100", 11111111100),
@@ -185,6 +189,25 @@ def test_integerize_integers_in_disguise(answer, value):
 @pytest.mark.parametrize("answer", NONE_CASES)
 def test_integerize_none(answer):
     assert integerize(answer) is None
+
+
+PATHOLOGICAL = [
+    r"(\sqrt{2}+\sqrt{3}+\sqrt{5}+\sqrt{7}+\sqrt{11})^{64}",  # expansion would explode
+    r"\frac{1}{\sqrt[64]{2}+\sqrt[63]{3}+\sqrt[62]{5}+\sqrt[61]{7}}",  # slow to rationalise
+    r"(3-\sqrt{7+\sqrt{5}})^{-32}",  # nested radical: sympy sign queries take minutes
+    r"(\sqrt{2}+\sqrt{3}+\sqrt{5}+\sqrt{7})" * 6,
+    "2^{2^{2^{2^{2}}}}",
+    r"\sqrt{" + "9" * 150 + "}",
+    "(" * 95 + "1" + ")" * 95,
+]
+
+
+def test_integerize_time_is_bounded():
+    start = time.perf_counter()
+    results = [integerize(answer) for answer in PATHOLOGICAL]
+    assert time.perf_counter() - start < 10
+    assert results[:-1] == [None] * (len(PATHOLOGICAL) - 1)
+    assert results[-1] == Integerized(1, "integer", "")
 
 
 def test_integerize_instruction_text():

@@ -21,6 +21,7 @@ from dapo_core.problem import Problem
 from dapo_core.synthetic import arith_problems
 from tasks.distributed import barrier, init_distributed
 from tasks.models import load_policy, resolve_model_path
+from tasks.params import repo_path
 from tasks.rollout import HFGenerator, VLLMGenerator
 from tasks.runtime import configure_torch
 from tasks.trainer import DAPOTrainer, MetricsSink, StepResult, list_checkpoints
@@ -43,7 +44,7 @@ def training_problems(cfg: Config) -> list[Problem]:
         return train
     from tasks.data import load_problems
 
-    return load_problems(Path(cfg.data.out_dir) / "train.parquet")
+    return load_problems(repo_path(cfg.data.out_dir) / "train.parquet")
 
 
 def make_generator(cfg: Config, model, tokenizer, model_path: str):

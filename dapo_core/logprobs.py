@@ -45,7 +45,8 @@ def token_logprobs(
     sampling temperature, so the log-probs are those of the distribution the rollout sampled from.
     """
     logps, entropies = [], []
-    use_ckpt = torch.is_grad_enabled()
+    # One chunk holds everything: checkpointing would only recompute it, saving no memory.
+    use_ckpt = torch.is_grad_enabled() and hidden.shape[0] > chunk
     for start in range(0, hidden.shape[0], chunk):
         h, t = hidden[start : start + chunk], targets[start : start + chunk]
         if use_ckpt:

@@ -62,17 +62,43 @@ def split_response(tokens: list[int], eos_ids: set[int], pad_id: int) -> tuple[l
     return tokens, False
 
 
-class HFGenerator:
-    """Sampling with transformers ``generate``: left padding, KV cache, n samples per prompt."""
+def sample_next(
+    logits: torch.Tensor, temperature: float, top_p: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, V) logits -> (B,) tokens drawn from softmax(logits / T) restricted to the top-p nucleus,
+    and their log-probabilities under the temperature-scaled (unrestricted) distribution."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
+    probs = logp.exp()
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        # Keep a token while the mass before it is < top_p (the first token is always kept).
+        drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    tokens = torch.multinomial(probs, 1).squeeze(-1)  # (B,)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
-    def __init__(self, model, tokenizer, max_prompt_len: int, batch_size: int = 256):
+
+class HFGenerator:
+    """Sampling with a transformers causal LM: each prompt is prefilled once and its KV cache
+    repeated for the G samples (``generate(num_return_sequences=G)`` would run the prompt G times),
+    then a plain decode loop with temperature / top-p sampling and left padding.
+
+    ``min_new_tokens`` suppresses EOS before that many tokens (benchmarks use it to fix lengths).
+    """
+
+    def __init__(
+        self, model, tokenizer, max_prompt_len: int, batch_size: int = 256, min_new_tokens: int = 0
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.max_prompt_len = max_prompt_len
-        self.batch_size = batch_size  # sequences per generate call (P_chunk * n)
+        self.batch_size = batch_size  # sequences per decode batch (P_chunk * n)
+        self.min_new_tokens = min_new_tokens
         eos = model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
         self.eos_ids = {e for e in eos + [tokenizer.eos_token_id] if e is not None}
+        self.last_logprobs: list[list[float]] = []  # sampling log-probs of the last call
 
     @torch.no_grad()
     def generate(
@@ -83,38 +109,61 @@ class HFGenerator:
         self.model.eval()
         responses: list[list[int]] = []
         finished: list[bool] = []
+        self.last_logprobs = []
         per_call = max(1, self.batch_size // n)
         for start in range(0, len(prompt_ids), per_call):
             chunk = prompt_ids[start : start + per_call]
-            r, f = self._generate_chunk(chunk, n, temperature, top_p, max_new_tokens)
+            r, f = self._sample(chunk, n, temperature, top_p, max_new_tokens)
             responses += r
             finished += f
         self.model.train(was_training)
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         return Rollouts(n, prompt_ids, responses, finished, texts, n_trunc)
 
-    def _generate_chunk(self, prompt_ids, n, temperature, top_p, max_new_tokens):
+    def _sample(self, prompt_ids, n, temperature, top_p, max_new_tokens):
         device = self.model.device
         pad = self.tokenizer.pad_token_id
         width = max(len(p) for p in prompt_ids)
-        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids], device=device)
-        attention = torch.tensor(
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids], device=device)
+        attn = torch.tensor(
             [[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=device
         )
-        out = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention,
-            do_sample=True,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=0,  # the paper samples from the full (nucleus) distribution
-            max_new_tokens=max_new_tokens,
-            num_return_sequences=n,
-            pad_token_id=pad,
-            eos_token_id=sorted(self.eos_ids),
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: real tokens start at 0
+        out = self.model(
+            input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1
         )
-        generated = out[:, width:].tolist()
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(n)  # the G samples share the prompt's keys and values
+        logits = out.logits[:, -1].repeat_interleave(n, dim=0)  # (P*n, V)
+        attn = attn.repeat_interleave(n, dim=0)
+        next_pos = pos[:, -1:].repeat_interleave(n, dim=0) + 1  # (P*n, 1)
+        eos = torch.tensor(sorted(self.eos_ids), device=device)
+        done = torch.zeros(len(logits), dtype=torch.bool, device=device)
+        tokens, logps = [], []
+        for t in range(max_new_tokens):
+            if t < self.min_new_tokens:
+                logits[:, eos] = float("-inf")
+            nxt, lp = sample_next(logits, temperature, top_p)
+            nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
+            tokens.append(nxt)
+            logps.append(lp)
+            done |= torch.isin(nxt, eos)
+            if bool(done.all()) or t == max_new_tokens - 1:
+                break
+            attn = torch.cat([attn, (~done).long()[:, None]], dim=1)
+            out = self.model(
+                input_ids=nxt[:, None],
+                attention_mask=attn,
+                position_ids=next_pos,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            logits = out.logits[:, -1]
+            next_pos = next_pos + 1
+        generated = torch.stack(tokens, dim=1).tolist()  # (P*n, t)
+        step_logps = torch.stack(logps, dim=1).tolist()
         pairs = [split_response(g, self.eos_ids, pad) for g in generated]
+        self.last_logprobs += [lp[: len(r)] for (r, _), lp in zip(pairs, step_logps, strict=True)]
         return [p[0] for p in pairs], [p[1] for p in pairs]
 
 

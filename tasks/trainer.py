@@ -56,6 +56,7 @@ from tasks.models import chat_prompt
 from tasks.rollout import Generator
 
 MetricsSink = Callable[[dict[str, float], int], None]
+LOGITS_BUDGET = 2**26  # logits per chunk (256 MB in fp32): ~440 rows of a 151k vocabulary
 
 
 class TrainingStopped(PipelineError):
@@ -174,8 +175,11 @@ class DAPOTrainer:
         run_dir: Path,
         sink: MetricsSink | None = None,
         optimizer: torch.optim.Optimizer | None = None,
+        reward_fn: Callable[[str, str], bool] | None = None,
     ):
         self.cfg, self.model, self.tokenizer, self.generator = cfg, model, tokenizer, generator
+        # Correctness of a response against the answer; the rule-based reward (Eq. 7) by default.
+        self.is_correct = reward_fn or (lambda response, answer: score(response, answer).acc)
         self.run_dir = Path(run_dir)
         self.stream = ProblemStream(problems, cfg.train.seed)
         self.buffer = GroupAccumulator()
@@ -220,7 +224,7 @@ class DAPOTrainer:
             gen_log["prompts_truncated"] += out.prompts_truncated
             for i, p in enumerate(mine):
                 sl = slice(i * G, (i + 1) * G)
-                acc = [score(t, p.answer).acc for t in out.texts[sl]]
+                acc = [self.is_correct(t, p.answer) for t in out.texts[sl]]
                 groups.append(
                     Group(
                         p.id,
@@ -320,7 +324,11 @@ class DAPOTrainer:
         head = self.model.get_output_embeddings()
         # The token at position t is predicted by the hidden state at t - 1.
         logp_flat, ent_flat = token_logprobs(
-            hidden[rows, pos - 1], head, ids[rows, pos], self.cfg.rollout.temperature
+            hidden[rows, pos - 1],
+            head,
+            ids[rows, pos],
+            self.cfg.rollout.temperature,
+            chunk=max(256, LOGITS_BUDGET // head.weight.shape[0]),
         )
         logp = torch.zeros(len(batch), R, device=dev, dtype=logp_flat.dtype)
         logp = logp.index_put((rows, cols), logp_flat)  # differentiable scatter

@@ -42,3 +42,24 @@ def test_generator_shapes_and_truncation(tiny_cfg):
     for ids, fin in zip(out.response_ids, out.finished, strict=True):
         assert 1 <= len(ids) <= 5
         assert fin == (ids[-1] == tok.eos_token_id)
+
+
+def test_sampling_logprobs_equal_the_trainers_forward(tiny_cfg, tmp_path):
+    """On-policy: the rollout's log-probs (prompt prefilled once, KV cache shared by the G samples,
+    left padding) equal what the trainer computes for the same tokens (right padding)."""
+    from dapo_core.config import resolve
+    from tasks.trainer import DAPOTrainer, Sample
+    from tasks.train import training_problems
+
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["rollout.temperature=0.7"])
+    model, tok = load_policy(resolve_model_path(cfg))
+    gen = HFGenerator(model, tok, max_prompt_len=64)
+    trainer = DAPOTrainer(cfg, model, tok, gen, training_problems(cfg), tmp_path)
+    torch.manual_seed(0)
+    prompts = [chat_prompt(tok, "Compute 1 + 2."), chat_prompt(tok, "Compute 10 + 20 + 3 + 4.")]
+    out = gen.generate(prompts, n=3, temperature=0.7, top_p=0.9, max_new_tokens=6)
+    for i, (resp, lps) in enumerate(zip(out.response_ids, gen.last_logprobs, strict=True)):
+        prompt = out.prompt_ids[i // 3]
+        with torch.no_grad():
+            logp, _, _ = trainer._forward_logprobs([Sample(prompt + resp, len(prompt), 1.0, True)])
+        torch.testing.assert_close(logp[0], torch.tensor(lps), rtol=1e-4, atol=1e-4)

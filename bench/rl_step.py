@@ -1,0 +1,167 @@
+"""RL step time: our DAPO loop against TRL's GRPOTrainer, measured side by side in one session.
+
+Equal work on both sides:
+- the same Hugging Face model directory (the embedded tiny Qwen2, random init, so it rarely emits
+  EOS) and the same synthetic prompts;
+- P prompts x G samples x exactly L completion tokens (``min_new_tokens = L`` on both sides);
+- the same reward: a deterministic pseudo-random +/-1 per completion, so every group is mixed and
+  every sample goes through forward and backward on both sides (our loop skips zero-advantage
+  samples, which would otherwise be unequal work);
+- one gradient update per rollout, no reference model (TRL beta=0), so neither side needs an
+  old-log-prob or reference forward pass; token-level loss (TRL loss_type="dapo");
+- the same torch thread count.
+
+Runs are interleaved (ours, TRL, ours, TRL, ...), each run's first step dropped as warm-up, and
+medians of the remaining step times and their ratio are printed. TRL is a benchmark-only extra:
+``pip install -e '.[bench]'``.
+
+    python -m bench.rl_step --shapes 16x8x16 8x8x64 --rounds 3 --steps 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from dapo_core.synthetic import arith_problems
+from tasks.models import build_tiny_model, chat_prompt, load_policy
+from tasks.params import load_params
+from tasks.rollout import HFGenerator
+from tasks.trainer import DAPOTrainer
+
+
+def coin(text: str) -> bool:
+    """Deterministic pseudo-random correctness: mixed groups without depending on the model."""
+    return hashlib.blake2b(text.encode(), digest_size=1).digest()[0] % 2 == 0
+
+
+def our_steps(model_dir: Path, problems, P: int, G: int, L: int, steps: int) -> list[float]:
+    cfg = load_params(
+        overrides=[
+            f"rollout.group_size={G}",
+            f"rollout.max_response_len={L}",
+            f"algo.cache_len={L // 4}",
+            "algo.dynamic_sampling=false",  # TRL has none: one generation batch per step
+            "algo.overlong_filtering=false",  # every sample is L tokens long (truncated)
+            "algo.overlong_shaping=false",
+            f"train.prompt_batch={P}",
+            f"train.gen_batch={P}",
+            f"train.mini_batch={P}",  # one update per rollout
+            "train.micro_batch_tokens=1000000",  # one micro-batch, like TRL's single forward
+            "rollout.max_prompt_len=256",
+        ]
+    )
+    model, tok = load_policy(str(model_dir), "float32")
+    with tempfile.TemporaryDirectory() as d:
+        trainer = DAPOTrainer(
+            cfg,
+            model,
+            tok,
+            HFGenerator(model, tok, 256, min_new_tokens=L),
+            problems,
+            Path(d),
+            reward_fn=lambda response, answer: coin(response),
+        )
+        times = []
+        for _ in range(steps):
+            t = time.perf_counter()
+            trainer.train_step()
+            times.append(time.perf_counter() - t)
+    return times
+
+
+def trl_steps(model_dir: Path, problems, P: int, G: int, L: int, steps: int) -> list[float]:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    _, tok = load_policy(str(model_dir), "float32")
+    dataset = Dataset.from_dict(
+        {"prompt": [[{"role": "user", "content": p.prompt}] for p in problems[: P * steps]]}
+    )
+
+    def reward(completions, **kwargs):
+        return [1.0 if coin(c[0]["content"]) else -1.0 for c in completions]
+
+    class Timer(TrainerCallback):
+        def __init__(self):
+            self.times, self.t = [], None
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.t = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.times.append(time.perf_counter() - self.t)
+
+    with tempfile.TemporaryDirectory() as d:
+        args = GRPOConfig(
+            output_dir=d,
+            per_device_train_batch_size=P * G,
+            num_generations=G,
+            gradient_accumulation_steps=1,
+            steps_per_generation=1,
+            num_iterations=1,
+            beta=0.0,
+            loss_type="dapo",
+            max_completion_length=L,
+            generation_kwargs={"min_new_tokens": L},
+            temperature=1.0,
+            top_p=1.0,
+            max_steps=steps,
+            learning_rate=5e-4,
+            logging_steps=10**6,
+            save_strategy="no",
+            report_to="none",
+            use_cpu=True,
+            shuffle_dataset=False,
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+        )
+        timer = Timer()
+        trainer = GRPOTrainer(
+            model=str(model_dir),
+            reward_funcs=[reward],
+            args=args,
+            train_dataset=dataset,
+            processing_class=tok,
+            callbacks=[timer],
+        )
+        trainer.train()
+    return timer.times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="+", default=["16x8x16", "8x8x64"], help="PxGxL")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape")
+    ap.add_argument("--steps", type=int, default=4, help="steps per run (the first is dropped)")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    cfg = load_params()
+    train, _ = arith_problems(1, 800, 0, 9, 3)
+    print(f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} interleaved rounds")
+    print(
+        f"{'shape PxGxL':>12} {'ours s/step':>12} {'TRL s/step':>11} {'ours/TRL':>9}  target <= 0.5"
+    )
+    with tempfile.TemporaryDirectory() as d:
+        model_dir = build_tiny_model(cfg.tiny, train, Path(d) / "tiny", seed=0)
+        for shape in args.shapes:
+            P, G, L = (int(x) for x in shape.split("x"))
+            ours, trl = [], []
+            for _ in range(args.rounds):
+                ours += our_steps(model_dir, train, P, G, L, args.steps)[1:]
+                trl += trl_steps(model_dir, train, P, G, L, args.steps)[1:]
+            o, t = statistics.median(ours), statistics.median(trl)
+            verdict = "PASS" if o / t <= 0.5 else "FAIL"
+            print(f"{shape:>12} {o:12.3f} {t:11.3f} {o / t:9.2f}  {verdict}")
+
+
+if __name__ == "__main__":
+    main()

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from dapo_core.synthetic import arith_problems
-from tasks.models import build_tiny_model, chat_prompt, load_policy
+from tasks.models import build_tiny_model, load_policy
 from tasks.params import load_params
 from tasks.rollout import HFGenerator
 from tasks.trainer import DAPOTrainer

@@ -48,8 +48,8 @@ def test_sampling_logprobs_equal_the_trainers_forward(tiny_cfg, tmp_path):
     """On-policy: the rollout's log-probs (prompt prefilled once, KV cache shared by the G samples,
     left padding) equal what the trainer computes for the same tokens (right padding)."""
     from dapo_core.config import resolve
-    from tasks.trainer import DAPOTrainer, Sample
     from tasks.train import training_problems
+    from tasks.trainer import DAPOTrainer, Sample
 
     cfg = resolve(tiny_cfg.to_dict(), overrides=["rollout.temperature=0.7"])
     model, tok = load_policy(resolve_model_path(cfg))

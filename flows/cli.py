@@ -185,6 +185,72 @@ def evaluate(
         console.print(f"wrote {out / 'metrics.json'} and {out / 'per_problem.csv'}")
 
 
+@app.command("curate")
+@user_errors
+def curate(
+    source: Annotated[
+        str | None,
+        typer.Option(
+            help="A parquet/jsonl file, a Hugging Face dataset id or synthetic:arith "
+            "(default: data.source)."
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Output directory (default: data.out_dir).")
+    ] = None,
+    eval_set: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--eval-set",
+            help="Eval set to prepare and decontaminate against, repeatable: NAME=PATH_OR_ID, "
+            "a name from data.eval_sets, or a path/hub id (default: all of data.eval_sets).",
+        ),
+    ] = None,
+    eval_dir: Annotated[
+        Path | None,
+        typer.Option(help="Where prepared eval sets go (default: data/eval, read by evaluate)."),
+    ] = None,
+    step: Annotated[
+        str, typer.Option(help="all, eval (only the eval sets) or train (only the source).")
+    ] = "all",
+    params: ParamsOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Curate training data into integer-answer form and prepare the eval sets (DAPO 3.5).
+
+    Writes OUT/train.parquet, val.parquet, rejected.parquet and report.json, and
+    data/eval/<name>.parquet with manifest.json. `dvc repro` runs this as two stages."""
+    from tasks.curate import curate as run_curate
+    from tasks.curate import parse_eval_set_args
+
+    cfg = _load(params, config, set_)
+    sets = parse_eval_set_args(eval_set, cfg) if eval_set else None
+    summary = run_curate(
+        cfg,
+        source=source,
+        out=out.resolve() if out else None,
+        eval_sets=sets,
+        eval_dir=eval_dir.resolve() if eval_dir else None,
+        step=step,
+    )
+    for name, entry in summary.eval_manifest.items():
+        if entry["status"] == "ready":
+            console.print(f"eval set {name}: {entry['problems']} problems")
+        else:
+            console.print(f"eval set {name}: [yellow]unavailable[/] (see manifest.json)")
+    if summary.eval_manifest:
+        console.print(f"eval sets in {summary.eval_dir}")
+    r = summary.report
+    if r is not None:
+        dropped = ", ".join(f"{k} {v}" for k, v in r["dropped"].items()) or "none"
+        console.print(
+            f"[green]curated[/] {r['source']}: kept {r['kept']} of {r['input_rows']} rows "
+            f"(train {r['train']}, val {r['val']}; {r['converted']['total']} answers converted "
+            f"to integer form); dropped: {dropped}; wrote {summary.out_dir}"
+        )
+
+
 def _load_logged(path: Path):
     from dapo_core.config import from_dict
 
@@ -218,6 +284,22 @@ EvalSetOpt = Annotated[
 CurateOpt = Annotated[
     bool, typer.Option("--curate/--no-curate", help="Run the DVC data stages first.")
 ]
+
+
+def _orchestration_env() -> None:
+    """Defaults for Prefect and MLflow, as `make` exports them (DESIGN section 6): telemetry off,
+    and time for the embedded Prefect server to start on a busy machine. Set before Prefect is
+    imported; a value already in the environment wins."""
+    import os
+
+    for key, value in {
+        "DO_NOT_TRACK": "true",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DVC_NO_ANALYTICS": "1",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+    }.items():
+        os.environ.setdefault(key, value)
 
 
 def _flow_args(params: Path | None, config: list[Path] | None, set_: list[str] | None) -> dict:
@@ -258,6 +340,7 @@ def pipeline(
     curate: CurateOpt = True,
 ) -> None:
     """Curate -> train -> evaluate as one Prefect flow, tracked in one MLflow run."""
+    _orchestration_env()
     from flows.pipeline import pipeline_flow
 
     _load(params, config, set_, variant)  # a config error is reported before Prefect starts
@@ -305,6 +388,7 @@ def ablate(
 
     One parent MLflow run holds a nested run per variant/seed and the ablation table (markdown,
     CSV and a bar chart, ours beside the paper's numbers)."""
+    _orchestration_env()
     from rich.table import Table
 
     from flows.ablate import ablate_flow, ordered_variants
@@ -371,6 +455,7 @@ def schedule(
     The nightly train continues one run from its latest checkpoint. Needs a Prefect server:
     `prefect server start` and `export PREFECT_API_URL=http://127.0.0.1:4200/api` (see README,
     Schedules); `--dry-run` only prints the deployments."""
+    _orchestration_env()
     from flows.schedule import (
         NIGHTLY_TRAIN_CRON,
         WEEKLY_ABLATE_CRON,
@@ -426,6 +511,7 @@ def ui(
     ] = False,
 ) -> None:
     """Start the MLflow UI on the project's tracking store and print its URL."""
+    _orchestration_env()
     import shlex
     import subprocess
 
@@ -471,6 +557,7 @@ def reproduce(
 
     Warns when the run's data version (the dvc.lock md5) or git commit differ from this
     checkout's; `--check-only` compares and exits 1 on a difference."""
+    _orchestration_env()
     import os
 
     from flows.reproduce import original_avg, reproduce_run

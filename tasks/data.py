@@ -53,15 +53,31 @@ def eval_problems(cfg: Config, name_or_path: str | None = None) -> tuple[str, li
         _, test = arith_problems(s.seed, s.num_train, s.num_test, s.max_operand, s.num_terms)
         return name, test
     if name in cfg.data.eval_sets:
-        prepared = repo_path(EVAL_DIR) / f"{name}.parquet"
-        if not prepared.exists():
-            raise FileNotFoundError(
-                f"eval set {name!r} is not prepared ({prepared} is missing); run `dapo curate` "
-                "or `dvc repro` first"
-            )
-        return name, load_problems(prepared)
+        return name, _named_eval_set(name, cfg.data.eval_sets[name])
     path = Path(name)
     if path.exists():
-        return path.stem, load_problems(path)
+        try:
+            return path.stem, load_problems(path)
+        except ValueError:  # not a curated file (e.g. the DAPO/verl schema): curate it now
+            from tasks import curate
+
+            rows, _ = curate.prepare_eval_set(curate.eval_set_name(name), name)
+            return curate.eval_set_name(name), curate.rows_to_problems(rows)
     known = [SYNTHETIC_TEST, *cfg.data.eval_sets]
     raise FileNotFoundError(f"unknown eval set {name!r}: not a file, and not one of {known}")
+
+
+def _named_eval_set(name: str, spec: str) -> list[Problem]:
+    """A set from ``data.eval_sets``: its prepared copy (data/eval/<name>.parquet, written by
+    ``dapo curate``/``dvc repro`` from this same spec); else, for a local file, the file
+    prepared in memory; else an error that says how to prepare it."""
+    from tasks import curate
+
+    prepared = repo_path(EVAL_DIR) / f"{name}.parquet"
+    made_from = curate.read_manifest().get(name, {}).get("spec")
+    if prepared.exists() and made_from in (None, spec):
+        return load_problems(prepared)
+    if curate.local_path(spec) is not None:
+        rows, _ = curate.prepare_eval_set(name, spec)
+        return curate.rows_to_problems(rows)
+    raise FileNotFoundError(curate.missing_eval_set_message(name, spec))

@@ -1,0 +1,143 @@
+"""Prefect flows: ``curate``, ``train``, ``evaluate``, ``pipeline`` (curate -> train -> evaluate).
+
+Flow parameters are plain values (params file, overlay presets, ``section.key=value`` overrides,
+variant, run name), so the same flows can be deployed on a schedule (``flows/schedule.py``). They
+use Prefect's embedded server by default and any Prefect API when ``PREFECT_API_URL`` is set.
+
+Run directories are fixed by the flow before its train task starts (``train.out_dir/<run name>``):
+a retried train task, or a later flow run given the same ``run_name``, continues from the last
+checkpoint there. The pipeline logs training and the evaluation after it to the same MLflow run
+(experiment ``<prefix>-pipeline``); the final evaluation is logged at the last training step.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from prefect import flow
+
+from dapo_core.config import Config, apply_variant
+from flows.steps import (
+    EvalSummary,
+    TrainSummary,
+    curate_task,
+    evaluate_task,
+    train_task,
+)
+from tasks.params import load_params, repo_path
+
+
+def load_config(
+    params: str | None = None,
+    config: list[str] | None = None,
+    overrides: list[str] | None = None,
+    variant: str | None = None,
+) -> Config:
+    """params.yaml (or ``params``), overlay presets, overrides, then a Table 1 variant."""
+    cfg = load_params(params, config or (), overrides or ())
+    return apply_variant(cfg, variant) if variant else cfg
+
+
+def default_run_name(kind: str) -> str:
+    """``<kind>-<date>-<time>-<flow run id prefix>``: unique, and fixed for the flow run."""
+    from prefect.runtime import flow_run
+
+    suffix = f"-{str(flow_run.id)[:8]}" if flow_run.id else ""
+    return f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}{suffix}"
+
+
+def run_dir_for(cfg: Config, run_name: str) -> Path:
+    return repo_path(cfg.train.out_dir) / run_name
+
+
+@flow(name="curate")
+def curate_flow(
+    params: str | None = None,
+    config: list[str] | None = None,
+    overrides: list[str] | None = None,
+    stages: list[str] | None = None,
+) -> dict:
+    """Build the curated data and eval sets with the DVC stages (``dvc repro``)."""
+    return curate_task(load_config(params, config, overrides), stages)
+
+
+@flow(name="train")
+def train_flow(
+    params: str | None = None,
+    config: list[str] | None = None,
+    overrides: list[str] | None = None,
+    variant: str | None = None,
+    run_name: str | None = None,
+    max_steps: int | None = None,
+    progress: bool = True,
+) -> TrainSummary:
+    """Train with DAPO (or a Table 1 variant). With ``run_name`` naming an existing run, continue
+    it from its latest checkpoint (``max_steps`` more steps at most, e.g. nightly)."""
+    cfg = load_config(params, config, overrides, variant)
+    name = run_name or default_run_name("train")
+    return train_task(
+        cfg,
+        str(run_dir_for(cfg, name)),
+        kind="train",
+        run_name=name,
+        variant=variant,
+        max_steps=max_steps,
+        progress=progress,
+    )
+
+
+@flow(name="evaluate")
+def evaluate_flow(
+    params: str | None = None,
+    config: list[str] | None = None,
+    overrides: list[str] | None = None,
+    model: str | None = None,
+    eval_set: str | None = None,
+    progress: bool = True,
+    tags: dict[str, str] | None = None,
+) -> EvalSummary:
+    """Evaluate a model (default: model.name_or_path) on an eval set; tracked in MLflow."""
+    cfg = load_config(params, config, overrides)
+    return evaluate_task(cfg, model, eval_set, kind="evaluate", progress=progress, extra_tags=tags)
+
+
+@flow(name="pipeline")
+def pipeline_flow(
+    params: str | None = None,
+    config: list[str] | None = None,
+    overrides: list[str] | None = None,
+    variant: str | None = None,
+    run_name: str | None = None,
+    eval_set: str | None = None,
+    max_steps: int | None = None,
+    curate: bool = True,
+    progress: bool = True,
+    tags: dict[str, str] | None = None,
+) -> dict:
+    """curate -> train -> evaluate, all in one MLflow run of the ``-pipeline`` experiment."""
+    cfg = load_config(params, config, overrides, variant)
+    data = curate_task(cfg) if curate else {"status": "not requested"}
+    name = run_name or default_run_name("pipeline")
+    trained = train_task(
+        cfg,
+        str(run_dir_for(cfg, name)),
+        kind="pipeline",
+        run_name=name,
+        variant=variant,
+        max_steps=max_steps,
+        progress=progress,
+        extra_tags=tags,
+    )
+    evaluated = evaluate_task(
+        cfg,
+        trained.model_path,
+        eval_set,
+        kind="pipeline",
+        run_id=trained.mlflow_run_id,
+        step=trained.steps,
+        run_dir=trained.run_dir,
+        progress=progress,
+        extra_tags=tags,
+    )
+    return {"curate": data, "train": trained, "evaluate": evaluated}

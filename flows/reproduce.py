@@ -1,0 +1,116 @@
+"""``dapo reproduce RUN_ID``: re-run a tracked run from what MLflow recorded about it.
+
+The run's ``config.json`` artifact (else its params) is the config; its tags say which flow made
+it (``dapo.flow``), on which code (``git.commit``, ``git.dirty``) and data (``data.version``, the
+md5 of the ``dvc.lock`` outputs). Before re-running, the data version and the commit are compared
+with the current checkout, and every difference is reported with the command that restores it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from dapo_core.config import from_dict
+from dapo_core.errors import PipelineError
+from tasks.params import repo_path
+
+
+def reproduce_checks(info: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(mismatches, notes): how the run's data and code differ from this checkout, each with the
+    command that restores it; notes are caveats (e.g. the run's tree had uncommitted changes)."""
+    from tasks.tracking import data_version, git_commit
+
+    tags = info["tags"]
+    mismatches, notes = [], []
+    then_commit, now_commit = tags.get("git.commit", "unknown"), git_commit()
+    then_data, now_data = tags.get("data.version", "unknown"), data_version()
+    if then_data != now_data:
+        mismatches.append(
+            f"data version differs: the run used {then_data}, dvc.lock now gives {now_data}, so "
+            "the result may differ. To train on the run's data: "
+            f"`git checkout {then_commit} -- dvc.lock && dvc checkout` (or `dvc repro`)."
+        )
+    if then_commit != now_commit:
+        mismatches.append(
+            f"code differs: the run was made at commit {then_commit}, this checkout is at "
+            f"{now_commit}; `git checkout {then_commit}` gives the run's code."
+        )
+    if tags.get("git.dirty") == "true":
+        notes.append(
+            "the run was made from a working tree with uncommitted changes: its exact code is "
+            "not in git."
+        )
+    return mismatches, notes
+
+
+def reproduce_run(
+    run_id: str,
+    uri: str | None = None,
+    run_name: str | None = None,
+    check_only: bool = False,
+    strict: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Check a run, then (unless ``check_only``) re-run it with its logged config.
+
+    Returns ``{"original": run info, "mismatches": [...], "notes": [...], "result": flow result
+    or None, "config_path": path}``. ``strict``: a difference in data or code is an error."""
+    from tasks.tracking import read_run
+
+    try:
+        info = read_run(run_id, uri)
+    except LookupError as e:
+        raise PipelineError(f"{e}. Pass --tracking-uri if the run is in another store.") from None
+    cfg = from_dict(info["config"], source=f"run {run_id} config")  # validates the logged config
+    mismatches, notes = reproduce_checks(info)
+    out: dict[str, Any] = {
+        "original": info,
+        "mismatches": mismatches,
+        "notes": notes,
+        "result": None,
+    }
+    if strict and mismatches:
+        raise PipelineError("not reproducible as is (--strict): " + " ".join(mismatches))
+    if check_only:
+        return out
+    name = run_name or f"reproduce-{run_id[:8]}-{time.strftime('%Y%m%d-%H%M%S')}"
+    root = repo_path(cfg.train.out_dir) / name
+    root.mkdir(parents=True, exist_ok=True)
+    config_path = root / "logged_config.json"
+    config_path.write_text(json.dumps(info["config"], indent=2))
+    out["config_path"] = config_path
+    tags = info["tags"]
+    kind = tags.get("dapo.flow", "pipeline")
+    common = {"params": str(config_path), "progress": progress}
+    mark = {"reproduces": run_id}
+    if kind == "evaluate":
+        from flows.pipeline import evaluate_flow
+
+        out["result"] = evaluate_flow(
+            **common, model=tags.get("eval.model"), eval_set=tags.get("eval.set"), tags=mark
+        )
+    elif kind == "ablate" and tags.get("variant") == "ladder":
+        from flows.ablate import ablate_flow
+
+        params = info["params"]
+        out["result"] = ablate_flow(
+            **common,
+            variants=params.get("ablate.variants", "").split(",") or None,
+            seeds=[int(s) for s in params.get("ablate.seeds", "").split(",") if s] or None,
+            eval_set=tags.get("eval.set"),
+            run_name=name,
+        )
+    else:  # train, pipeline, or one variant of an ablation: train and evaluate again
+        from flows.pipeline import pipeline_flow
+
+        out["result"] = pipeline_flow(
+            **common, run_name=name, eval_set=tags.get("eval.set"), tags=mark
+        )
+    return out
+
+
+def original_avg(info: dict[str, Any]) -> float | None:
+    value = info["metrics"].get("eval/avg_at_k")
+    return float(value) if value is not None else None

@@ -1,0 +1,134 @@
+"""Cron schedules: a nightly ``train`` that continues one run from its latest checkpoint, and a
+weekly ``ablate`` sweep, served as Prefect deployments (``dapo schedule``).
+
+``build_deployments`` only builds ``RunnerDeployment`` objects (no server needed: ``--dry-run``
+prints them); ``serve_deployments`` registers them with the Prefect API and runs them in this
+process when their schedule fires (it blocks). The scheduler is a service of a real Prefect server
+(``prefect server start``; the embedded ephemeral one creates no scheduled runs), and it needs
+SQLAlchemy < 2.1 (DESIGN section 6; constrained in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from prefect.deployments.runner import EntrypointType, RunnerDeployment
+from prefect.schedules import Cron, validate_cron_string
+
+from dapo_core.config import ConfigError
+from flows.ablate import ablate_flow, ordered_variants
+from flows.pipeline import train_flow
+
+NIGHTLY_TRAIN_CRON = "0 2 * * *"  # 02:00 every day
+WEEKLY_ABLATE_CRON = "0 4 * * 0"  # 04:00 every Sunday
+NIGHTLY_RUN_NAME = "nightly"
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """What ``dapo schedule`` registers (plain values, printable with ``--dry-run``)."""
+
+    name: str
+    flow: str
+    cron: str
+    timezone: str
+    parameters: dict[str, Any]
+    description: str
+
+
+def schedule_specs(
+    train_cron: str | None = NIGHTLY_TRAIN_CRON,
+    ablate_cron: str | None = WEEKLY_ABLATE_CRON,
+    params: str | None = None,
+    config: list[str] | None = None,
+    overrides: list[str] | None = None,
+    nightly_steps: int | None = None,
+    run_name: str = NIGHTLY_RUN_NAME,
+    variants: list[str] | None = None,
+    seeds: list[int] | None = None,
+    timezone: str = "UTC",
+) -> list[ScheduleSpec]:
+    """The deployments to register; an empty cron leaves that one out."""
+    common = {"params": params, "config": config or [], "overrides": overrides or []}
+    specs = []
+    if train_cron:
+        _check_cron(train_cron, "--train-cron")
+        specs.append(
+            ScheduleSpec(
+                name="dapo-nightly-train",
+                flow="train",
+                cron=train_cron,
+                timezone=timezone,
+                parameters={
+                    **common,
+                    "run_name": run_name,
+                    "max_steps": nightly_steps,
+                    "progress": False,
+                },
+                description=(
+                    f"Continue the run '{run_name}' from its latest checkpoint"
+                    + (f", {nightly_steps} steps per night" if nightly_steps else "")
+                    + " (until train.steps)."
+                ),
+            )
+        )
+    if ablate_cron:
+        _check_cron(ablate_cron, "--ablate-cron")
+        specs.append(
+            ScheduleSpec(
+                name="dapo-weekly-ablate",
+                flow="ablate",
+                cron=ablate_cron,
+                timezone=timezone,
+                parameters={
+                    **common,
+                    "variants": ordered_variants(variants),
+                    "seeds": seeds,
+                    "progress": False,
+                },
+                description="The DAPO Table 1 ladder, each variant trained and evaluated.",
+            )
+        )
+    return specs
+
+
+def _check_cron(expr: str, option: str) -> None:
+    try:
+        validate_cron_string(expr)
+    except ValueError:
+        raise ConfigError(
+            f"{option} {expr!r} is not a cron expression (e.g. '0 2 * * *')"
+        ) from None
+
+
+def build_deployments(specs: list[ScheduleSpec]) -> list[RunnerDeployment]:
+    """``RunnerDeployment`` objects for the specs (loaded by module path, not file path, so a
+    scheduled run finds the flows from any working directory)."""
+    flows = {"train": train_flow, "ablate": ablate_flow}
+    return [
+        flows[s.flow].to_deployment(
+            name=s.name,
+            schedules=[Cron(s.cron, timezone=s.timezone)],
+            parameters=s.parameters,
+            description=s.description,
+            tags=["dapo", s.flow],
+            entrypoint_type=EntrypointType.MODULE_PATH,
+        )
+        for s in specs
+    ]
+
+
+def api_url() -> str | None:
+    """The Prefect API in use (None: the embedded ephemeral server)."""
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value() or os.environ.get("PREFECT_API_URL") or None
+
+
+def serve_deployments(deployments: list[RunnerDeployment]) -> None:
+    """Register the deployments and run their scheduled flow runs here (blocks until Ctrl-C)."""
+    from prefect import serve
+
+    serve(*deployments)

@@ -1,0 +1,148 @@
+"""PNG plots of a run and of the ablation table, rendered with matplotlib's Agg backend.
+
+DVC's HTML plots need a CDN (blank offline, DESIGN section 6), so the pipeline renders its own:
+the training curves DAPO's section 3 discusses (reward/accuracy, entropy, response length, clip
+fractions), the evaluation curve (in-training validation and the final evaluation, with the 95% CI)
+and the Table 1 bar chart (ours beside the paper's). Figures are built without pyplot (no global
+state, safe in Prefect's worker threads); the caller saves or logs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from matplotlib.figure import Figure  # noqa: E402 - after the backend is chosen
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+Rows = Sequence[Mapping[str, Any]]
+
+
+def _series(rows: Rows, key: str) -> tuple[list[int], list[float]]:
+    pts = [(int(r["step"]), float(r[key])) for r in rows if key in r and r[key] is not None]
+    return [s for s, _ in pts], [v for _, v in pts]
+
+
+def _line_figure(title: str, rows: Rows, keys: Sequence[tuple[str, str]], ylabel: str) -> Figure:
+    fig = Figure(figsize=(6, 3.6), dpi=100)
+    ax = fig.add_subplot()
+    for key, label in keys:
+        x, y = _series(rows, key)
+        if x:
+            ax.plot(x, y, marker="." if len(x) < 30 else None, label=label)
+    ax.set_title(title)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("training step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def training_figures(history: Rows) -> dict[str, Figure]:
+    """``{file name: figure}`` from per-step rows (``{"step": s, "train/...": v, ...}``)."""
+    return {
+        "reward_accuracy.png": _line_figure(
+            "Reward and sampled accuracy",
+            history,
+            [
+                ("train/reward_mean", "reward (shaped)"),
+                ("train/acc_mean", "accuracy (all samples)"),
+                ("train/batch_acc_mean", "accuracy (training batch)"),
+            ],
+            "value",
+        ),
+        "entropy.png": _line_figure(
+            "Policy entropy (valid tokens)", history, [("train/entropy", "entropy")], "nats"
+        ),
+        "response_length.png": _line_figure(
+            "Response length",
+            history,
+            [("train/response_len_mean", "mean length")],
+            "tokens",
+        ),
+        "clip_fractions.png": _line_figure(
+            "Clipped token fractions (Eq. 10)",
+            history,
+            [("train/clip_frac_high", "clip_frac_high"), ("train/clip_frac_low", "clip_frac_low")],
+            "share of valid tokens",
+        ),
+    }
+
+
+def eval_curve(
+    validation: Rows, final: Mapping[str, Any] | None = None, prefix: str = "val/"
+) -> Figure:
+    """avg@k over training steps with its 95% CI; ``final`` (a row with ``step`` and ``eval/``
+    metrics) is the evaluation after training, drawn as its own point."""
+    fig = Figure(figsize=(6, 3.6), dpi=100)
+    ax = fig.add_subplot()
+    x, y = _series(validation, f"{prefix}avg_at_k")
+    if x:
+        _, lo = _series(validation, f"{prefix}avg_at_k_ci_low")
+        _, hi = _series(validation, f"{prefix}avg_at_k_ci_high")
+        ax.plot(x, y, marker="o", label="validation avg@k")
+        if len(lo) == len(x) and len(hi) == len(x):
+            ax.fill_between(x, lo, hi, alpha=0.2, label="95% CI")
+    if final and "eval/avg_at_k" in final:
+        v = float(final["eval/avg_at_k"])
+        err = [
+            [v - float(final.get("eval/avg_at_k_ci_low", v))],
+            [float(final.get("eval/avg_at_k_ci_high", v)) - v],
+        ]
+        step = int(final.get("step", 0))
+        ax.errorbar([step], [v], yerr=err, fmt="s", color="C3", capsize=4, label="final evaluation")
+    ax.set_title("Evaluation accuracy (avg@k)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("training step")
+    ax.set_ylabel("avg@k")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def ablation_chart(table: Any, paper_scale: float = 100.0) -> Figure:
+    """Bars of our avg@k per variant (with the 95% CI) beside the paper's AIME 2024 numbers, in
+    the table's row order (the paper's Table 1 order). ``table`` needs the columns ``variant``,
+    ``avg_at_k``, ``ci_low``, ``ci_high``, ``paper_aime24`` (percent)."""
+    fig = Figure(figsize=(8, 4), dpi=100)
+    ax = fig.add_subplot()
+    n = len(table)
+    xs = list(range(n))
+    ours = [float(v) * 100 for v in table["avg_at_k"]]
+    lo = [max(0.0, o - float(v) * 100) for o, v in zip(ours, table["ci_low"], strict=True)]
+    hi = [max(0.0, float(v) * 100 - o) for o, v in zip(ours, table["ci_high"], strict=True)]
+    w = 0.38
+    ax.bar([x - w / 2 for x in xs], ours, w, yerr=[lo, hi], capsize=3, label="ours (avg@k, %)")
+    paper = [float(v) / paper_scale * 100 for v in table["paper_aime24"]]
+    ax.bar([x + w / 2 for x in xs], paper, w, label="paper AIME24 avg@32 (Qwen2.5-32B)")
+    ax.set_xticks(xs, list(table["variant"]), rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title("DAPO Table 1 ladder")
+    ax.set_ylim(0, 100)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def save_figures(figures: Mapping[str, Figure], out_dir: Path) -> list[Path]:
+    """Write each figure as PNG into ``out_dir``; returns the paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, fig in figures.items():
+        path = out_dir / name
+        fig.savefig(path, format="png")
+        paths.append(path)
+    return paths

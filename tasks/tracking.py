@@ -1,0 +1,663 @@
+"""Experiment tracking: the one module of the project that talks to MLflow.
+
+Every run records what is needed to reproduce it from MLflow alone (DESIGN section 1): the resolved
+config as flattened params (``algo.eps_high``) and as a ``config.json`` artifact, and the tags
+``git.commit``, ``data.version`` (the md5 of the outputs in ``dvc.lock``), ``prefect.flow_run_id``,
+``variant`` and ``seed``. Per-step metrics are buffered and written with ``MlflowClient.log_batch``
+every few steps or seconds (one call per value is ~100x slower, DESIGN section 6).
+
+The store is ``sqlite:///<repo>/mlflow/mlflow.db`` with artifacts in ``<repo>/mlflow/artifacts``
+(anchored at the repo root, never the cwd), unless ``tracking.tracking_uri`` is set in the config or
+``MLFLOW_TRACKING_URI`` in the environment (in that order). One experiment per flow kind:
+``<tracking.experiment_prefix>-train``, ``-evaluate``, ``-pipeline``, ``-ablate``.
+
+Tracking is never allowed to kill a training run: every MLflow call goes through one guard that
+catches the error, warns once, and keeps going (metrics stay buffered and are retried after a
+pause; the run directory's ``metrics.jsonl`` has them in any case). For an HTTP store, MLflow's
+retry budget (~4 minutes per call by default) is lowered to a few seconds unless set already.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import math
+import os
+import subprocess
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dapo_core.config import ABLATION_LADDER, ABLATION_SWITCHES, Config
+from tasks.params import REPO_ROOT
+
+log = logging.getLogger(__name__)
+
+KINDS = ("train", "evaluate", "pipeline", "ablate")
+STORE_DIR = REPO_ROOT / "mlflow"
+RUN_FILE = "mlflow_run.json"  # in a run directory: the MLflow run it logs to (for resume/retry)
+MAX_PARAM_LEN = 6000  # MLflow's limit on a param value
+MAX_TAG_LEN = 5000
+PARAMS_PER_BATCH = 100  # MLflow's log_batch limits
+METRICS_PER_BATCH = 1000
+MAX_BUFFER = 100_000  # metrics held while the store is unreachable; the oldest go first
+HTTP_DEFAULTS = {  # a down tracking server costs seconds per attempt, not minutes
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Where runs go, and what identifies them
+# ---------------------------------------------------------------------------------------------
+
+
+def tracking_uri(cfg: Config | None = None) -> str:
+    """The tracking store: ``tracking.tracking_uri``, else ``MLFLOW_TRACKING_URI``, else the
+    project's SQLite store under ``<repo>/mlflow``."""
+    if cfg is not None and cfg.tracking.tracking_uri:
+        return cfg.tracking.tracking_uri
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{STORE_DIR / 'mlflow.db'}"
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (None for other stores)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri[len("sqlite:///") :].split("?", 1)[0])
+
+
+def artifact_root(uri: str) -> str | None:
+    """Where experiments created in ``uri`` keep their artifacts: ``artifacts/`` beside a SQLite
+    database (MLflow would otherwise use ``./mlruns`` of the cwd); the server's choice otherwise."""
+    db = sqlite_path(uri)
+    return (db.resolve().parent / "artifacts").as_uri() if db else None
+
+
+def experiment_name(cfg: Config, kind: str) -> str:
+    if kind not in KINDS:
+        raise ValueError(f"unknown flow kind {kind!r}; one of {KINDS}")
+    return f"{cfg.tracking.experiment_prefix}-{kind}"
+
+
+def flatten_config(cfg: Config | Mapping[str, Any]) -> dict[str, str]:
+    """``{"algo.eps_high": "0.28", ...}``: the resolved config as MLflow params (lists as JSON)."""
+    raw = cfg.to_dict() if isinstance(cfg, Config) else cfg
+    out: dict[str, str] = {}
+
+    def walk(node: Mapping[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            name = f"{prefix}{key}"
+            if isinstance(value, Mapping) and value:
+                walk(value, name + ".")
+            else:
+                text = value if isinstance(value, str) else json.dumps(value)
+                out[name] = text[:MAX_PARAM_LEN]
+
+    walk(raw, "")
+    return out
+
+
+def git_commit(root: Path = REPO_ROOT) -> str:
+    """``git rev-parse HEAD`` of the repo, or ``unknown`` outside a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def git_dirty(root: Path = REPO_ROOT) -> str:
+    """``true`` when the working tree has uncommitted changes (the commit alone does not pin the
+    code then), ``false``, or ``unknown``."""
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return "unknown" if out.returncode else str(bool(out.stdout.strip())).lower()
+
+
+def dvc_outputs(lock: Path | None = None) -> dict[str, str]:
+    """``{output path: md5}`` of every stage output recorded in ``dvc.lock`` (empty if none)."""
+    lock = lock or REPO_ROOT / "dvc.lock"
+    if not lock.exists():
+        return {}
+    try:
+        data = yaml.safe_load(lock.read_text()) or {}
+    except yaml.YAMLError:
+        log.warning("%s is not valid YAML; data version unknown", lock)
+        return {}
+    outs: dict[str, str] = {}
+    for stage in (data.get("stages") or {}).values():
+        for out in (stage or {}).get("outs") or []:
+            if isinstance(out, dict) and "path" in out:
+                outs[str(out["path"])] = str(out.get("md5") or out.get("hash") or "")
+    return outs
+
+
+def data_version(lock: Path | None = None) -> str:
+    """The data version: the md5 of the single output of ``dvc.lock``, a digest of all its
+    outputs' md5s when there are several, or ``none`` without a lock file."""
+    outs = dvc_outputs(lock)
+    if not outs:
+        return "none"
+    if len(outs) == 1:
+        return next(iter(outs.values()))
+    joined = "\n".join(f"{p}:{m}" for p, m in sorted(outs.items()))
+    return hashlib.md5(joined.encode()).hexdigest()
+
+
+def prefect_flow_run_id() -> str | None:
+    """The id of the Prefect flow run we are in, if any (no Prefect import outside a flow)."""
+    import sys
+
+    if "prefect" not in sys.modules:
+        return None
+    try:
+        from prefect.runtime import flow_run
+
+        return str(flow_run.id) if flow_run.id else None
+    except Exception:  # noqa: BLE001 - a tag is not worth failing for
+        return None
+
+
+def variant_of(cfg: Config) -> str:
+    """The Table 1 variant whose switches ``cfg.algo`` has, or ``custom``."""
+    switches = {s: getattr(cfg.algo, s) for s in ABLATION_SWITCHES}
+    for name, ladder in ABLATION_LADDER.items():
+        if all(switches[s] == ladder[s] for s in ABLATION_SWITCHES):
+            return name
+    return "custom"
+
+
+def run_tags(cfg: Config, kind: str, variant: str | None = None, **extra: Any) -> dict[str, str]:
+    """The tags every run carries: code, data, orchestration and what was run."""
+    commit = git_commit()
+    tags = {
+        "git.commit": commit,
+        "git.dirty": git_dirty(),
+        "mlflow.source.git.commit": commit,
+        "data.version": data_version(),
+        "data.source": cfg.data.source,
+        "variant": variant or variant_of(cfg),
+        "seed": str(cfg.train.seed),
+        "dapo.flow": kind,
+    }
+    flow_run_id = prefect_flow_run_id()
+    if flow_run_id:
+        tags["prefect.flow_run_id"] = flow_run_id
+    tags.update({k: str(v) for k, v in extra.items() if v is not None})
+    return tags
+
+
+# ---------------------------------------------------------------------------------------------
+# The tracker
+# ---------------------------------------------------------------------------------------------
+
+
+class Tracker:
+    """One MLflow run, written through ``MlflowClient`` with an explicit run id (no global active
+    run, so flows may run tasks in threads). Every call is guarded: see :meth:`_guard`.
+
+    ``flush_steps``/``flush_seconds``: buffered metrics are written when this many distinct steps
+    are waiting or this many seconds have passed since the last write, and on :meth:`flush`/`end`.
+    ``retry_after_s``: after a failed call, MLflow is left alone this long (metrics keep buffering).
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        kind: str,
+        uri: str | None = None,
+        flush_steps: int = 20,
+        flush_seconds: float = 10.0,
+        retry_after_s: float = 30.0,
+    ):
+        self.cfg = cfg
+        self.kind = kind
+        self.uri = uri or tracking_uri(cfg)
+        self.experiment = experiment_name(cfg, kind)
+        self.flush_steps, self.flush_seconds = flush_steps, flush_seconds
+        self.retry_after_s = retry_after_s
+        self.run_id: str | None = None
+        self.failures = 0
+        self._client: Any = None
+        self._buffer: list[tuple[str, float, int, int]] = []  # (key, value, timestamp_ms, step)
+        self._steps_waiting: set[int] = set()
+        self._last_flush = time.monotonic()
+        self._retry_at = 0.0
+        self._warned = False
+        if self.uri.startswith(("http://", "https://")):
+            # MLflow's HTTP defaults retry for ~4 minutes per call when the server is down;
+            # a training run should not stall that long (a value already set wins).
+            for key, value in HTTP_DEFAULTS.items():
+                os.environ.setdefault(key, value)
+
+    # -- the guard ---------------------------------------------------------------------------
+
+    def _guard(self, what: str, fn: Callable[[], Any]) -> Any:
+        """Run one MLflow call; on any error warn once, pause MLflow for a while, return None."""
+        if time.monotonic() < self._retry_at:
+            return None
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - tracking must never kill the run
+            self.failures += 1
+            self._retry_at = time.monotonic() + self.retry_after_s
+            msg = (
+                f"MLflow tracking failed while {what} ({type(e).__name__}: {str(e)[:300]}); "
+                f"store {self.uri}. The run goes on; its metrics are still written to the run "
+                "directory (metrics.jsonl), and tracking is retried later."
+            )
+            if not self._warned:
+                self._warned = True
+                log.warning(msg)
+            else:
+                log.debug(msg)
+            return None
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            from mlflow import MlflowClient
+
+            db = sqlite_path(self.uri)
+            if db is not None:
+                db.parent.mkdir(parents=True, exist_ok=True)
+            self._client = MlflowClient(tracking_uri=self.uri)
+        return self._client
+
+    @property
+    def active(self) -> bool:
+        return self.run_id is not None
+
+    # -- runs --------------------------------------------------------------------------------
+
+    def _experiment_id(self) -> str:
+        exp = self.client.get_experiment_by_name(self.experiment)
+        if exp is not None:
+            return exp.experiment_id
+        root = artifact_root(self.uri)
+        location = f"{root}/{self.experiment}" if root else None
+        try:
+            return self.client.create_experiment(self.experiment, artifact_location=location)
+        except Exception:  # created meanwhile by another process
+            exp = self.client.get_experiment_by_name(self.experiment)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+    def start_run(
+        self,
+        run_name: str,
+        tags: Mapping[str, str] | None = None,
+        parent_run_id: str | None = None,
+        log_config: bool = True,
+    ) -> str | None:
+        """Create a run (nested under ``parent_run_id`` if given) and log the config to it."""
+
+        def create() -> str:
+            all_tags = {"mlflow.runName": run_name, **(tags or {})}
+            if parent_run_id:
+                all_tags["mlflow.parentRunId"] = parent_run_id
+            run = self.client.create_run(
+                self._experiment_id(), run_name=run_name, tags=_clip_tags(all_tags)
+            )
+            return run.info.run_id
+
+        self.run_id = self._guard(f"creating a run in experiment {self.experiment}", create)
+        if self.run_id and log_config:
+            self.log_config(self.cfg)
+        return self.run_id
+
+    def resume_run(self, run_id: str) -> str | None:
+        """Attach to an existing run (a retried or continued task) and mark it running again."""
+
+        def attach() -> str:
+            self.client.get_run(run_id)  # raises if it does not exist in this store
+            self.client.update_run(run_id, status="RUNNING")
+            return run_id
+
+        self.run_id = self._guard(f"attaching to run {run_id}", attach)
+        return self.run_id
+
+    def start_or_resume(
+        self,
+        run_dir: Path,
+        run_name: str,
+        tags: Mapping[str, str] | None = None,
+        parent_run_id: str | None = None,
+    ) -> str | None:
+        """The run recorded in ``run_dir`` (a retry or a continued training), else a new one
+        that is then recorded there, so that every attempt of a task logs to the same run."""
+        record = Path(run_dir) / RUN_FILE
+        if record.exists():
+            saved = json.loads(record.read_text())
+            if saved.get("tracking_uri") == self.uri and self.resume_run(saved["run_id"]):
+                if tags:
+                    self.set_tags(tags)
+                return self.run_id
+        if self.start_run(run_name, tags, parent_run_id) is not None:
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            record.write_text(json.dumps({"run_id": self.run_id, "tracking_uri": self.uri}))
+        return self.run_id
+
+    def end(self, status: str = "FINISHED") -> None:
+        """Flush buffered metrics and set the run's final status (FINISHED, FAILED, KILLED)."""
+        if not self.active:
+            return
+        self.flush()
+        self._retry_at = 0.0  # the last chance to record the status
+        self._guard("ending the run", lambda: self.client.set_terminated(self.run_id, status))
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.end("FINISHED" if exc_type is None else "FAILED")
+
+    # -- params and tags ---------------------------------------------------------------------
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        if not self.active:
+            return
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:MAX_PARAM_LEN]) for k, v in params.items()]
+
+        def write() -> None:
+            for i in range(0, len(items), PARAMS_PER_BATCH):
+                self.client.log_batch(self.run_id, params=items[i : i + PARAMS_PER_BATCH])
+
+        self._guard("logging params", write)
+
+    def log_config(self, cfg: Config) -> None:
+        """The resolved config as flattened params and as ``config.json`` (what reproduce reads)."""
+        self.log_params(flatten_config(cfg))
+        self.log_dict(cfg.to_dict(), "config.json")
+        lock = REPO_ROOT / "dvc.lock"
+        if lock.exists():
+            self.log_text(lock.read_text(), "dvc.lock")
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        if not self.active:
+            return
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, v) for k, v in _clip_tags(tags).items()]
+        self._guard("setting tags", lambda: self.client.log_batch(self.run_id, tags=items))
+
+    # -- metrics -----------------------------------------------------------------------------
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Buffer one step's metrics; written in batches (see the class docstring)."""
+        now_ms = int(time.time() * 1000)
+        for key, value in metrics.items():
+            try:
+                self._buffer.append((key, float(value), now_ms, int(step)))
+            except (TypeError, ValueError):
+                continue  # not a number: not a metric
+        self._steps_waiting.add(int(step))
+        if len(self._buffer) > MAX_BUFFER:
+            del self._buffer[: len(self._buffer) - MAX_BUFFER]
+        if (
+            len(self._steps_waiting) >= self.flush_steps
+            or time.monotonic() - self._last_flush >= self.flush_seconds
+        ):
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered metrics with ``log_batch`` (kept for later if the store fails)."""
+        self._last_flush = time.monotonic()
+        if not self.active or not self._buffer:
+            return
+        from mlflow.entities import Metric
+
+        pending = list(self._buffer)
+
+        def write() -> bool:
+            for i in range(0, len(pending), METRICS_PER_BATCH):
+                chunk = [Metric(k, v, t, s) for k, v, t, s in pending[i : i + METRICS_PER_BATCH]]
+                self.client.log_batch(self.run_id, metrics=chunk)
+                del self._buffer[: len(chunk)]  # written: never sent twice
+            return True
+
+        if self._guard("logging metrics", write):
+            self._steps_waiting.clear()
+
+    def metrics_sink(self, after_step: int = 0) -> Callable[[dict[str, float], int], None]:
+        """A ``MetricsSink`` for ``run_training``; steps <= ``after_step`` (already in the run,
+        e.g. logged by an attempt that failed after its last checkpoint) are not logged twice."""
+
+        def sink(metrics: dict[str, float], step: int) -> None:
+            if step > after_step:
+                self.log_metrics(metrics, step)
+
+        return sink
+
+    def last_step(self, key: str) -> int:
+        """The last step at which ``key`` was logged in this run (0 if never)."""
+        if not self.active:
+            return 0
+        history = self._guard(
+            "reading metric history", lambda: self.client.get_metric_history(self.run_id, key)
+        )
+        return max((m.step for m in history or []), default=0)
+
+    # -- artifacts ---------------------------------------------------------------------------
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        if self.active:
+            self._guard(
+                f"logging {artifact_file}",
+                lambda: self.client.log_text(self.run_id, text, artifact_file),
+            )
+
+    def log_dict(self, data: Mapping[str, Any], artifact_file: str) -> None:
+        self.log_text(json.dumps(data, indent=2, default=str), artifact_file)
+
+    def log_frame(self, frame: Any, artifact_file: str) -> None:
+        """A pandas DataFrame as a CSV artifact (``.csv``) or a markdown one (``.md``)."""
+        if artifact_file.endswith(".md"):
+            self.log_text(markdown_table(frame), artifact_file)
+        else:
+            buf = io.StringIO()
+            frame.to_csv(buf, index=False)
+            self.log_text(buf.getvalue(), artifact_file)
+
+    def log_table(self, rows: list[Mapping[str, Any]], artifact_file: str) -> None:
+        """Rows (e.g. sample generations) as an MLflow table, shown in the UI's artifact view."""
+        if not self.active or not rows:
+            return
+        import pandas as pd
+
+        frame = pd.DataFrame([dict(r) for r in rows])
+
+        def write() -> None:
+            with warnings.catch_warnings():  # MLflow's own pandas-3 deprecation warning
+                warnings.simplefilter("ignore", FutureWarning)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self.client.log_table(self.run_id, frame, artifact_file)
+
+        self._guard(f"logging {artifact_file}", write)
+
+    def log_figure(self, figure: Any, artifact_file: str) -> None:
+        if self.active:
+            self._guard(
+                f"logging {artifact_file}",
+                lambda: self.client.log_figure(self.run_id, figure, artifact_file),
+            )
+
+    def log_artifacts(self, local_dir: Path, artifact_path: str | None = None) -> None:
+        if self.active and Path(local_dir).is_dir():
+            self._guard(
+                f"logging {local_dir}",
+                lambda: self.client.log_artifacts(self.run_id, str(local_dir), artifact_path),
+            )
+
+
+def _clip_tags(tags: Mapping[str, Any]) -> dict[str, str]:
+    return {k: str(v)[:MAX_TAG_LEN] for k, v in tags.items() if v is not None}
+
+
+def markdown_table(frame: Any) -> str:
+    """A DataFrame as a GitHub markdown table (no ``tabulate`` dependency)."""
+
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return "" if math.isnan(v) else f"{v:.4g}"
+        return str(v).replace("|", "\\|")
+
+    cols = list(frame.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in frame.itertuples(index=False):
+        lines.append("| " + " | ".join(cell(v) for v in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading runs back (dapo reproduce)
+# ---------------------------------------------------------------------------------------------
+
+
+def read_run(run_id: str, uri: str | None = None) -> dict[str, Any]:
+    """A logged run: ``{"run_id", "experiment", "status", "tags", "params", "metrics",
+    "config"}``, the config from its ``config.json`` artifact (else rebuilt from its params).
+    Raises LookupError when the run is not in the store."""
+    from mlflow.exceptions import MlflowException
+
+    from mlflow import MlflowClient
+
+    uri = uri or tracking_uri()
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as e:
+        raise LookupError(f"run {run_id} is not in the tracking store {uri}: {e.message}") from None
+    exp = client.get_experiment(run.info.experiment_id)
+    config = None
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = client.download_artifacts(run_id, "config.json", tmp)
+            config = json.loads(Path(path).read_text())
+        except Exception:  # noqa: BLE001 - fall back on the params
+            config = unflatten_params(run.data.params)
+    return {
+        "run_id": run_id,
+        "experiment": exp.name if exp else run.info.experiment_id,
+        "status": run.info.status,
+        "tags": dict(run.data.tags),
+        "params": dict(run.data.params),
+        "metrics": dict(run.data.metrics),
+        "config": config,
+    }
+
+
+def unflatten_params(params: Mapping[str, str]) -> dict[str, Any]:
+    """The inverse of :func:`flatten_config` (values parsed as JSON where they are JSON)."""
+    out: dict[str, Any] = {}
+    for key, text in params.items():
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        section, *rest = key.split(".")
+        node = out.setdefault(section, {})
+        if rest[:1] == ["eval_sets"] and section == "data":  # its names may hold dots
+            node.setdefault("eval_sets", {})[".".join(rest[1:])] = text
+            continue
+        for part in rest[:-1]:
+            node = node.setdefault(part, {})
+        node[rest[-1]] = value
+    return out
+
+
+def search_runs(
+    cfg: Config, kind: str, filter_string: str = "", uri: str | None = None
+) -> list[dict[str, Any]]:
+    """Runs of one flow kind as plain dicts (run_id, name, status, tags, params, metrics)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri or tracking_uri(cfg))
+    exp = client.get_experiment_by_name(experiment_name(cfg, kind))
+    if exp is None:
+        return []
+    runs = client.search_runs([exp.experiment_id], filter_string=filter_string, max_results=1000)
+    return [
+        {
+            "run_id": r.info.run_id,
+            "name": r.info.run_name,
+            "status": r.info.status,
+            "tags": dict(r.data.tags),
+            "params": dict(r.data.params),
+            "metrics": dict(r.data.metrics),
+        }
+        for r in runs
+    ]
+
+
+def metric_history(run_id: str, key: str, uri: str | None = None) -> list[tuple[int, float]]:
+    """``[(step, value), ...]`` of one metric of a run."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri or tracking_uri())
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def list_artifacts(run_id: str, path: str | None = None, uri: str | None = None) -> list[str]:
+    """Artifact paths of a run (recursively)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri or tracking_uri())
+    out: list[str] = []
+
+    def walk(p: str | None) -> None:
+        for f in client.list_artifacts(run_id, p):
+            if f.is_dir:
+                walk(f.path)
+            else:
+                out.append(f.path)
+
+    walk(path)
+    return out
+
+
+def read_artifact_text(run_id: str, path: str, uri: str | None = None) -> str:
+    """The text of one artifact of a run."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri or tracking_uri())
+    with tempfile.TemporaryDirectory() as tmp:
+        return Path(client.download_artifacts(run_id, path, tmp)).read_text()
+
+
+def ui_command(uri: str, port: int = 5000, host: str = "127.0.0.1") -> list[str]:
+    """The ``mlflow ui`` command line for a store (run by ``dapo ui``)."""
+    import sys
+
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri]
+    root = artifact_root(uri)
+    if root:  # for experiments created by MLflow itself (ours set their own location)
+        cmd += ["--default-artifact-root", root]
+    return [*cmd, "--host", host, "--port", str(port)]
+
+
+def mlflow_env() -> dict[str, str]:
+    """Environment for MLflow subprocesses: telemetry off (DESIGN section 6)."""
+    return {**os.environ, "DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true"}

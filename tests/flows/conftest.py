@@ -1,0 +1,102 @@
+"""Flow smoke tests: one Prefect test harness and one MLflow store for the whole session.
+
+The embedded Prefect server takes 10-20 s to start and a new MLflow SQLite store several seconds
+to migrate, so both are session-scoped; PREFECT_HOME (and the results path) point at a temp dir.
+Flows read a params file written from the session's tiny config (``flow_params``).
+"""
+
+import json
+import os
+
+import pytest
+
+from dapo_core.config import resolve
+
+# Telemetry off, offline (DESIGN section 6); set before Prefect or MLflow are imported.
+for _k, _v in {
+    "DO_NOT_TRACK": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DVC_NO_ANALYTICS": "1",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+}.items():
+    os.environ.setdefault(_k, _v)
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(tmp_path_factory):
+    from prefect.settings import PREFECT_HOME, PREFECT_LOCAL_STORAGE_PATH, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    home = tmp_path_factory.mktemp("prefect_home")
+    updates = {PREFECT_HOME: str(home), PREFECT_LOCAL_STORAGE_PATH: str(home / "storage")}
+    with temporary_settings(updates=updates), prefect_test_harness(server_startup_timeout=90):
+        yield
+
+
+@pytest.fixture(scope="session")
+def mlflow_uri(tmp_path_factory):
+    """A temp SQLite tracking store for the session (MLFLOW_TRACKING_URI points at it)."""
+    db = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    old = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    yield uri
+    if old is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = old
+
+
+FLOW_OVERRIDES = [
+    "train.steps=2",
+    "eval.n_samples=2",
+    "eval.every_n_steps=1",
+    "data.val_size=4",
+    "synthetic.num_test=12",
+]
+
+
+@pytest.fixture(scope="session")
+def flow_cfg(tiny_cfg, tmp_path_factory):
+    """The tiny config the flows run: 2 steps, validation every step, 2 samples per problem."""
+    runs = tmp_path_factory.mktemp("runs")
+    return resolve(tiny_cfg.to_dict(), overrides=[*FLOW_OVERRIDES, f"train.out_dir={runs}"])
+
+
+def write_params(cfg, path) -> str:
+    path.write_text(json.dumps(cfg.to_dict(), indent=2))
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def flow_params(flow_cfg, tmp_path_factory):
+    """Path of a params file holding ``flow_cfg`` (what the flows' ``params`` argument takes)."""
+    return write_params(flow_cfg, tmp_path_factory.mktemp("params") / "params.json")
+
+
+@pytest.fixture(scope="session")
+def flows_env(prefect_harness, mlflow_uri):
+    """The Prefect harness and the temp MLflow store together."""
+    return mlflow_uri
+
+
+@pytest.fixture(scope="session")
+def pipeline_run(flows_env, flow_cfg, tmp_path_factory):
+    """One pipeline flow run (curate -> train -> evaluate) shared by the tests that read it."""
+    import time
+
+    from flows.pipeline import pipeline_flow
+
+    params = write_params(
+        resolve(flow_cfg.to_dict(), overrides=["algo.dynamic_sampling=false"]),
+        tmp_path_factory.mktemp("pipeline") / "params.json",
+    )
+    t0 = time.perf_counter()
+    state = pipeline_flow(params=params, progress=False, return_state=True)
+    out = state.result()
+    out["wall_s"] = time.perf_counter() - t0
+    out["flow_run_id"] = str(state.state_details.flow_run_id)
+    out["params"] = params
+    return out

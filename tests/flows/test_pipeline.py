@@ -1,0 +1,172 @@
+"""Smoke runs of the pipeline flows on the tiny config, under the session's Prefect harness."""
+
+import json
+import logging
+import re
+from pathlib import Path
+
+import pytest
+
+from dapo_core.config import resolve
+from tasks import tracking
+
+pytestmark = pytest.mark.slow
+
+PLOTS = {
+    "plots/reward_accuracy.png",
+    "plots/entropy.png",
+    "plots/response_length.png",
+    "plots/clip_fractions.png",
+    "plots/eval_curve.png",
+}
+
+
+def test_pipeline_logs_train_and_eval_to_one_run(pipeline_run, flow_cfg):
+    train, ev = pipeline_run["train"], pipeline_run["evaluate"]
+    assert pipeline_run["curate"]["status"] == "skipped"  # synthetic source: nothing to curate
+    assert train.steps == 2 and train.complete and Path(train.model_path).name == "final"
+    assert ev.mlflow_run_id == train.mlflow_run_id  # the evaluation joins the training run
+    runs = tracking.search_runs(flow_cfg, "pipeline")
+    (run,) = [r for r in runs if r["run_id"] == train.mlflow_run_id]
+    assert run["status"] == "FINISHED"
+    # params: the flattened resolved config
+    assert run["params"]["algo.eps_high"] == "0.28"
+    assert run["params"]["train.steps"] == "2"
+    assert run["params"]["algo.dynamic_sampling"] == "false"
+    assert json.loads(run["params"]["eval.pass_ks"]) == flow_cfg.eval.pass_ks
+    # tags: code, data, orchestration, what was run
+    tags = run["tags"]
+    assert tags["prefect.flow_run_id"] == pipeline_run["flow_run_id"]
+    assert tags["data.version"] == tracking.data_version()
+    # (others may commit meanwhile: check the form, not today's HEAD)
+    assert re.fullmatch(r"[0-9a-f]{40}|unknown", tags["git.commit"])
+    assert tags["git.dirty"] in ("true", "false", "unknown")
+    assert tags["seed"] == str(flow_cfg.train.seed)
+    assert tags["variant"] == "+token_level_loss"  # full DAPO without dynamic sampling
+    assert tags["dapo.flow"] == "pipeline" and tags["eval.set"] == "synthetic-test"
+    # metrics: every training step once, validation at each step, the final eval at the end
+    history = tracking.metric_history(run["run_id"], "train/acc_mean")
+    assert [s for s, _ in history] == [1, 2]
+    assert [s for s, _ in tracking.metric_history(run["run_id"], "val/avg_at_k")] == [1, 2]
+    assert tracking.metric_history(run["run_id"], "eval/avg_at_k") == [
+        (2, ev.metrics["eval/avg_at_k"])
+    ]
+    # artifacts: config, plots, per-problem table, sample generations
+    arts = set(tracking.list_artifacts(run["run_id"]))
+    assert arts >= PLOTS
+    assert {"config.json", "eval/synthetic-test/per_problem.csv"} <= arts
+    assert {"samples/train_samples.json", "eval/synthetic-test/samples.json"} <= arts
+    info = tracking.read_run(run["run_id"])
+    assert resolve(info["config"]).to_dict()["algo"]["dynamic_sampling"] is False
+    assert (Path(train.run_dir) / "plots" / "eval_curve.png").exists()
+
+
+def test_train_retry_resumes_from_checkpoint(flows_env, flow_cfg, tmp_path, monkeypatch):
+    """A train task that fails after a checkpoint is retried by Prefect and continues from that
+    checkpoint: the same 4 steps in the end, no step trained twice, one MLflow run."""
+    import flows.pipeline
+    from flows.pipeline import train_flow
+    from flows.steps import train_task
+    from tasks.trainer import DAPOTrainer
+
+    cfg = resolve(flow_cfg.to_dict(), overrides=["train.steps=4", "train.checkpoint_every=2"])
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps(cfg.to_dict()))
+    steps_trained: list[int] = []
+    failed: list[int] = []
+    original_step, original_save = DAPOTrainer.train_step, DAPOTrainer.save_checkpoint
+
+    def counting_step(self):
+        out = original_step(self)
+        steps_trained.append(self.step)
+        return out
+
+    def save_then_crash_once(self):
+        path = original_save(self)
+        if self.step == 2 and not failed:
+            failed.append(self.step)
+            raise OSError("simulated node failure right after the step-2 checkpoint")
+        return path
+
+    monkeypatch.setattr(DAPOTrainer, "train_step", counting_step)
+    monkeypatch.setattr(DAPOTrainer, "save_checkpoint", save_then_crash_once)
+    no_delay = train_task.with_options(retry_delay_seconds=0)
+    monkeypatch.setattr(flows.pipeline, "train_task", no_delay)
+    summary = train_flow(params=str(params), run_name="retry", progress=False)
+    assert failed == [2]
+    assert summary.steps == 4 and summary.complete and summary.resumed_from == 2
+    assert steps_trained == [1, 2, 3, 4]  # nothing redone
+    rows = [
+        json.loads(x) for x in (Path(summary.run_dir) / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [s for s, _ in tracking.metric_history(summary.mlflow_run_id, "train/loss")] == [
+        1,
+        2,
+        3,
+        4,
+    ]
+    run = tracking.read_run(summary.mlflow_run_id)
+    assert run["status"] == "FINISHED" and run["tags"]["train.steps_done"] == "4"
+
+
+def test_train_flow_continues_a_named_run(flows_env, flow_cfg, tmp_path):
+    """What the nightly schedule does: the same run name, a few more steps each time."""
+    from flows.pipeline import train_flow
+
+    params = tmp_path / "params.json"
+    cfg = resolve(flow_cfg.to_dict(), overrides=["train.steps=3", "eval.every_n_steps=0"])
+    params.write_text(json.dumps(cfg.to_dict()))
+    first = train_flow(params=str(params), run_name="nightly-test", max_steps=2, progress=False)
+    assert first.steps == 2 and not first.complete
+    assert Path(first.model_path).parent.name == "step_000002"  # the latest checkpoint's model
+    second = train_flow(params=str(params), run_name="nightly-test", max_steps=2, progress=False)
+    assert second.steps == 3 and second.complete and second.resumed_from == 2
+    assert second.mlflow_run_id == first.mlflow_run_id
+    steps = [s for s, _ in tracking.metric_history(first.mlflow_run_id, "train/acc_mean")]
+    assert steps == [1, 2, 3]
+
+
+def test_evaluate_flow_opens_its_own_run(flows_env, flow_params, flow_cfg, pipeline_run):
+    from flows.pipeline import evaluate_flow
+
+    model = pipeline_run["train"].model_path
+    out = evaluate_flow(params=flow_params, model=model, progress=False)
+    runs = tracking.search_runs(flow_cfg, "evaluate")
+    (run,) = [r for r in runs if r["run_id"] == out.mlflow_run_id]
+    assert run["tags"]["eval.model"] == model
+    assert run["metrics"]["eval/avg_at_k"] == out.metrics["eval/avg_at_k"]
+
+
+def test_curate_skips_without_dvc_yaml(flow_cfg, tmp_path, caplog):
+    from flows.steps import curate_task
+
+    synthetic = curate_task.fn(flow_cfg, root=str(tmp_path))
+    assert synthetic["status"] == "skipped" and synthetic["reason"] == "synthetic source"
+    real = resolve(flow_cfg.to_dict(), overrides=["data.source=data/raw/dapo.parquet"])
+    with caplog.at_level(logging.INFO):
+        out = curate_task.fn(real, root=str(tmp_path))
+    assert out == {"status": "skipped", "reason": "no dvc.yaml", "data_version": "none"}
+    assert "no dvc.yaml" in caplog.text and "curate: skipped" in caplog.text
+
+
+def test_curate_runs_dvc_stages_and_reports_the_data_version(flow_cfg, tmp_path):
+    import subprocess
+    import sys
+
+    from flows.steps import curate_task
+
+    subprocess.run(
+        [sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True
+    )
+    (tmp_path / "dvc.yaml").write_text(
+        "stages:\n  make:\n    cmd: python -c \"open('out.txt','w').write('42')\"\n"
+        "    outs:\n      - out.txt\n"
+    )
+    real = resolve(flow_cfg.to_dict(), overrides=["data.source=data/raw/dapo.parquet"])
+    out = curate_task.fn(real, root=str(tmp_path))
+    assert out["status"] == "ran" and (tmp_path / "out.txt").read_text() == "42"
+    assert out["data_version"] == tracking.data_version(tmp_path / "dvc.lock")
+    assert out["data_version"] == "a1d0c6e83f027327d8461063f4ac58a6"  # md5 of "42"
+    again = curate_task.fn(real, root=str(tmp_path))  # DVC skips the unchanged stage
+    assert again["data_version"] == out["data_version"]

@@ -1,0 +1,71 @@
+"""Cron deployments: built without a server, registered against the test harness, never served."""
+
+import pytest
+from typer.testing import CliRunner
+
+from dapo_core.config import ABLATION_LADDER, ConfigError
+from flows.cli import app
+from flows.schedule import build_deployments, schedule_specs
+
+
+def test_default_schedules_nightly_train_and_weekly_ablate():
+    specs = schedule_specs(nightly_steps=10, seeds=[0, 1], overrides=["train.lr=1e-3"])
+    train, ablate = specs
+    assert (train.flow, train.cron, train.timezone) == ("train", "0 2 * * *", "UTC")
+    assert train.parameters["run_name"] == "nightly" and train.parameters["max_steps"] == 10
+    assert train.parameters["overrides"] == ["train.lr=1e-3"]
+    assert (ablate.flow, ablate.cron) == ("ablate", "0 4 * * 0")
+    assert ablate.parameters["variants"] == list(ABLATION_LADDER)
+    assert ablate.parameters["seeds"] == [0, 1]
+    assert [s.name for s in schedule_specs(ablate_cron="")] == ["dapo-nightly-train"]
+    with pytest.raises(ConfigError, match="not a cron expression"):
+        schedule_specs(train_cron="every night")
+
+
+def test_deployments_carry_the_cron_and_a_module_entrypoint():
+    deployments = build_deployments(
+        schedule_specs(train_cron="30 1 * * *", timezone="Europe/Paris")
+    )
+    by_name = {d.name: d for d in deployments}
+    nightly = by_name["dapo-nightly-train"]
+    (sched,) = nightly.schedules
+    assert sched.schedule.cron == "30 1 * * *" and sched.schedule.timezone == "Europe/Paris"
+    assert nightly.entrypoint == "flows.pipeline.train_flow"  # importable from any cwd
+    assert by_name["dapo-weekly-ablate"].entrypoint == "flows.ablate.ablate_flow"
+    assert nightly.parameters["progress"] is False
+
+
+@pytest.mark.slow
+def test_deployments_register_with_the_prefect_api(prefect_harness):
+    """What `dapo schedule` registers, read back from the API (serving would block)."""
+    from prefect import get_client
+
+    specs = schedule_specs(train_cron="0 3 * * *", nightly_steps=7)
+    ids = [d.apply() for d in build_deployments(specs)]
+    assert len(ids) == 2
+    with get_client(sync_client=True) as client:
+        nightly = client.read_deployment_by_name("train/dapo-nightly-train")
+        weekly = client.read_deployment_by_name("ablate/dapo-weekly-ablate")
+    assert [s.schedule.cron for s in nightly.schedules] == ["0 3 * * *"]
+    assert nightly.parameters["max_steps"] == 7 and nightly.parameters["run_name"] == "nightly"
+    assert [s.schedule.cron for s in weekly.schedules] == ["0 4 * * 0"]
+
+
+def test_cli_schedule_dry_run_prints_the_deployments():
+    out = CliRunner().invoke(app, ["schedule", "--dry-run", "--nightly-steps", "5"])
+    assert out.exit_code == 0, out.output
+    assert "train/dapo-nightly-train  cron '0 2 * * *'" in out.output
+    assert "ablate/dapo-weekly-ablate  cron '0 4 * * 0'" in out.output
+    assert '"max_steps": 5' in out.output
+
+
+def test_cli_schedule_needs_a_prefect_server(monkeypatch):
+    import flows.schedule
+
+    monkeypatch.setattr(flows.schedule, "api_url", lambda: None)
+    monkeypatch.setattr(flows.schedule, "serve_deployments", lambda d: pytest.fail("served"))
+    out = CliRunner().invoke(app, ["schedule"])
+    assert out.exit_code == 2
+    assert "prefect server start" in out.output and "PREFECT_API_URL" in out.output
+    bad = CliRunner().invoke(app, ["schedule", "--train-cron", "nightly"])
+    assert bad.exit_code == 2 and "not a cron expression" in bad.output

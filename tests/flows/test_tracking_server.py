@@ -1,0 +1,152 @@
+"""Runs read back through a real MLflow server's REST API, `dapo ui`, and `dapo reproduce`."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from tasks import tracking
+
+SERVER_START_TIMEOUT_S = 90
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(base: str, path: str, body: dict) -> dict:
+    req = urllib.request.Request(
+        base + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture
+def mlflow_server(flows_env, pipeline_run, tmp_path):
+    """`mlflow server` on the session's store, on a free port; killed at the end."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", flows_env]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    t0 = time.monotonic()
+    log = (tmp_path / "mlflow-server.log").open("w")  # a file: a full pipe would block it
+    proc = subprocess.Popen(
+        cmd,
+        env=tracking.mlflow_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: the workers go down with it
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    try:
+        while True:
+            if proc.poll() is not None:
+                text = (tmp_path / "mlflow-server.log").read_text()[-2000:]
+                pytest.fail(f"mlflow server exited: {text}")
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"mlflow server did not answer within {SERVER_START_TIMEOUT_S}s")
+            time.sleep(0.5)
+        print(f"mlflow server answered after {time.monotonic() - t0:.1f}s")
+        yield base
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+@pytest.mark.slow
+def test_runs_read_back_through_the_rest_api(mlflow_server, pipeline_run, flow_cfg):
+    exps = _post(mlflow_server, "/api/2.0/mlflow/experiments/search", {"max_results": 100})
+    by_name = {e["name"]: e for e in exps["experiments"]}
+    exp = by_name["dapo-pipeline"]
+    assert exp["artifact_location"].endswith("/artifacts/dapo-pipeline")  # beside the db
+    found = _post(
+        mlflow_server,
+        "/api/2.0/mlflow/runs/search",
+        {
+            "experiment_ids": [exp["experiment_id"]],
+            "filter": f"tags.`prefect.flow_run_id` = '{pipeline_run['flow_run_id']}'",
+        },
+    )
+    (run,) = found["runs"]
+    assert run["info"]["run_id"] == pipeline_run["train"].mlflow_run_id
+    assert run["info"]["status"] == "FINISHED"
+    params = {p["key"]: p["value"] for p in run["data"]["params"]}
+    assert params["algo.eps_low"] == "0.2" and params["rollout.group_size"] == "4"
+    assert params["train.steps"] == str(flow_cfg.train.steps)
+    metrics = {m["key"]: m for m in run["data"]["metrics"]}
+    assert metrics["eval/avg_at_k"]["step"] == flow_cfg.train.steps
+    assert metrics["train/acc_mean"]["step"] == flow_cfg.train.steps  # the latest value
+    tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+    assert tags["data.version"] == tracking.data_version() and tags["dapo.flow"] == "pipeline"
+    assert {"git.commit", "variant", "seed", "prefect.flow_run_id"} <= set(tags)
+    query = urllib.parse.urlencode({"run_id": run["info"]["run_id"], "metric_key": "train/loss"})
+    url = f"{mlflow_server}/api/2.0/mlflow/metrics/get-history?{query}"
+    with urllib.request.urlopen(url, timeout=30) as r:
+        history = json.loads(r.read())["metrics"]
+    assert sorted(m["step"] for m in history) == list(range(1, flow_cfg.train.steps + 1))
+
+
+def test_cli_ui_prints_the_url_and_the_store(flows_env):
+    out = CliRunner().invoke(app, ["ui", "--print-only", "--port", "5123"])
+    assert out.exit_code == 0, out.output
+    assert "http://127.0.0.1:5123" in out.output
+    assert f"--backend-store-uri {flows_env}" in out.output and "mlflow ui" in out.output
+
+
+@pytest.mark.slow
+def test_reproduce_check_warns_on_data_version_mismatch(pipeline_run, monkeypatch):
+    run_id = pipeline_run["train"].mlflow_run_id
+    original = tracking.read_run(run_id)
+    monkeypatch.setattr(tracking, "git_commit", lambda root=None: original["tags"]["git.commit"])
+    same = CliRunner().invoke(app, ["reproduce", run_id, "--check-only"])
+    assert same.exit_code == 0, same.output
+    assert "match" in same.output
+    monkeypatch.setattr(tracking, "data_version", lambda lock=None: "f" * 32)
+    changed = CliRunner().invoke(app, ["reproduce", run_id, "--check-only"])
+    assert changed.exit_code == 1
+    assert "data version differs" in changed.output and "dvc checkout" in changed.output
+    strict = CliRunner().invoke(app, ["reproduce", run_id, "--strict"])
+    assert strict.exit_code == 2 and "not reproducible" in strict.output
+    missing = CliRunner().invoke(app, ["reproduce", "0123456789abcdef", "--check-only"])
+    assert missing.exit_code == 2 and "not in the tracking store" in missing.output
+
+
+@pytest.mark.slow
+def test_reproduce_reruns_from_the_logged_config(pipeline_run, flow_cfg):
+    from flows.reproduce import reproduce_run
+
+    run_id = pipeline_run["train"].mlflow_run_id
+    out = reproduce_run(run_id, run_name="repro-test", progress=False)
+    new = out["result"]["train"]
+    assert new.mlflow_run_id != run_id and new.steps == pipeline_run["train"].steps
+    info = tracking.read_run(new.mlflow_run_id)
+    assert info["tags"]["reproduces"] == run_id
+    assert info["params"] == tracking.read_run(run_id)["params"]  # the same resolved config
+    # the embedded default is deterministic: the same evaluation result
+    before = pipeline_run["evaluate"].metrics["eval/avg_at_k"]
+    assert out["result"]["evaluate"].metrics["eval/avg_at_k"] == before

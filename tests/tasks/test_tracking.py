@@ -1,0 +1,363 @@
+"""The MLflow tracker: params, batching, tags, data version, and that a tracking failure never
+stops a training run."""
+
+import ast
+import logging
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from dapo_core.config import from_dict, resolve
+from tasks import tracking
+from tasks.params import REPO_ROOT
+from tasks.tracking import Tracker
+
+os.environ.setdefault("DO_NOT_TRACK", "true")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def test_flatten_config_round_trips(tiny_cfg):
+    flat = tracking.flatten_config(tiny_cfg)
+    assert flat["algo.eps_high"] == "0.28" and flat["algo.clip_higher"] == "true"
+    assert flat["algo.dual_clip_c"] == "null" and flat["data.source"] == "synthetic:arith"
+    assert flat["eval.pass_ks"] == "[1, 4, 16, 32]"
+    assert all(len(v) <= tracking.MAX_PARAM_LEN for v in flat.values())
+    back = from_dict(tracking.unflatten_params(flat))
+    assert back == tiny_cfg
+
+
+def test_flatten_config_truncates_long_values(tiny_cfg):
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["data.source=" + "x" * 7000])
+    assert len(tracking.flatten_config(cfg)["data.source"]) == tracking.MAX_PARAM_LEN
+
+
+def test_tracking_uri_precedence(tiny_cfg, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    default = tracking.tracking_uri(tiny_cfg)
+    assert default == f"sqlite:///{REPO_ROOT / 'mlflow' / 'mlflow.db'}"  # anchored, not the cwd
+    assert tracking.artifact_root(default) == (REPO_ROOT / "mlflow" / "artifacts").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://example:5000")
+    assert tracking.tracking_uri(tiny_cfg) == "http://example:5000"
+    assert tracking.artifact_root("http://example:5000") is None  # the server decides
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["tracking.tracking_uri=sqlite:////tmp/x.db"])
+    assert tracking.tracking_uri(cfg) == "sqlite:////tmp/x.db"
+    assert tracking.experiment_name(cfg, "ablate") == "dapo-ablate"
+    with pytest.raises(ValueError, match="unknown flow kind"):
+        tracking.experiment_name(cfg, "sweep")
+
+
+LOCK = """schema: '2.0'
+stages:
+  curate:
+    cmd: python -m tasks.curate
+    outs:
+    - path: data/curated
+      hash: md5
+      md5: {a}.dir
+      size: 10
+  eval_sets:
+    cmd: python -m tasks.eval_sets
+    outs:
+    - path: data/eval/aime-2024.parquet
+      md5: {b}
+"""
+
+
+def test_data_version_from_dvc_lock(tmp_path):
+    lock = tmp_path / "dvc.lock"
+    assert tracking.data_version(lock) == "none"
+    lock.write_text(LOCK.format(a="1" * 32, b="2" * 32))
+    v1 = tracking.data_version(lock)
+    assert tracking.dvc_outputs(lock) == {
+        "data/curated": "1" * 32 + ".dir",
+        "data/eval/aime-2024.parquet": "2" * 32,
+    }
+    lock.write_text(LOCK.format(a="1" * 32, b="3" * 32))
+    assert tracking.data_version(lock) != v1  # any output's change changes the version
+    single = tmp_path / "one.lock"
+    single.write_text("stages:\n  s:\n    outs:\n    - path: x\n      md5: abc\n")
+    assert tracking.data_version(single) == "abc"
+
+
+def test_git_commit_outside_a_repo(tmp_path):
+    assert tracking.git_commit(tmp_path) == "unknown"
+    assert tracking.git_dirty(tmp_path) == "unknown"
+
+
+def test_tags_name_variant_seed_and_flow(tiny_cfg):
+    from dapo_core.config import apply_variant
+
+    tags = tracking.run_tags(apply_variant(tiny_cfg, "grpo"), "train", run_dir="/x")
+    assert tags["variant"] == "grpo" and tags["seed"] == str(tiny_cfg.train.seed)
+    assert tags["dapo.flow"] == "train" and tags["run_dir"] == "/x"
+    assert {"git.commit", "data.version", "mlflow.source.git.commit"} <= set(tags)
+    assert tracking.variant_of(tiny_cfg) == "+dynamic_sampling"  # params.yaml = full DAPO
+
+
+def test_only_tracking_imports_mlflow():
+    """Layering: one module of the product talks to MLflow."""
+    offenders = []
+    for pkg in ("dapo_core", "tasks", "flows"):
+        for path in (REPO_ROOT / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    names = [node.module or ""]
+                if any(n == "mlflow" or n.startswith("mlflow.") for n in names):
+                    offenders.append(str(path.relative_to(REPO_ROOT)))
+    assert sorted(set(offenders)) == ["tasks/tracking.py"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Batching, against a recording client
+# ---------------------------------------------------------------------------------------------
+
+
+class RecordingClient:
+    """Stands in for MlflowClient: records calls; ``fail`` makes chosen methods raise."""
+
+    def __init__(self, fail=(), fail_times=10**9):
+        self.calls: list[tuple[str, dict]] = []
+        self.fail, self.fail_times = set(fail), fail_times
+
+    def _record(self, method, **kw):
+        if method in self.fail and self.fail_times > 0:
+            self.fail_times -= 1
+            raise OSError(f"database is locked ({method})")
+        self.calls.append((method, kw))
+
+    def get_experiment_by_name(self, name):
+        self._record("get_experiment_by_name", experiment=name)
+        return type("E", (), {"experiment_id": "1"})()
+
+    def create_run(self, experiment_id, run_name=None, tags=None):
+        self._record("create_run", tags=tags)
+        return type("R", (), {"info": type("I", (), {"run_id": "run1"})()})()
+
+    def log_batch(self, run_id, metrics=(), params=(), tags=()):
+        self._record("log_batch", metrics=list(metrics), params=list(params), tags=list(tags))
+
+    def log_metric(self, *a, **k):
+        self._record("log_metric")
+
+    def log_text(self, run_id, text, artifact_file):
+        self._record("log_text", artifact_file=artifact_file)
+
+    def set_terminated(self, run_id, status):
+        self._record("set_terminated", status=status)
+
+    def batches(self):
+        return [kw["metrics"] for n, kw in self.calls if n == "log_batch" and kw["metrics"]]
+
+
+def _tracker(cfg, client, **kw):
+    t = Tracker(cfg, "train", uri="sqlite:////nonexistent/never-opened.db", **kw)
+    t._client = client
+    return t
+
+
+def test_metrics_are_batched_never_one_call_per_value(tiny_cfg):
+    client = RecordingClient()
+    t = _tracker(tiny_cfg, client, flush_steps=20, flush_seconds=3600)
+    assert t.start_run("r") == "run1"
+    for step in range(1, 46):
+        t.log_metrics({"train/loss": 0.1 * step, "train/acc_mean": 0.5, "not/a/number": "x"}, step)
+    assert len(client.batches()) == 2  # steps 1-20 and 21-40; 41-45 still buffered
+    t.end()
+    batches = client.batches()
+    assert len(batches) == 3 and not [c for c in client.calls if c[0] == "log_metric"]
+    logged = [(m.key, m.step) for b in batches for m in b]
+    assert len(logged) == 90 and ("train/loss", 45) in logged
+    assert client.calls[-1] == ("set_terminated", {"status": "FINISHED"})
+    # the config went in as params (<= 100 per batch) and as config.json
+    params = [p for n, kw in client.calls if n == "log_batch" for p in kw["params"]]
+    assert {p.key for p in params} == set(tracking.flatten_config(tiny_cfg))
+    assert ("log_text", {"artifact_file": "config.json"}) in client.calls
+
+
+def test_flush_on_time(tiny_cfg):
+    client = RecordingClient()
+    t = _tracker(tiny_cfg, client, flush_steps=1000, flush_seconds=0.0)
+    t.start_run("r", log_config=False)
+    t.log_metrics({"a": 1.0}, 1)
+    assert len(client.batches()) == 1
+
+
+def test_sink_skips_steps_already_logged(tiny_cfg):
+    client = RecordingClient()
+    t = _tracker(tiny_cfg, client, flush_steps=1)
+    t.start_run("r", log_config=False)
+    sink = t.metrics_sink(after_step=2)
+    for step in (1, 2, 3):
+        sink({"train/loss": 1.0}, step)
+    assert [m.step for b in client.batches() for m in b] == [3]
+
+
+# ---------------------------------------------------------------------------------------------
+# Tracking failures never stop the run
+# ---------------------------------------------------------------------------------------------
+
+
+def test_failure_warns_once_keeps_metrics_and_recovers(tiny_cfg, caplog):
+    client = RecordingClient(fail={"log_batch"}, fail_times=2)
+    t = _tracker(tiny_cfg, client, flush_steps=1, retry_after_s=0.0)
+    t.start_run("r", log_config=False)
+    with caplog.at_level(logging.WARNING, logger="tasks.tracking"):
+        t.log_metrics({"a": 1.0}, 1)  # fails: kept in the buffer
+        t.log_metrics({"a": 2.0}, 2)  # fails again: one warning only
+        t.log_metrics({"a": 3.0}, 3)  # the store is back: everything is written
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "database is locked" in warnings[0].getMessage()
+    assert "The run goes on" in warnings[0].getMessage()
+    assert [m.step for b in client.batches() for m in b] == [1, 2, 3]
+    assert t.failures == 2
+
+
+def test_paused_after_failure(tiny_cfg):
+    client = RecordingClient(fail={"log_batch"}, fail_times=1)
+    t = _tracker(tiny_cfg, client, flush_steps=1, retry_after_s=3600)
+    t.start_run("r", log_config=False)
+    t.log_metrics({"a": 1.0}, 1)
+    t.log_metrics({"a": 2.0}, 2)  # within the pause: not even tried
+    assert t.failures == 1 and client.batches() == []
+
+
+def test_unwritable_store_does_not_raise(tiny_cfg, tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    t = Tracker(tiny_cfg, "train", uri=f"sqlite:///{blocker}/sub/mlflow.db")
+    with caplog.at_level(logging.WARNING, logger="tasks.tracking"):
+        assert t.start_run("r") is None
+        t.log_metrics({"a": 1.0}, 1)
+        t.log_text("x", "x.txt")
+        t.end()
+    assert not t.active
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_server_down_does_not_stall_or_raise(tiny_cfg, monkeypatch):
+    import time
+
+    for key in tracking.HTTP_DEFAULTS:  # MLflow's own defaults would retry for ~4 minutes
+        monkeypatch.delenv(key, raising=False)
+    t0 = time.perf_counter()
+    t = Tracker(tiny_cfg, "train", uri=f"http://127.0.0.1:{_free_port()}")
+    assert t.start_run("r") is None and t.failures == 1
+    t.log_metrics({"a": 1.0}, 1)
+    t.end()
+    assert time.perf_counter() - t0 < 30
+
+
+@pytest.mark.slow
+def test_training_survives_a_broken_tracker(tiny_cfg, tmp_path, caplog):
+    """A real (tiny) training run whose every MLflow call raises still finishes."""
+    from tasks.train import run_training
+
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["train.steps=3"])
+    client = RecordingClient()
+    t = _tracker(cfg, client, flush_steps=1, retry_after_s=0.0)
+    t.start_run("r", log_config=False)
+    client.fail = {"log_batch", "set_terminated", "log_text"}  # the store breaks mid-run
+    with caplog.at_level(logging.WARNING, logger="tasks.tracking"):
+        result = run_training(cfg, tmp_path / "run", sink=t.metrics_sink(), progress=False)
+        t.end()
+    assert result.steps == 3 and (tmp_path / "run" / "final").exists()
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    assert t.failures >= 3
+
+
+# ---------------------------------------------------------------------------------------------
+# A real SQLite store
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def store_template(tmp_path_factory):
+    """An empty, migrated MLflow SQLite store (creating one takes seconds: copy it instead)."""
+    from mlflow import MlflowClient
+
+    db = tmp_path_factory.mktemp("template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
+    return db
+
+
+@pytest.fixture
+def store(store_template, tmp_path):
+    db = tmp_path / "mlflow" / "mlflow.db"
+    db.parent.mkdir()
+    shutil.copy(store_template, db)
+    return f"sqlite:///{db}"
+
+
+@pytest.mark.slow
+def test_real_store_round_trip(tiny_cfg, store, tmp_path, monkeypatch):
+    from tasks.plots import eval_curve
+
+    monkeypatch.chdir(tmp_path)
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["train.seed=7"])
+    t = Tracker(cfg, "ablate", uri=store)
+    parent = t.start_run("parent", tracking.run_tags(cfg, "ablate"))
+    child = Tracker(cfg, "ablate", uri=store)
+    run_dir = tmp_path / "run"
+    child_id = child.start_or_resume(run_dir, "child", {"variant": "grpo"}, parent_run_id=parent)
+    for step in range(1, 4):
+        child.log_metrics({"train/loss": float(step)}, step)
+    child.log_figure(eval_curve([{"step": 1, "val/avg_at_k": 0.5}]), "plots/eval_curve.png")
+    child.log_table([{"step": 1, "response": "Answer: 3"}], "samples/train_samples.json")
+    child.end("FAILED")
+    t.end()
+    # a retry finds the same run through the run directory and continues its metrics
+    again = Tracker(cfg, "ablate", uri=store)
+    assert again.start_or_resume(run_dir, "child") == child_id
+    assert again.last_step("train/loss") == 3
+    again.end()
+
+    info = tracking.read_run(child_id, store)
+    assert info["status"] == "FINISHED" and info["experiment"] == "dapo-ablate"
+    assert info["tags"]["mlflow.parentRunId"] == parent
+    assert from_dict(info["config"]) == cfg and info["params"]["train.seed"] == "7"
+    arts = set(tracking.list_artifacts(child_id, uri=store))
+    assert {"config.json", "plots/eval_curve.png", "samples/train_samples.json"} <= arts
+    # artifacts live beside the database, not in ./mlruns of the cwd
+    art_dir = Path(store[len("sqlite:///") :]).parent / "artifacts" / "dapo-ablate"
+    assert any(art_dir.rglob("eval_curve.png"))
+    assert not (tmp_path / "mlruns").exists()
+
+
+@pytest.mark.slow
+def test_log_batch_is_much_faster_than_per_value_calls(tiny_cfg, store):
+    """The measurement behind batching (DESIGN section 6): 200 values, both ways."""
+    import time
+
+    from mlflow import MlflowClient
+
+    t = Tracker(tiny_cfg, "train", uri=store, flush_steps=10**9, flush_seconds=10**9)
+    run_id = t.start_run("bench", log_config=False)
+    client = MlflowClient(tracking_uri=store)
+    t0 = time.perf_counter()
+    for i in range(50):
+        client.log_metric(run_id, "per_call", float(i), step=i)
+    per_call = (time.perf_counter() - t0) / 50
+    t0 = time.perf_counter()
+    for i in range(200):
+        t.log_metrics({"batched": float(i)}, i)
+    t.flush()
+    batched = (time.perf_counter() - t0) / 200
+    assert len(tracking.metric_history(run_id, "batched", store)) == 200
+    assert batched * 5 < per_call, (batched, per_call)

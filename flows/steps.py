@@ -131,14 +131,14 @@ class TrainSummary:
 def validation_problems(cfg: Config) -> list:
     """The validation set for in-training evaluation (empty when there is none).
 
-    Curated data: ``<data.out_dir>/val.parquet``. The synthetic task has no separate split: the
-    first ``data.val_size`` problems of its held-out split serve (monitoring only)."""
-    from tasks.data import SYNTHETIC_TEST, eval_problems, load_problems
+    Curated data: ``<data.out_dir>/val.parquet``; the synthetic task: its validation split, carved
+    out of the training problems (never trained on, disjoint from the test split)."""
+    from tasks.data import load_problems, synthetic_splits
 
     if cfg.data.val_size <= 0:
         return []
     if cfg.data.source.startswith("synthetic:"):
-        return eval_problems(cfg, SYNTHETIC_TEST)[1][: cfg.data.val_size]
+        return synthetic_splits(cfg)[1]
     path = repo_path(cfg.data.out_dir) / "val.parquet"
     return load_problems(path)[: cfg.data.val_size] if path.exists() else []
 

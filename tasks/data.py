@@ -44,6 +44,18 @@ def load_problems(path: str | Path) -> list[Problem]:
     ]
 
 
+def synthetic_splits(cfg: Config) -> tuple[list[Problem], list[Problem], list[Problem]]:
+    """(train, val, test) of the synthetic task. The validation split is carved out of the
+    training problems exactly as ``dapo curate`` does, so training never sees it; test is the
+    generator's disjoint held-out split."""
+    from tasks.curate import split_validation
+
+    s = cfg.synthetic
+    train, test = arith_problems(s.seed, s.num_train, s.num_test, s.max_operand, s.num_terms)
+    rows, val = split_validation([{"id": p.id, "problem": p} for p in train], cfg.data.val_size)
+    return [r["problem"] for r in rows], [r["problem"] for r in val], test
+
+
 def eval_problems(cfg: Config, name_or_path: str | None = None) -> tuple[str, list[Problem]]:
     """(name, problems) of an evaluation set: ``synthetic-test``, a name from ``data.eval_sets``
     (its prepared copy under data/eval/), or a path to a parquet/jsonl file."""

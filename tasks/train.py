@@ -18,7 +18,6 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dapo_core.config import Config
 from dapo_core.problem import Problem
-from dapo_core.synthetic import arith_problems
 from tasks.distributed import barrier, init_distributed
 from tasks.models import load_policy, resolve_model_path
 from tasks.params import repo_path
@@ -39,9 +38,9 @@ class TrainResult:
 def training_problems(cfg: Config) -> list[Problem]:
     """The training split named by ``data.source``."""
     if cfg.data.source.startswith("synthetic:"):
-        s = cfg.synthetic
-        train, _ = arith_problems(s.seed, s.num_train, s.num_test, s.max_operand, s.num_terms)
-        return train
+        from tasks.data import synthetic_splits
+
+        return synthetic_splits(cfg)[0]
     from tasks.data import load_problems
 
     return load_problems(repo_path(cfg.data.out_dir) / "train.parquet")

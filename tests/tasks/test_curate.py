@@ -487,3 +487,17 @@ def test_dvc_repro_in_a_fresh_copy(tmp_path):
     again = subprocess.run([*dvc, "repro"], cwd=repo, env=env, capture_output=True, text=True)
     assert again.returncode == 0 and "didn't change" in again.stdout
     assert curate.data_version(repo) == version
+
+
+def test_synthetic_splits_are_disjoint_and_training_never_sees_validation():
+    from tasks.data import synthetic_splits
+    from tasks.params import load_params
+    from tasks.train import training_problems
+
+    cfg = load_params()
+    train, val, test = synthetic_splits(cfg)
+    assert len(val) == cfg.data.val_size and len(test) == cfg.synthetic.num_test
+    assert len(train) + len(val) == cfg.synthetic.num_train
+    ids = [{p.id for p in s} for s in (train, val, test)]
+    assert not (ids[0] & ids[1]) and not (ids[0] & ids[2]) and not (ids[1] & ids[2])
+    assert {p.id for p in training_problems(cfg)} == ids[0]

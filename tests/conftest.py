@@ -12,6 +12,7 @@ TINY_OVERRIDES = [
     "synthetic.max_operand=9",
     "synthetic.num_train=60",
     "synthetic.num_test=20",
+    "data.val_size=8",
     "tiny.vocab_size=300",
     "tiny.hidden_size=32",
     "tiny.intermediate_size=64",

@@ -9,7 +9,8 @@ How a step is split across R ranks (launched by the ``deepspeed`` launcher or to
   normalizer) and DeepSpeed all-reduces the gradients. DeepSpeed averages over ranks, so the shard
   loss is scaled by R: the update then equals the single-process update of the whole mini-batch.
 - ZeRO-3 gathers parameters at every forward, so every rank must run the same number of
-  micro-batches: counts are padded to the maximum over ranks with empty micro-batches.
+  micro-batches: counts are padded to the maximum over ranks with empty micro-batches; and since
+  the trainer calls submodules rather than the engine, it calls ``before_forward`` itself.
 """
 
 from __future__ import annotations
@@ -107,6 +108,22 @@ class OptimizerEngine:
     def loss_scale(self) -> float:
         """DeepSpeed averages gradients over ranks; each rank's shard loss is scaled back up."""
         return float(self.world)
+
+    def before_forward(self) -> None:
+        """What ``DeepSpeedEngine.forward`` does first. We call submodules directly (the decoder,
+        then the head on selected positions), so we must do it: ZeRO-3 only accumulates a
+        micro-batch's gradients onto the previous ones after this call."""
+        if self.ds is not None and hasattr(self.ds.optimizer, "clear_backward_seen_flag"):
+            self.ds.optimizer.clear_backward_seen_flag()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Parameters gathered from their ZeRO-3 partitions (plain ``state_dict`` otherwise)."""
+        if self.ds is None or self.ds.zero_optimization_stage() < 3:
+            return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(self.model.parameters())):
+            return {n: p.detach().clone() for n, p in self.model.named_parameters()}
 
     def backward(self, loss: torch.Tensor, boundary: bool) -> None:
         if self.ds is None:

@@ -150,8 +150,9 @@ def run_training(
                 on_step(trainer, result)
     trainer.save_checkpoint()
     final = run_dir / "final"
+    weights = trainer.engine.full_state_dict()  # a collective under ZeRO-3: all ranks call it
     if trainer.step >= cfg.train.steps and rank == 0:
-        model.save_pretrained(final)
+        model.save_pretrained(final, state_dict=weights)
         tokenizer.save_pretrained(final)
     barrier(world)
     history = [json.loads(x) for x in metrics_path.read_text().splitlines()] if rank == 0 else []

@@ -199,6 +199,8 @@ class DAPOTrainer:
         )
         self.lr_at = warmup_lambda(cfg.train.warmup_steps)
         self.loss_cfg = cfg.algo.loss_config()
+        # From the config: under ZeRO-3 a weight's shape is empty outside a gather.
+        self.vocab_size = model.config.vocab_size
 
     # -- rollout -----------------------------------------------------------------------------
 
@@ -319,6 +321,7 @@ class DAPOTrainer:
         cols = torch.tensor([j for n in resp_lens for j in range(n)], device=dev)
         pos = cols + torch.tensor([s.prompt_len for s in batch], device=dev)[rows]
         ids, attn = ids.to(dev), attn.to(dev)
+        self.engine.before_forward()
         with torch.autocast(dev.type, torch.bfloat16, enabled=self.autocast):
             hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
         head = self.model.get_output_embeddings()
@@ -328,7 +331,7 @@ class DAPOTrainer:
             head,
             ids[rows, pos],
             self.cfg.rollout.temperature,
-            chunk=max(256, LOGITS_BUDGET // head.weight.shape[0]),
+            chunk=max(256, LOGITS_BUDGET // self.vocab_size),
         )
         logp = torch.zeros(len(batch), R, device=dev, dtype=logp_flat.dtype)
         logp = logp.index_put((rows, cols), logp_flat)  # differentiable scatter
@@ -513,10 +516,11 @@ class DAPOTrainer:
         # Each rank's optimizer state (a ZeRO partition under DeepSpeed).
         torch.save(self.engine.state_dict(), tmp / f"optimizer_rank{self.rank}.pt")
         barrier(self.world)
+        weights = self.engine.full_state_dict()  # gathered from ZeRO-3 partitions (collective)
         if self.rank != 0:
             barrier(self.world)
             return final
-        self.model.save_pretrained(tmp / "model")
+        self.model.save_pretrained(tmp / "model", state_dict=weights)
         self.tokenizer.save_pretrained(tmp / "model")
         state = {
             "step": self.step,
@@ -549,6 +553,11 @@ class DAPOTrainer:
         # Tied embeddings are saved once; anything else missing means a different model.
         if unexpected or any("lm_head" not in k for k in missing):
             raise RuntimeError(f"checkpoint {ckpt} does not match the model ({missing[:3]})")
+        if self.engine.ds is not None and self.engine.ds.zero_optimization_stage() >= 3:
+            raise PipelineError(
+                "resuming under ZeRO-3 is not supported yet (parameters are partitioned); "
+                "resume with -S train.zero_stage=2, or start a new run"
+            )
         state = torch.load(ckpt / "trainer.pt", weights_only=False)
         if state["world"] != self.world:
             raise RuntimeError(

@@ -41,9 +41,10 @@ def main(params_json: str, out: str) -> None:
     gen = HFGenerator(model, tok, cfg.rollout.max_prompt_len)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     t = DAPOTrainer(cfg, model, tok, gen, training_problems(cfg), "/tmp/ds-worker", optimizer=opt)
-    before = {k: v.detach().clone() for k, v in t.engine.model.state_dict().items()}
+    before = t.engine.full_state_dict()
     samples, _ = t._samples(fixed_groups(6, cfg.rollout.group_size, len(tok)))
     stats = t._update(samples)
+    state = t.engine.full_state_dict()  # a collective under ZeRO-3: every rank takes part
     # Sharded rollouts: each rank generates its slice; every rank ends with all groups, in order.
     log = {"gen_time": 0.0, "prompts_truncated": 0, "acc": [], "lengths": [], "finished": []}
     local = []
@@ -53,7 +54,6 @@ def main(params_json: str, out: str) -> None:
     rollout = {"ids": [g.problem_id for g in groups], "acc_shape": tuple(acc.shape)}
     rollout["local_prompts"] = sum(local)
     if t.rank == 0:
-        state = {k: v.detach().clone() for k, v in t.engine.model.state_dict().items()}
         torch.save(
             {
                 "before": before,

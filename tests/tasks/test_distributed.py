@@ -1,5 +1,6 @@
-"""Data parallelism: the same global batch on 1 rank and on 2 DeepSpeed ranks (CPU, gloo, ZeRO-2)
-gives the same update, because the loss normalizer is global and shards are rescaled."""
+"""Data parallelism: the same global batch on 1 rank and on 2 DeepSpeed ranks (CPU, gloo, ZeRO-2
+and ZeRO-3) gives the same update, because the loss normalizer is global and shards are rescaled.
+The batch spans several micro-batches per rank, so gradient accumulation is exercised too."""
 
 import json
 import os
@@ -57,8 +58,9 @@ def test_two_ranks_equal_one(tiny_cfg, tmp_path):
     assert one["world"] == 1 and two["world"] == 2
     assert one["stats"]["tokens"] == two["stats"]["tokens"] > 0
     assert two["stats"]["grad_norm"] == pytest.approx(one["stats"]["grad_norm"], rel=1e-5)
-    for k, v in one["state"].items():
-        torch.testing.assert_close(two["state"][k], v, rtol=1e-5, atol=1e-6)
+    assert two["state"].keys() <= one["state"].keys()  # ZeRO-3 names a tied weight once
+    for k, v in two["state"].items():
+        torch.testing.assert_close(v, one["state"][k], rtol=1e-5, atol=1e-6)
     assert any(not torch.equal(one["before"][k], v) for k, v in one["state"].items())
     # both runs draw the same 5 prompts; on 2 ranks each generated half and all were gathered
     assert two["rollout"]["ids"] == one["rollout"]["ids"] and len(one["rollout"]["ids"]) == 5

@@ -415,6 +415,8 @@ class DAPOTrainer:
         cfg = self.cfg
         t0 = time.perf_counter()
         seed_everything(cfg.train.seed * 1_000_003 + self.step)
+        if hasattr(self.generator, "sync_weights"):  # an inference engine with its own weights
+            self.generator.sync_weights(self.model)
         gen_log: dict[str, Any] = {
             "gen_time": 0.0,
             "prompts_truncated": 0,

@@ -189,3 +189,13 @@ def test_metrics_have_the_documented_names(tiny_cfg, tmp_path):
     assert not missing
     assert all(math.isfinite(m[k]) for k in required)
     assert m["train/lr"] == pytest.approx(tiny_cfg.train.lr / tiny_cfg.train.warmup_steps)
+
+
+def test_engine_weights_are_synced_before_each_rollout(tiny_cfg, tmp_path):
+    """A generator with its own copy of the weights (vLLM) gets the current policy every step."""
+    t = _trainer(tiny_cfg, tmp_path)
+    synced = []
+    t.generator.sync_weights = lambda model: synced.append(model is t.model)
+    t.train_step()
+    t.train_step()
+    assert synced == [True, True]

@@ -29,7 +29,7 @@ from tasks.models import load_policy, resolve_model_path
 from tasks.params import load_params
 from tasks.rollout import HFGenerator
 from tasks.train import training_problems
-from tasks.trainer import DAPOTrainer, Group
+from tasks.trainer import DAPOTrainer, Group, new_rollout_log
 
 
 def naive_update(trainer: DAPOTrainer, samples) -> None:
@@ -54,7 +54,7 @@ def naive_update(trainer: DAPOTrainer, samples) -> None:
 
 def rollouts(trainer: DAPOTrainer, P: int, L: int) -> list[Group]:
     """Fixed rollouts of up to L tokens (sampled once; reused by both sides)."""
-    log = {"gen_time": 0.0, "prompts_truncated": 0, "acc": [], "lengths": [], "finished": []}
+    log = new_rollout_log()
     groups, _ = trainer._generate_groups(P, log)
     # Mixed correctness, like a batch after dynamic sampling.
     for i, g in enumerate(groups):

@@ -137,6 +137,11 @@ def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
     return batches
 
 
+def new_rollout_log() -> dict[str, Any]:
+    """What ``DAPOTrainer._generate_groups`` accumulates over one step's generation batches."""
+    return {"gen_time": 0.0, "prompts_truncated": 0, "acc": [], "lengths": [], "finished": []}
+
+
 def warmup_lambda(warmup_steps: int) -> Callable[[int], float]:
     """Linear warm-up then constant: step s (0-based) trains at lr * (s+1)/warmup, never at 0."""
     return lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0
@@ -417,13 +422,7 @@ class DAPOTrainer:
         seed_everything(cfg.train.seed * 1_000_003 + self.step)
         if hasattr(self.generator, "sync_weights"):  # an inference engine with its own weights
             self.generator.sync_weights(self.model)
-        gen_log: dict[str, Any] = {
-            "gen_time": 0.0,
-            "prompts_truncated": 0,
-            "acc": [],
-            "lengths": [],
-            "finished": [],
-        }
+        gen_log = new_rollout_log()
         groups, ds = fill_batch(
             lambda n: self._generate_groups(n, gen_log),
             self.buffer,

@@ -11,7 +11,7 @@ from dapo_core.config import resolve
 from tasks.models import load_policy
 from tasks.rollout import HFGenerator
 from tasks.train import training_problems
-from tasks.trainer import DAPOTrainer, Group
+from tasks.trainer import DAPOTrainer, Group, new_rollout_log
 
 
 def fixed_groups(n_prompts: int, group_size: int, vocab: int) -> list[Group]:
@@ -46,7 +46,7 @@ def main(params_json: str, out: str) -> None:
     stats = t._update(samples)
     state = t.engine.full_state_dict()  # a collective under ZeRO-3: every rank takes part
     # Sharded rollouts: each rank generates its slice; every rank ends with all groups, in order.
-    log = {"gen_time": 0.0, "prompts_truncated": 0, "acc": [], "lengths": [], "finished": []}
+    log = new_rollout_log()
     local = []
     generate = t.generator.generate
     t.generator.generate = lambda prompts, *a: local.append(len(prompts)) or generate(prompts, *a)

@@ -16,6 +16,7 @@ from tasks.trainer import (
     TrainingStopped,
     list_checkpoints,
     micro_batches,
+    new_rollout_log,
     warmup_lambda,
 )
 
@@ -84,7 +85,7 @@ def test_resume_reproduces_uninterrupted_run(tiny_cfg, tmp_path):
 def _mixed_groups(t):
     """Real rollouts with a fixed mixed correctness pattern, so every group carries signal."""
     torch.manual_seed(0)
-    log = {"gen_time": 0.0, "prompts_truncated": 0, "acc": [], "lengths": [], "finished": []}
+    log = new_rollout_log()
     groups, _ = t._generate_groups(4, log)
     for i, g in enumerate(groups):
         g.acc = [(i + j) % 3 == 0 for j in range(len(g.acc))]

@@ -44,16 +44,20 @@ def test_generator_shapes_and_truncation(tiny_cfg):
         assert fin == (ids[-1] == tok.eos_token_id)
 
 
-def test_sampling_logprobs_equal_the_trainers_forward(tiny_cfg, tmp_path):
+@pytest.mark.parametrize("lean", [True, False], ids=["lean-decode", "transformers-decode"])
+def test_sampling_logprobs_equal_the_trainers_forward(tiny_cfg, tmp_path, lean):
     """On-policy: the rollout's log-probs (prompt prefilled once, KV cache shared by the G samples,
-    left padding) equal what the trainer computes for the same tokens (right padding)."""
+    left padding) equal what the trainer computes for the same tokens (right padding), with the
+    lean decode step and with the generic transformers forward."""
     from dapo_core.config import resolve
+    from tasks.decode import LeanDecoder
     from tasks.train import training_problems
     from tasks.trainer import DAPOTrainer, Sample
 
     cfg = resolve(tiny_cfg.to_dict(), overrides=["rollout.temperature=0.7"])
     model, tok = load_policy(resolve_model_path(cfg))
-    gen = HFGenerator(model, tok, max_prompt_len=64)
+    assert LeanDecoder.supports(model)  # the embedded Qwen2 takes the lean path when asked
+    gen = HFGenerator(model, tok, max_prompt_len=64, lean=lean)
     trainer = DAPOTrainer(cfg, model, tok, gen, training_problems(cfg), tmp_path)
     torch.manual_seed(0)
     prompts = [chat_prompt(tok, "Compute 1 + 2."), chat_prompt(tok, "Compute 10 + 20 + 3 + 4.")]
@@ -63,3 +67,58 @@ def test_sampling_logprobs_equal_the_trainers_forward(tiny_cfg, tmp_path):
         with torch.no_grad():
             logp, _, _ = trainer._forward_logprobs([Sample(prompt + resp, len(prompt), 1.0, True)])
         torch.testing.assert_close(logp[0], torch.tensor(lps), rtol=1e-4, atol=1e-4)
+
+
+def test_sample_next_follows_the_nucleus_distribution():
+    """Inverse-CDF sampling: frequencies match softmax(logits / T) restricted to the top-p nucleus
+    and renormalised; tokens outside the nucleus or at -inf are never drawn."""
+    from tasks.rollout import sample_next
+
+    torch.manual_seed(0)
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, float("-inf"), -1.0])
+    probs = torch.softmax(logits / 0.8, dim=-1)
+    for top_p, keep in ((1.0, [0, 1, 2, 3, 5]), (0.9, [0, 1, 2]), (0.5, [0])):
+        nucleus = torch.zeros_like(probs)
+        nucleus[keep] = probs[keep]
+        expected = nucleus / nucleus.sum()
+        tokens, logp = sample_next(logits.expand(40_000, -1), 0.8, top_p)
+        freq = torch.bincount(tokens, minlength=6).float() / len(tokens)
+        assert set(tokens.unique().tolist()) == set(keep)
+        torch.testing.assert_close(freq, expected, atol=0.01, rtol=0)
+        # The log-probs are those of the unrestricted tempered distribution (what the loss uses).
+        torch.testing.assert_close(logp, probs.log()[tokens])
+
+
+def test_shared_prompt_forward_equals_whole_sequences(tiny_cfg, tmp_path):
+    """The trainer runs each distinct prompt once and lets its samples attend to the shared keys
+    and values; log-probs and gradients equal those of every sample run whole on its own."""
+    from tasks.train import training_problems
+    from tasks.trainer import DAPOTrainer, Sample
+
+    model, tok = load_policy(resolve_model_path(tiny_cfg), "float32")
+    trainer = DAPOTrainer(tiny_cfg, model, tok, None, training_problems(tiny_cfg), tmp_path)
+    T = tiny_cfg.rollout.temperature
+    short = tok(chat_prompt(tok, "Compute 1 + 2."))["input_ids"]
+    long = tok(chat_prompt(tok, "Compute 10 + 20 + 3 + 4."))["input_ids"]
+    batch = [
+        Sample(short + [40, 41, 42], len(short), 1.0, True),
+        Sample(long + [50], len(long), -1.0, True),
+        Sample(short + [43], len(short), -1.0, True),
+        Sample(long + [51, 52, 53, 54, 55], len(long), 1.0, True),
+    ]
+    logp, _, mask = trainer._forward_logprobs(batch)
+    (logp * mask).sum().backward()
+    shared_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+
+    total = 0.0
+    for i, s in enumerate(batch):
+        ids = torch.tensor([s.input_ids])
+        logits = model(input_ids=ids).logits[0, s.prompt_len - 1 : -1].float() / T
+        ref = torch.log_softmax(logits, -1).gather(-1, ids[0, s.prompt_len :, None])[:, 0]
+        torch.testing.assert_close(logp[i, : len(ref)], ref, rtol=1e-5, atol=1e-5)
+        assert mask[i].sum() == len(ref)
+        total = total + ref.sum()
+    total.backward()
+    for shared, p in zip(shared_grads, model.parameters(), strict=True):
+        torch.testing.assert_close(shared, p.grad, rtol=1e-4, atol=1e-5)

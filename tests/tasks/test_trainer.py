@@ -5,6 +5,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from dapo_core.config import apply_variant, resolve
@@ -21,12 +23,39 @@ from tasks.trainer import (
 )
 
 
-def test_micro_batches_respect_budget_and_cover_everything():
-    lengths = [5, 17, 3, 9, 9, 30, 1, 12]
-    batches = micro_batches(lengths, budget=32)
-    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+def _packing_cost(batch, prompts, prompt_lens, response_lens):
+    return len({prompts[i] for i in batch}) * max(prompt_lens[i] for i in batch) + len(batch) * max(
+        response_lens[i] for i in batch
+    )
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 5), st.integers(1, 20)),  # (prompt id, response length)
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(1, 200),
+)
+def test_micro_batches_respect_budget_and_keep_groups_whole(samples, budget):
+    prompts = [g for g, _ in samples]
+    prompt_lens = [3 + g for g in prompts]  # a prompt has one length
+    response_lens = [n for _, n in samples]
+    batches = micro_batches(prompts, prompt_lens, response_lens, budget)
+    assert sorted(i for b in batches for i in b) == list(range(len(samples)))
     for b in batches:
-        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 32
+        assert len(b) == 1 or _packing_cost(b, prompts, prompt_lens, response_lens) <= budget
+    for g in set(prompts):
+        members = [i for i, p in enumerate(prompts) if p == g]
+        if _packing_cost(members, prompts, prompt_lens, response_lens) <= budget:
+            assert sum(any(prompts[i] == g for i in b) for b in batches) == 1
+
+
+def test_micro_batches_count_a_shared_prompt_once():
+    # Two prompts of 10 tokens, 4 responses of 5 each: 2*10 + 8*5 = 60 tokens shared, 120 whole.
+    batches = micro_batches([0, 0, 0, 0, 1, 1, 1, 1], [10] * 8, [5] * 8, budget=60)
+    assert len(batches) == 1
+    assert len(micro_batches([0, 0, 0, 0, 1, 1, 1, 1], [10] * 8, [5] * 8, budget=59)) == 2
 
 
 def test_warmup_never_trains_at_zero():

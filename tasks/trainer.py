@@ -367,17 +367,20 @@ class DAPOTrainer:
                 position_ids=(prompt_attn.cumsum(-1) - 1).clamp(min=0),  # real tokens from 0
                 use_cache=True,
             )
-            cache = prefix.past_key_values
-            cache.batch_select_indices(sel)  # differentiable gather: one copy per sample
-            hidden = decoder(
-                input_ids=resp_ids,
-                attention_mask=torch.cat([prompt_attn[sel], mask.long()], dim=1),
-                position_ids=prompt_attn.sum(-1)[sel, None] + torch.arange(R, device=dev),
-                past_key_values=cache,
-                use_cache=True,
-            ).last_hidden_state  # (b, R, H)
-        # Response token j is predicted by the state before it: the prompt's last one for j = 0.
-        states = torch.cat([prefix.last_hidden_state[sel, -1:], hidden[:, :-1]], dim=1)
+            # Response token j is predicted by the state before it: the prompt's last one for
+            # j = 0. The last response token predicts nothing, so it is not fed in.
+            states = prefix.last_hidden_state[sel, -1:]  # (b, 1, H)
+            if R > 1:
+                cache = prefix.past_key_values
+                cache.batch_select_indices(sel)  # differentiable gather: one copy per sample
+                hidden = decoder(
+                    input_ids=resp_ids[:, :-1],
+                    attention_mask=torch.cat([prompt_attn[sel], mask[:, :-1].long()], dim=1),
+                    position_ids=prompt_attn.sum(-1)[sel, None] + torch.arange(R - 1, device=dev),
+                    past_key_values=cache,
+                    use_cache=True,
+                ).last_hidden_state  # (b, R - 1, H)
+                states = torch.cat([states, hidden], dim=1)  # (b, R, H)
         rows, cols = mask.nonzero(as_tuple=True)
         logp_flat, ent_flat = token_logprobs(
             states[rows, cols],

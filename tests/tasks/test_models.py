@@ -44,16 +44,22 @@ def test_generator_shapes_and_truncation(tiny_cfg):
         assert fin == (ids[-1] == tok.eos_token_id)
 
 
-@pytest.mark.parametrize("lean", [True, False], ids=["lean-decode", "transformers-decode"])
-def test_sampling_logprobs_equal_the_trainers_forward(tiny_cfg, tmp_path, lean):
+@pytest.mark.parametrize(
+    "decode", ["lean-fused", "lean-unfused", "transformers"], ids=lambda d: f"{d}-decode"
+)
+def test_sampling_logprobs_equal_the_trainers_forward(tiny_cfg, tmp_path, decode, monkeypatch):
     """On-policy: the rollout's log-probs (prompt prefilled once, KV cache shared by the G samples,
     left padding) equal what the trainer computes for the same tokens (right padding), with the
-    lean decode step and with the generic transformers forward."""
+    lean decode step (fused projections as on CPU, or separate as on GPU) and with the generic
+    transformers forward."""
     from dapo_core.config import resolve
     from tasks.decode import LeanDecoder
     from tasks.train import training_problems
     from tasks.trainer import DAPOTrainer, Sample
 
+    lean = decode != "transformers"
+    if decode == "lean-unfused":
+        monkeypatch.setattr(LeanDecoder, "FUSED_DEVICES", ())
     cfg = resolve(tiny_cfg.to_dict(), overrides=["rollout.temperature=0.7"])
     model, tok = load_policy(resolve_model_path(cfg))
     assert LeanDecoder.supports(model)  # the embedded Qwen2 takes the lean path when asked
@@ -122,3 +128,6 @@ def test_shared_prompt_forward_equals_whole_sequences(tiny_cfg, tmp_path):
     total.backward()
     for shared, p in zip(shared_grads, model.parameters(), strict=True):
         torch.testing.assert_close(shared, p.grad, rtol=1e-4, atol=1e-5)
+    # One-token responses only: predicted from the prompts alone (no response forward).
+    one, _, _ = trainer._forward_logprobs([batch[2], batch[1]])
+    torch.testing.assert_close(one[:, 0], torch.stack([logp[2, 0], logp[1, 0]]))

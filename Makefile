@@ -35,7 +35,8 @@ test: lint
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
 bench: setup
-	$(BIN)/python -m bench.reward
+	$(BIN)/pip install -q -c constraints.txt -e '.[bench]'
+	$(BIN)/python -m bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -136,17 +136,26 @@ def trl_steps(model_dir: Path, problems, P: int, G: int, L: int, steps: int) -> 
     return timer.times
 
 
-def main() -> None:
+def trl_version() -> str:
+    from importlib.metadata import version
+
+    return version("trl")
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=["16x8x16", "8x8x64"], help="PxGxL")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape")
     ap.add_argument("--steps", type=int, default=4, help="steps per run (the first is dropped)")
     ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = load_params()
     train, _ = arith_problems(1, 800, 0, 9, 3)
-    print(f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} interleaved rounds")
+    print(
+        f"RL step against TRL {trl_version()}: torch {torch.__version__}, {args.threads} "
+        f"thread(s), {args.rounds} interleaved rounds of {args.steps} steps (first dropped)"
+    )
     print(
         f"{'shape PxGxL':>12} {'ours s/step':>12} {'TRL s/step':>11} {'ours/TRL':>9}  target <= 0.5"
     )

@@ -1,0 +1,51 @@
+"""All benchmarks in one command: ``python -m bench [--quick]`` (``make bench``).
+
+Each section compares against a baseline measured in the same run and prints its own table:
+
+1. reward throughput: ``dapo_core.reward.score`` against a bare regex extractor (``bench.reward``);
+2. generation tokens/s: our HF backend against transformers ``generate`` (``bench.generation``);
+3. dynamic-sampling waste on the embedded default (``bench.dynamic_sampling``);
+4. RL step time against TRL's GRPOTrainer (``bench.rl_step``; needs the ``bench`` extra:
+   ``pip install -e '.[bench]'``);
+5. GPU train-step MFU for a Qwen2.5-0.5B-shaped model (``bench.mfu``; on CPU, a tiny smoke run).
+
+``--quick`` runs fewer repeats (for a smoke check, not for figures to quote).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+
+import torch
+
+# Section -> arguments for --quick (the defaults give the figures quoted in BENCHMARKS.md).
+QUICK_ARGS = {
+    "reward": ["--n", "1000", "--repeats", "3"],
+    "generation": ["--repeats", "2"],
+    "dynamic_sampling": ["--steps", "3"],
+    "rl_step": ["--rounds", "1", "--steps", "3"],
+    "mfu": ["--steps", "2"],
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repeats: a smoke check")
+    ap.add_argument("--skip", nargs="*", default=[], choices=list(QUICK_ARGS), help="sections")
+    args = ap.parse_args()
+    for name, quick_args in QUICK_ARGS.items():
+        if name in args.skip:
+            continue
+        print(f"\n== {name} " + "=" * (60 - len(name)), flush=True)
+        if name == "rl_step" and importlib.util.find_spec("trl") is None:
+            print("skipped: TRL is not installed (pip install -e '.[bench]')")
+            continue
+        importlib.import_module(f"bench.{name}").main(quick_args if args.quick else [])
+    if not torch.cuda.is_available():
+        print("\n(no CUDA device: GPU figures were not measured; the mfu section ran on CPU)")
+
+
+if __name__ == "__main__":
+    main()

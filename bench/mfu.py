@@ -1,0 +1,234 @@
+"""Train-step MFU: model FLOPs utilisation of our DAPO gradient update on a random-init Qwen2.
+
+Measured: ``DAPOTrainer._update(samples)``, one gradient update as training runs it (each prompt
+forwarded once and shared by its G samples, response log-probs, DAPO loss, backward, AdamW step)
+on P prompts x G samples of exactly L response tokens, random ids, advantages +/-1 so that every
+sample carries loss. Two warm-up updates, then the median of ``--steps`` timed ones.
+
+FLOPs are counted once by ``torch.utils.flop_counter.FlopCounterMode`` around the first warm-up
+update (matmuls and attention, forward and backward; the optimizer and elementwise ops are not
+counted). As a check, the analytic estimate is printed (H hidden, V vocabulary, n layers, N
+non-embedding matmul weights):
+
+    6 N T + 6 H V R + 12 n H sum(q_len * kv_len) + 2 H V R_ckpt
+
+T: tokens fed to the decoder (each micro-batch's distinct prompt tokens, plus L - 1 per sample: the
+last response token predicts nothing and is not fed); R = P G L positions projected onto the
+vocabulary (only response positions are); the attention sum covers each sequence's full q x kv
+rectangle, as torch's counter does (it ignores causal masking); R_ckpt: head rows recomputed in
+backward (``dapo_core.logprobs`` checkpoints a micro-batch with more rows than one chunk). The
+causally masked half of the rectangle and the recompute are not model FLOPs in the strict (PaLM)
+sense (they would flatter MFU by about 11% at the CUDA default), so MFU is computed from model
+FLOPs 6 N T + 6 H V R + half the attention sum: MFU = model FLOPs / median seconds / peak dense
+bf16 FLOP/s. The counted figure is printed beside it.
+
+    python -m bench.mfu    # CUDA: qwen2.5-0.5b, P=8 G=8 L=1024, bf16; CPU: tiny, P=4 G=4 L=32
+    python -m bench.mfu --shape tiny -P 2 -G 8 -L 64 --steps 10 --peak-tflops 312
+
+This project's CI machines have no GPU: only the tiny CPU smoke run (tests/tasks/test_bench_mfu.py)
+is exercised there; the CPU prints achieved FLOP/s only, as MFU needs a peak (--peak-tflops).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+import tasks.trainer
+from dapo_core.problem import Problem
+from tasks.params import load_params
+from tasks.trainer import DAPOTrainer, Sample
+
+TARGET_MFU = 0.45
+FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+FIELDS += ("num_key_value_heads", "vocab_size", "rope_theta", "max_position_embeddings")
+SHAPES = {
+    "qwen2.5-0.5b": (896, 4864, 24, 14, 2, 151936, 1e6, 32768),  # its config.json, 494M params
+    "tiny": (128, 256, 2, 4, 2, 384, 1e4, 32768),  # the embedded CPU model's shape
+}
+# Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s. NVIDIA's datasheets print the sparse
+# figure, twice these: H100 SXM 1,979 (132 SMs x 1.83 GHz x 4096 FLOP/clock = 989.4 dense), H200
+# SXM the same, H100 PCIe 1,513; A100 312 dense; L40S 362.05 dense; A10 125 dense (A10G is AWS's
+# A10 variant, absent from the datasheets: pass --peak-tflops if you know its figure). The first
+# listed substring found in the device name wins, so the PCIe H100 precedes the SXM one.
+PEAK_TFLOPS = {"H100 PCIe": 756.5, "H100": 989.4, "H200": 989.4}
+PEAK_TFLOPS |= {"A100": 312.0, "L40S": 362.05, "A10G": 125.0}
+
+
+def model_config(shape: str) -> Qwen2Config:
+    return Qwen2Config(**dict(zip(FIELDS, SHAPES[shape], strict=True)), tie_word_embeddings=True)
+
+
+def build_model(shape: str, device: torch.device, seed: int = 0):
+    """Random weights, built on the device (no download); bf16 + SDPA on CUDA, fp32 on CPU."""
+    cuda = device.type == "cuda"
+    torch.manual_seed(seed)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(
+            model_config(shape),
+            dtype=torch.bfloat16 if cuda else torch.float32,
+            # On CPU, eager: torch's counter has no formula for the CPU fused SDPA kernel.
+            attn_implementation="sdpa" if cuda else "eager",
+        )
+
+
+def peak_tflops(device_name: str) -> float | None:
+    name = device_name.upper()
+    return next((v for key, v in PEAK_TFLOPS.items() if key.upper() in name), None)
+
+
+def make_samples(P: int, G: int, L: int, prompt_len: int, vocab: int, seed: int) -> list[Sample]:
+    """P distinct random prompts, each shared by G samples of exactly L random response tokens;
+    advantages alternate +1/-1 so no sample is skipped as zero-loss."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(1, vocab, (n,), generator=gen).tolist()  # 0 is the pad id
+
+    samples = []
+    for _ in range(P):
+        prompt = ids(prompt_len)
+        for j in range(G):
+            samples.append(Sample(prompt + ids(L), prompt_len, 1.0 - 2.0 * (j % 2), keep=True))
+    return samples
+
+
+def make_trainer(model, P: int, G: int, L: int, budget: int, run_dir: Path) -> DAPOTrainer:
+    """One update per call over the whole batch, no filtering or shaping (which need rollouts)."""
+    overrides = [f"rollout.group_size={G}", f"rollout.max_response_len={L}"]
+    overrides += [f"algo.cache_len={L // 4}", f"train.micro_batch_tokens={budget}"]
+    overrides += [f"train.{k}={P}" for k in ("prompt_batch", "gen_batch", "mini_batch")]
+    overrides += [f"algo.{k}=false" for k in ("dynamic_sampling", "overlong_filtering")]
+    overrides += ["algo.overlong_shaping=false"]
+    if model.device.type == "cuda":
+        overrides.append("model.dtype=bfloat16")  # bf16 autocast, as training runs
+    cfg = load_params(overrides=overrides)
+    problems = [Problem("bench", "1+1", "2", "1+1", "bench")]  # never drawn: no rollouts here
+    tokenizer = types.SimpleNamespace(pad_token_id=0)  # all that _update reads
+    return DAPOTrainer(cfg, model, tokenizer, None, problems, run_dir)
+
+
+def analytic_flops(
+    config, prompt_len: int, L: int, prompt_passes: int, n_samples: int, recomputed_rows: int = 0
+) -> dict[str, float]:
+    """The formula of the module docstring, term by term, plus their total."""
+    H, V, n = config.hidden_size, config.vocab_size, config.num_hidden_layers
+    kv = config.num_key_value_heads * H // config.num_attention_heads
+    N = n * (2 * H * H + 2 * H * kv + 3 * H * config.intermediate_size)  # q, o; k, v; MLP
+    fed = L - 1
+    q_kv = prompt_passes * prompt_len**2 + n_samples * fed * (prompt_len + fed)  # sum q_len*kv_len
+    terms = {
+        "dense": 6 * N * (prompt_passes * prompt_len + n_samples * fed),
+        "head": 6 * H * V * n_samples * L,
+        "attention": 12 * n * H * q_kv,
+        "head_recompute": 2 * H * V * recomputed_rows,
+    }
+    return {**terms, "total": sum(terms.values())}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # kernels are asynchronous: wait before reading the clock
+
+
+def measure(
+    model, P: int, G: int, L: int, prompt_len: int, budget: int, steps: int, warmup: int = 2
+) -> dict:
+    """Counted and analytic FLOPs of one update, and the median seconds of ``steps`` updates."""
+    device, config = model.device, model.config
+    cuda = device.type == "cuda"
+    samples = make_samples(P, G, L, prompt_len, config.vocab_size, seed=0)
+    with tempfile.TemporaryDirectory() as d:
+        trainer = make_trainer(model, P, G, L, budget, Path(d))
+        # The analytic count follows the trainer's own packing: a group split across micro-batches
+        # runs its prompt once per micro-batch; the chunk is the one _forward_logprobs uses.
+        batches = trainer._my_micro_batches(samples)
+        chunk = max(256, tasks.trainer.LOGITS_BUDGET // config.vocab_size)
+        passes = sum(len({tuple(s.input_ids[: s.prompt_len]) for s in b}) for b in batches)
+        recomputed = sum(len(b) * L for b in batches if len(b) * L > chunk)
+        analytic = analytic_flops(config, prompt_len, L, passes, len(samples), recomputed)
+        counter = FlopCounterMode(display=False)
+        with counter:
+            outs = [trainer._update(samples)]  # the first warm-up update, counted
+        outs += [trainer._update(samples) for _ in range(warmup - 1)]
+        if cuda:  # the peak over timed updates (weights and AdamW state, allocated, count too)
+            torch.cuda.reset_peak_memory_stats(device)
+        times = []
+        for _ in range(steps):
+            _sync(device)
+            t0 = time.perf_counter()
+            outs.append(trainer._update(samples))
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+    median, flops = statistics.median(times), counter.get_total_flops()
+    tokens = passes * prompt_len + len(samples) * (L - 1)
+    return {
+        "flops": flops,
+        "analytic": analytic,
+        "median_s": median,
+        "tflops": flops / median / 1e12,
+        # Model FLOPs in the strict (PaLM) sense: no recompute, causal half of the attention.
+        "model_tflops": (analytic["dense"] + analytic["head"] + analytic["attention"] / 2)
+        / median
+        / 1e12,
+        "tokens_per_s": tokens / median,
+        "loss_tokens_per_s": len(samples) * L / median,
+        "micro_batches": len(batches),
+        "applied": all(o["finite"] == 1.0 and o["tokens"] == len(samples) * L for o in outs),
+        "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
+    }
+
+
+def _flop(x: float) -> str:
+    return f"{x / 1e12:.4g} TFLOP" if x >= 1e12 else f"{x / 1e9:.4g} GFLOP"
+
+
+def main(argv: list[str] | None = None) -> None:
+    cuda = torch.cuda.is_available()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=list(SHAPES), default="qwen2.5-0.5b" if cuda else "tiny")
+    ap.add_argument("--prompts", "-P", type=int, default=8 if cuda else 4)
+    ap.add_argument("--group-size", "-G", type=int, default=8 if cuda else 4)
+    ap.add_argument("--response-len", "-L", type=int, default=1024 if cuda else 32)
+    ap.add_argument("--prompt-len", type=int, default=128 if cuda else 16)
+    ap.add_argument("--micro-batch-tokens", type=int, default=16384 if cuda else 4096)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--peak-tflops", type=float, default=None, help="overrides the table")
+    a = ap.parse_args(argv)
+    device = torch.device("cuda" if cuda else "cpu")
+    name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    model = build_model(a.shape, device)
+    P, G, L = a.prompts, a.group_size, a.response_len
+    print(f"{a.shape} on {name}, torch {torch.__version__}, {model.dtype}")
+    print(f"P={P} prompts x G={G} samples, prompt {a.prompt_len} + response {L} tokens, ", end="")
+    r = measure(model, P, G, L, a.prompt_len, a.micro_batch_tokens, a.steps)
+    an = r["analytic"]
+    print(f"{r['micro_batches']} micro-batch(es) of <= {a.micro_batch_tokens} tokens")
+    print(f"update: median {r['median_s']:.4f} s over {a.steps} steps (2 warm-up)")
+    print(f"FLOPs per update: counted {_flop(r['flops'])}, analytic {_flop(an.pop('total'))}")
+    print("  analytic terms: " + ", ".join(f"{k} {_flop(v)}" for k, v in an.items()))
+    print(f"tokens/s: {r['tokens_per_s']:.0f} fed, {r['loss_tokens_per_s']:.0f} trained (loss)")
+    if r["peak_mem_gib"] is not None:
+        print(f"peak GPU memory: {r['peak_mem_gib']:.2f} GiB")
+    if not r["applied"]:
+        print("WARNING: an update was skipped (non-finite) or trained fewer tokens than expected")
+    print(f"achieved: {r['tflops']:.4g} TFLOP/s counted, {r['model_tflops']:.4g} model TFLOP/s")
+    peak = a.peak_tflops or peak_tflops(name)
+    if peak is None:
+        print(f"peak unknown for {name!r}: MFU needs --peak-tflops; target MFU >= {TARGET_MFU:.0%}")
+        return
+    mfu = r["model_tflops"] / peak  # the strict figure: counted FLOPs would flatter it by ~11%
+    verdict = "PASS" if mfu >= TARGET_MFU else "FAIL"
+    print(f"MFU {mfu:.1%} of a {peak} TFLOP/s peak; target MFU >= {TARGET_MFU:.0%}: {verdict}")
+
+
+if __name__ == "__main__":
+    main()

@@ -10,10 +10,11 @@ pays for it on top.
 The embedded default (warm-started tiny model, synthetic arithmetic) is trained for ``--steps``
 steps with dynamic sampling on. The run's totals are printed: groups generated, groups trained on,
 the kept fraction f, generated/trained, and their ratio to 1/f ("waste"; 1.00 is the bound, and a
-short run from an empty carry pays a little extra for the groups still carried at its end). Two
-runs: the configured ``train.gen_batch``, then one sized to prompt_batch / f. Every step generates
-at least one batch (fresh samples from the current policy), so a batch larger than that leaves a
-surplus each step that the carry cap must eventually drop.
+short run from an empty carry pays a little extra for the groups still carried at its end).
+Every step generates at least one batch (fresh samples from the current policy), so a fixed batch
+larger than prompt_batch / f leaves a surplus each step that the carry cap ends up dropping. Three
+runs: fixed batches of the configured ``train.gen_batch``; fixed batches tuned by hand to
+prompt_batch / f; batches sized on the fly (``algo.size_gen_batches``, the default).
 
     python -m bench.dynamic_sampling --steps 8
 """
@@ -44,9 +45,8 @@ def measure(steps: int, overrides: list[str] | None = None) -> dict[str, float]:
         )
         for _ in range(steps):
             m = trainer.train_step().metrics
-            n_gen = m["train/num_gen_batches"] * cfg.train.gen_batch
-            generated += n_gen
-            kept += m["train/kept_group_frac"] * n_gen
+            generated += m["train/groups_generated"]
+            kept += m["train/kept_group_frac"] * m["train/groups_generated"]
             trained += m["train/groups_in_batch"]
     f = kept / generated
     return {
@@ -66,20 +66,29 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     cfg = load_params()
     print(f"dynamic sampling over {args.steps} steps of the embedded default")
-    header = ("gen_batch", "generated", "trained", "kept f", "gen/trained", "1/f", "waste")
-    widths = (10, 10, 8, 7, 12, 6, 6)
+    header = ("generation batches", "generated", "trained", "kept f", "gen/trained", "1/f", "waste")
+    widths = (26, 10, 8, 7, 12, 6, 6)
     print(" ".join(f"{h:>{w}}" for h, w in zip(header, widths, strict=True)))
-    # The configured generation batch, then one sized to prompt_batch / f: each step generates
-    # at least one batch, so a larger one leaves a surplus that the carry cap must drop.
-    gen_batch = cfg.train.gen_batch
-    for _ in range(2):
-        r = measure(args.steps, [f"train.gen_batch={gen_batch}"])
+
+    def row(label: str, overrides: list[str]) -> dict[str, float]:
+        r = measure(args.steps, overrides)
         print(
-            f"{gen_batch:10d} {r['groups_generated']:10.0f} {r['groups_trained']:8.0f} "
+            f"{label:>26} {r['groups_generated']:10.0f} {r['groups_trained']:8.0f} "
             f"{r['kept_frac']:7.2f} {r['generated_per_trained']:12.2f} {r['bound']:6.2f} "
             f"{r['waste']:6.2f}"
         )
-        gen_batch = math.ceil(cfg.train.prompt_batch / r["kept_frac"])
+        return r
+
+    fixed = cfg.train.gen_batch
+    r = row(f"fixed {fixed}", [f"train.gen_batch={fixed}", "algo.size_gen_batches=false"])
+    # A fixed batch tuned by hand to prompt_batch / f (knowing f from the run above) ...
+    tuned = math.ceil(cfg.train.prompt_batch / r["kept_frac"])
+    row(
+        f"fixed {tuned} (= prompt_batch/f)",
+        [f"train.gen_batch={tuned}", "algo.size_gen_batches=false"],
+    )
+    # ... against batches sized on the fly from the estimated f (the default), at most `fixed`.
+    row(f"sized (at most {fixed})", [f"train.gen_batch={fixed}", "algo.size_gen_batches=true"])
 
 
 if __name__ == "__main__":

@@ -152,6 +152,10 @@ class AlgoConfig:
     """Cap on generation batches per training step under dynamic sampling."""
     on_gen_cap: Literal["error", "partial"]
     """At the cap: stop with an explanation (``error``) or train on the partial batch."""
+    size_gen_batches: bool
+    """Size each generation batch to what the step still needs, from the recent kept fraction
+    (``train.gen_batch`` becomes the largest batch); off: every batch is ``gen_batch`` (beyond the
+    paper; ``dapo_core.sampling.sized_gen_batch``)."""
 
     def loss_config(self) -> LossConfig:
         """The subset of switches the policy loss reads."""

@@ -490,6 +490,7 @@ class DAPOTrainer:
             max_gen_batches=cfg.algo.max_gen_batches,
             on_gen_cap=cfg.algo.on_gen_cap,
             dynamic_sampling=cfg.algo.dynamic_sampling,
+            sized=cfg.algo.size_gen_batches,
         )
         metrics = {**self._ds_metrics(ds), **self._rollout_metrics(gen_log)}
         lr = cfg.train.lr * self.lr_at(self.step)
@@ -553,6 +554,7 @@ class DAPOTrainer:
         return {
             "train/kept_group_frac": ds.kept_group_frac,
             "train/num_gen_batches": float(ds.num_gen_batches),
+            "train/groups_generated": float(ds.groups_generated),
             "train/groups_in_batch": float(ds.groups_in_batch),
             "train/carried_groups": float(ds.carried_over),
             "train/carried_age_mean": ds.mean_age,

@@ -1,7 +1,15 @@
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
-from dapo_core.sampling import GenerationCapReached, GroupAccumulator, fill_batch, keep_groups
+from dapo_core.sampling import (
+    GenerationCapReached,
+    GroupAccumulator,
+    fill_batch,
+    keep_groups,
+    sized_gen_batch,
+)
 
 
 def test_keep_groups_on_raw_accuracy():
@@ -127,3 +135,56 @@ def test_accumulator_state_roundtrip():
     clone.load_state_dict(buf.state_dict())
     assert clone.take(5, step=5) == (["a", "b"], [2, 2])
     assert len(clone) == 0 and len(buf) == 2
+
+
+def test_sized_gen_batch_hand_computed():
+    # 64 needed at f = 0.8: (64 + 2 * sqrt(64 * 0.2)) / 0.8 = (64 + 7.155) / 0.8 = 88.9 -> 89
+    assert sized_gen_batch(64, 0.8, 200) == 89
+    assert sized_gen_batch(64, 0.8, 80) == 80  # bounded by gen_batch
+    assert sized_gen_batch(64, None, 96) == 96  # no estimate yet: the configured batch
+    assert sized_gen_batch(64, 0.0, 96) == 96  # nothing kept lately: as many as allowed
+    assert sized_gen_batch(0, 0.5, 96) == 1  # the buffer is full: one fresh prompt still
+    assert sized_gen_batch(10, 1.0, 96) == 10  # every group kept: exactly what is needed
+
+
+@given(st.integers(0, 500), st.floats(0.01, 1.0), st.integers(1, 1000))
+def test_sized_gen_batch_bounds(needed, f, gen_batch):
+    n = sized_gen_batch(needed, f, gen_batch)
+    assert 1 <= n <= gen_batch
+    if n < gen_batch:
+        assert n * f >= needed  # the expected kept count covers the need
+
+
+def test_sized_batches_follow_the_kept_fraction_and_waste_less():
+    """Half the groups are kept. Fixed batches of 12 for a batch of 4 keep 6 every step; the carry
+    cap (4) drops 2 of them each step. Sized batches generate about 4 / 0.5 plus a margin."""
+    kwargs = dict(prompt_batch=4, gen_batch=12, max_gen_batches=4, on_gen_cap="error")
+    totals = {}
+    for sized in (False, True):
+        gen = FakeGenerator(lambda i: i % 2 == 0)
+        buf = GroupAccumulator()
+        dropped = trained = 0
+        for step in range(20):
+            batch, stats = fill_batch(
+                gen, buf, step=step, dynamic_sampling=True, sized=sized, **kwargs
+            )
+            dropped += stats.dropped
+            trained += len(batch)
+        totals[sized] = (gen.next, trained, dropped)
+        if sized:
+            assert gen.calls[0] == 12 and max(gen.calls[1:]) < 12  # the first batch has no estimate
+            assert buf.kept_frac == pytest.approx(0.5, abs=0.05)
+    assert totals[False][1] == totals[True][1] == 80  # both train full batches
+    assert totals[False][2] > 0 and totals[True][2] == 0
+    assert totals[True][0] < 0.75 * totals[False][0]  # generated
+
+
+def test_accumulator_state_keeps_the_kept_fraction():
+    buf = GroupAccumulator()
+    buf.observe(3, 4)
+    clone = GroupAccumulator()
+    clone.load_state_dict(buf.state_dict())
+    assert clone.kept_frac == 0.75
+    old = {"groups": []}  # a checkpoint written before the estimate existed
+    clone.load_state_dict(old)
+    assert clone.kept_frac is None

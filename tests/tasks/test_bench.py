@@ -18,9 +18,16 @@ def test_generation_sides_produce_the_same_number_of_tokens(tiny_cfg):
 
 
 @pytest.mark.slow
-def test_dynamic_sampling_waste_accounting():
-    r = dynamic_sampling.measure(2, ["train.prompt_batch=16", "train.gen_batch=24"])
-    assert r["groups_generated"] % 24 == 0 and r["groups_generated"] >= 2 * 24  # whole batches
+@pytest.mark.parametrize("sized", [False, True])
+def test_dynamic_sampling_waste_accounting(sized):
+    overrides = [
+        "train.prompt_batch=16",
+        "train.gen_batch=24",
+        f"algo.size_gen_batches={str(sized).lower()}",
+    ]
+    r = dynamic_sampling.measure(2, overrides)
+    if not sized:
+        assert r["groups_generated"] % 24 == 0 and r["groups_generated"] >= 2 * 24  # whole batches
     assert r["groups_trained"] <= 2 * 16
     # From an empty carry nothing is trained that was not kept: waste >= 1 (1 is the bound).
     assert r["waste"] >= 1.0 - 1e-9

@@ -1,0 +1,47 @@
+"""The hand-written RMSNorm backward against transformers' module, value for value."""
+
+import pytest
+import torch
+from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+from tasks.kernels import install_rms_norm
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_matches_transformers(dtype):
+    torch.manual_seed(0)
+    ref = Qwen2RMSNorm(48, eps=1e-6).to(dtype)
+    with torch.no_grad():
+        ref.weight.copy_(torch.randn(48))
+    fast = Qwen2RMSNorm(48, eps=1e-6).to(dtype)
+    fast.load_state_dict(ref.state_dict())
+    holder = torch.nn.Sequential(fast)
+    assert install_rms_norm(holder) == 1
+
+    x = torch.randn(3, 5, 48, dtype=dtype) * 3
+    grad = torch.randn(3, 5, 48, dtype=dtype)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = ref(xa), fast(xb)
+    ya.backward(grad)
+    yb.backward(grad)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(yb, ya, **tol)
+    torch.testing.assert_close(xb.grad, xa.grad, **tol)
+    torch.testing.assert_close(fast.weight.grad, ref.weight.grad, **tol)
+    assert yb.dtype == ya.dtype and xb.grad.dtype == dtype
+
+
+def test_only_known_norm_classes_are_changed():
+    class OtherRMSNorm(torch.nn.Module):  # e.g. Gemma's (1 + weight) scaling
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(4))
+            self.variance_epsilon = 1e-6
+
+        def forward(self, x):
+            return x * (1 + self.weight)
+
+    model = torch.nn.Sequential(OtherRMSNorm(), Qwen2RMSNorm(4))
+    assert install_rms_norm(model) == 1
+    x = torch.ones(2, 4)
+    assert torch.equal(model[0](x), x)  # untouched

@@ -3,13 +3,14 @@
 Both sides train the same policy on the same rollouts (P prompts x G samples of up to L tokens),
 with the same loss (``dapo_core.loss.policy_loss``, token-level, global normalizer):
 
-- ours: length-sorted micro-batches under a token budget, only response positions projected onto
-  the vocabulary (chunked), zero-advantage samples skipped;
+- ours: micro-batches under a token budget, each distinct prompt forwarded once and shared by its
+  samples, only response positions projected onto the vocabulary (chunked), zero-advantage
+  samples skipped, RMSNorm with a hand-written backward;
 - naive: the whole batch padded to its longest sequence, full (B, T, V) logits and log-softmax,
   every sample through forward and backward.
 
 Runs are interleaved (ours, naive, ours, ...), the first of each dropped as warm-up; medians and the
-ratio are printed. Generation is timed separately (tokens/s of the HF backend).
+ratio are printed. (Generation throughput: ``python -m bench.generation``.)
 
     python -m bench.train_step --shapes 16x8x16 8x8x64 --repeats 7
 """
@@ -59,8 +60,7 @@ def rollouts(trainer: DAPOTrainer, P: int, L: int) -> list[Group]:
     # Mixed correctness, like a batch after dynamic sampling.
     for i, g in enumerate(groups):
         g.acc = [(i + j) % 2 == 0 for j in range(len(g.acc))]
-    tokens = sum(log["lengths"])
-    return groups, tokens / log["gen_time"]
+    return groups
 
 
 def bench_shape(cfg_base, P: int, G: int, L: int, repeats: int) -> dict[str, float]:
@@ -79,7 +79,7 @@ def bench_shape(cfg_base, P: int, G: int, L: int, repeats: int) -> dict[str, flo
         gen = HFGenerator(model, tok, cfg.rollout.max_prompt_len)
         trainer = DAPOTrainer(cfg, model, tok, gen, training_problems(cfg), Path(d))
         torch.manual_seed(0)
-        groups, gen_tps = rollouts(trainer, P, L)
+        groups = rollouts(trainer, P, L)
         samples, _ = trainer._samples(groups)
         ours, naive = [], []
         for _ in range(repeats + 1):
@@ -94,7 +94,6 @@ def bench_shape(cfg_base, P: int, G: int, L: int, repeats: int) -> dict[str, flo
         "ours_s": ours_med,
         "naive_s": naive_med,
         "ratio": ours_med / naive_med,
-        "gen_tps": gen_tps,
     }
 
 
@@ -107,14 +106,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     base = [f"train.cpu_threads={args.threads}"]
     print(f"torch {torch.__version__}, {args.threads} thread(s); medians of {args.repeats} updates")
-    print(f"{'shape PxGxL':>12} {'ours s':>8} {'naive s':>8} {'ratio':>6} {'gen tok/s':>10}")
+    print(f"{'shape PxGxL':>12} {'ours s':>8} {'naive s':>8} {'ratio':>6}")
     for shape in args.shapes:
         P, G, L = (int(x) for x in shape.split("x"))
         r = bench_shape(base, P, G, L, args.repeats)
-        print(
-            f"{shape:>12} {r['ours_s']:8.3f} {r['naive_s']:8.3f} {r['ratio']:6.2f} "
-            f"{r['gen_tps']:10.0f}"
-        )
+        print(f"{shape:>12} {r['ours_s']:8.3f} {r['naive_s']:8.3f} {r['ratio']:6.2f}")
 
 
 if __name__ == "__main__":

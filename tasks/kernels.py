@@ -1,4 +1,13 @@
-"""RMSNorm with a hand-written backward, installed on the policy's norm modules for training.
+"""Two drop-in speed-ups for the policy in training, same arithmetic as transformers.
+
+1. RMSNorm with a hand-written backward, installed on the model's norm modules.
+2. On CPU, SDPA attention with grouped-query heads broadcast by the kernel (``enable_gqa``)
+   instead of copied. transformers copies them whenever there is a mask, because CUDA kernels
+   fall back to the slow path with both. The CPU flash kernel does not: forward plus backward at
+   our training shapes took 19.5 ms instead of 25.7 ms (64 x 63 queries over 81 keys) and 5.2 ms
+   instead of 10.3 ms (128 x 15 over 33).
+
+RMSNorm details:
 
 transformers' RMSNorm is written as six tensor operations, and autograd differentiates each one:
 about a dozen operations in backward, with the intermediates saved. The closed-form gradient
@@ -16,6 +25,7 @@ from __future__ import annotations
 import types
 
 import torch
+import torch.nn.functional as F
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -58,3 +68,39 @@ def install_rms_norm(model) -> int:
             module.forward = types.MethodType(_forward, module)
             changed += 1
     return changed
+
+
+CPU_SDPA = "dapo_cpu_sdpa"
+
+
+def _cpu_sdpa_attention(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs
+):
+    """transformers' SDPA attention contract ((B, heads, q, d) in, (B, q, heads, d) out), with
+    grouped-query heads broadcast by the kernel rather than repeated."""
+    causal = module.is_causal if is_causal is None else is_causal
+    out = F.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=query.shape[2] > 1 and attention_mask is None and causal,
+        enable_gqa=key.shape[1] != query.shape[1],
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_cpu_sdpa(model) -> bool:
+    """Switch a CPU model on SDPA to :func:`_cpu_sdpa_attention` (masks are built as for SDPA);
+    True when switched."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    if model.device.type != "cpu" or model.config._attn_implementation != "sdpa":
+        return False
+    AttentionInterface.register(CPU_SDPA, _cpu_sdpa_attention)
+    AttentionMaskInterface.register(CPU_SDPA, sdpa_mask)
+    model.set_attn_implementation(CPU_SDPA)
+    return True

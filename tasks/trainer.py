@@ -53,7 +53,7 @@ from tasks.distributed import (
     barrier,
     init_distributed,
 )
-from tasks.kernels import install_rms_norm
+from tasks.kernels import install_rms_norm, use_cpu_sdpa
 from tasks.models import chat_prompt
 from tasks.rollout import Generator
 
@@ -227,6 +227,7 @@ class DAPOTrainer:
         # From the config: under ZeRO-3 a weight's shape is empty outside a gather.
         self.vocab_size = model.config.vocab_size
         install_rms_norm(model)  # same arithmetic, half the backward cost (tasks/kernels.py)
+        use_cpu_sdpa(model)  # grouped-query attention without copied heads, on CPU
         # Everything alive now (libraries, the model) lives as long as the run: keep it out of
         # the cyclic garbage collector, whose full passes over it took 0.27 s (most of a step).
         gc.freeze()

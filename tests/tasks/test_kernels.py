@@ -45,3 +45,29 @@ def test_only_known_norm_classes_are_changed():
     assert install_rms_norm(model) == 1
     x = torch.ones(2, 4)
     assert torch.equal(model[0](x), x)  # untouched
+
+
+def test_cpu_sdpa_matches_transformers_sdpa(tiny_cfg):
+    """Grouped-query attention broadcast by the kernel: same logits and gradients as transformers'
+    SDPA path (which repeats the key/value heads), with left padding and without a mask."""
+    from tasks.kernels import CPU_SDPA, use_cpu_sdpa
+    from tasks.models import load_policy, resolve_model_path
+
+    path = resolve_model_path(tiny_cfg)
+    ref, _ = load_policy(path, "float32")
+    fast, _ = load_policy(path, "float32")
+    assert ref.config.num_key_value_heads < ref.config.num_attention_heads  # really grouped
+    assert use_cpu_sdpa(fast) and fast.config._attn_implementation == CPU_SDPA
+    torch.manual_seed(0)
+    ids = torch.randint(3, 300, (3, 12))
+    attn = torch.ones_like(ids)
+    attn[0, :4] = 0
+    for mask in (attn, None):
+        a = ref(input_ids=ids, attention_mask=mask).logits
+        b = fast(input_ids=ids, attention_mask=mask).logits
+        real = attn.bool() if mask is not None else torch.ones_like(attn, dtype=torch.bool)
+        torch.testing.assert_close(b[real], a[real], rtol=1e-5, atol=1e-5)
+        a[real].sum().backward()
+        b[real].sum().backward()
+    for pa, pb in zip(ref.parameters(), fast.parameters(), strict=True):
+        torch.testing.assert_close(pb.grad, pa.grad, rtol=1e-4, atol=1e-5)

@@ -156,8 +156,24 @@ class OptimizerEngine:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
+    @property
+    def partitioned(self) -> bool:
+        """ZeRO-3: each rank holds a partition of the parameters."""
+        return self.ds is not None and self.ds.zero_optimization_stage() >= 3
+
     def state_dict(self) -> dict[str, Any]:
+        """This rank's optimizer state (its ZeRO partition; under ZeRO-3 with its fp32 weights)."""
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state)
+        if self.ds is None:
+            self.optimizer.load_state_dict(state)
+            return
+        # A ZeRO optimizer reads entry [rank] of a per-rank list (same world size as when saved).
+        # Its fp32 master partitions come from the checkpoint, not from the (possibly bf16)
+        # weights; under ZeRO-3 the partitioned parameters are restored from them too, and the
+        # small ones kept whole on every rank are re-gathered, as DeepSpeedEngine.load_checkpoint
+        # does.
+        self.optimizer.load_state_dict([state] * self.world, load_from_fp32_weights=True)
+        if self.partitioned:
+            self.optimizer.checkpoint_event_epilogue()

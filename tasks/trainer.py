@@ -610,23 +610,21 @@ class DAPOTrainer:
     def load_checkpoint(self, ckpt: Path) -> None:
         from safetensors.torch import load_file
 
-        weights = {}
-        for f in sorted((ckpt / "model").glob("*.safetensors")):
-            weights.update(load_file(f))
-        missing, unexpected = self.model.load_state_dict(weights, strict=False)
-        # Tied embeddings are saved once; anything else missing means a different model.
-        if unexpected or any("lm_head" not in k for k in missing):
-            raise RuntimeError(f"checkpoint {ckpt} does not match the model ({missing[:3]})")
-        if self.engine.ds is not None and self.engine.ds.zero_optimization_stage() >= 3:
-            raise PipelineError(
-                "resuming under ZeRO-3 is not supported yet (parameters are partitioned); "
-                "resume with -S train.zero_stage=2, or start a new run"
-            )
         state = torch.load(ckpt / "trainer.pt", weights_only=False)
         if state["world"] != self.world:
             raise RuntimeError(
                 f"{ckpt} was written by {state['world']} rank(s); resume it with as many"
             )
+        # Under ZeRO-3 each rank's optimizer state holds its partition of the fp32 weights, and
+        # loading it restores the (partitioned) parameters; otherwise the weights load here.
+        if not self.engine.partitioned:
+            weights = {}
+            for f in sorted((ckpt / "model").glob("*.safetensors")):
+                weights.update(load_file(f))
+            missing, unexpected = self.model.load_state_dict(weights, strict=False)
+            # Tied embeddings are saved once; anything else missing means a different model.
+            if unexpected or any("lm_head" not in k for k in missing):
+                raise RuntimeError(f"checkpoint {ckpt} does not match the model ({missing[:3]})")
         self.step, self.bad_steps = state["step"], state["bad_steps"]
         optim = torch.load(ckpt / f"optimizer_rank{self.rank}.pt", weights_only=False)
         self.engine.load_state_dict(optim)

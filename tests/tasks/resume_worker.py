@@ -1,0 +1,24 @@
+"""Train 4 steps straight, then 2 steps, stop, and resume for the last 2; under torchrun.
+
+Used by test_distributed.py: a resumed multi-rank run (ZeRO-2 or ZeRO-3) must reproduce the
+uninterrupted one. Each run writes its run directory (metrics.jsonl, final/) as usual.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+from dapo_core.config import resolve
+from tasks.train import run_training
+
+
+def main(params_json: str, out: str) -> None:
+    cfg = resolve(json.loads(Path(params_json).read_text()))
+    root = Path(out)
+    run_training(cfg, root / "full", progress=False)
+    run_training(cfg, root / "cut", progress=False, max_steps=2)
+    run_training(cfg, root / "cut", resume=True, progress=False)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -120,12 +120,22 @@ def train(
         Path | None,
         typer.Option(help="Continue the run in this directory from its last checkpoint."),
     ] = None,
+    track: Annotated[
+        bool,
+        typer.Option(
+            "--track/--no-track",
+            help="Log the run to MLflow (one process; under a multi-rank launcher the run writes "
+            "metrics.jsonl only: use `dapo pipeline` for a tracked multi-GPU run).",
+        ),
+    ] = True,
 ) -> None:
     """Train the policy with DAPO (or a Table 1 variant) on the configured data."""
     import time
 
+    from tasks.distributed import env_world_size
     from tasks.params import repo_path
     from tasks.train import run_training
+    from tasks.trainer import list_checkpoints
 
     if resume is not None:
         if not (resume / "config.json").exists():
@@ -135,6 +145,25 @@ def train(
     else:
         cfg = _load(params, config, set_, variant)
         out = run_dir or repo_path(cfg.train.out_dir) / time.strftime("train-%Y%m%d-%H%M%S")
+        if list_checkpoints(out):
+            raise FileExistsError(
+                f"{out} already holds a run: continue it with --resume {out}, or pick another "
+                "--run-dir"
+            )
+    if track and env_world_size() == 1:
+        from flows.steps import train_task
+
+        # The flows' train step as a plain call (no Prefect server): validation every
+        # eval.every_n_steps, per-step metrics, plots and samples in an MLflow run.
+        summary = train_task.fn(cfg, str(out), kind="train", run_name=out.name, variant=variant)
+        last = summary.last_metrics
+        console.print(
+            f"[green]done[/]: {summary.steps} steps in {summary.wall_time_s:.0f}s, "
+            f"last sampled accuracy {last.get('train/acc_mean', float('nan')):.3f}; "
+            f"model in {summary.model_path}; MLflow run {summary.mlflow_run_id} "
+            "(browse with `dapo ui`)"
+        )
+        return
     result = run_training(cfg, out, resume=resume is not None)
     if not result.history:  # ranks > 0 under the deepspeed launcher: rank 0 reports
         return
@@ -162,6 +191,9 @@ def evaluate(
     params: ParamsOpt = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
+    track: Annotated[
+        bool, typer.Option("--track/--no-track", help="Log the evaluation to MLflow.")
+    ] = True,
 ) -> None:
     """Evaluate a model: avg@n, pass@k, maj@n and a 95% CI over problems (paper: AIME avg@32)."""
     from rich.table import Table
@@ -169,7 +201,17 @@ def evaluate(
     from tasks.evaluate import evaluate_model
 
     cfg = _load(params, config, set_)
-    name, result = evaluate_model(cfg, model, eval_set)
+    run_note = ""
+    if track:
+        from flows.steps import evaluate_task
+
+        # The flows' evaluate step as a plain call: metrics, per-problem table and samples in a
+        # new MLflow run.
+        summary = evaluate_task.fn(cfg, model, eval_set, kind="evaluate")
+        name, result = summary.eval_set, summary
+        run_note = f"; MLflow run {summary.mlflow_run_id}"
+    else:
+        name, result = evaluate_model(cfg, model, eval_set)
     table = Table(
         title=f"{name}: {len(result.per_problem)} problems x {cfg.eval.n_samples} samples"
     )
@@ -182,7 +224,9 @@ def evaluate(
         out.mkdir(parents=True, exist_ok=True)
         (out / "metrics.json").write_text(json.dumps(result.metrics, indent=2))
         result.per_problem.to_csv(out / "per_problem.csv", index=False)
-        console.print(f"wrote {out / 'metrics.json'} and {out / 'per_problem.csv'}")
+        console.print(f"wrote {out / 'metrics.json'} and {out / 'per_problem.csv'}{run_note}")
+    elif run_note:
+        console.print(run_note.lstrip("; "))
 
 
 @app.command("curate")

@@ -104,7 +104,7 @@ def run_training(
     model_path = resolve_model_path(cfg)
     model, tokenizer = load_policy(model_path, "float32", device)
     if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        model.activation_checkpointing_enable()
     metrics_path = run_dir / "metrics.jsonl"
     jsonl = JsonlSink(metrics_path, sink)
     trainer = DAPOTrainer(

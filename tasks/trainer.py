@@ -336,54 +336,19 @@ class DAPOTrainer:
     def _forward_logprobs(
         self, batch: list[Sample]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(b, R) response log-probs (differentiable), (b, R) entropies, (b, R) response mask.
-
-        Each distinct prompt runs once (left-padded); its keys and values are gathered for every
-        sample that shares it and the responses (right-padded) attend to them. With G samples per
-        prompt the prompt costs 1/G of a whole-sequence forward, and autograd sums its gradient
-        over the G responses. Positions match an unpadded whole-sequence forward exactly.
-        """
+        """(b, R) response log-probs (differentiable), (b, R) entropies, (b, R) response mask."""
         pad, dev = self.tokenizer.pad_token_id, self.device
-        distinct: dict[tuple[int, ...], int] = {}
-        owner = [
-            distinct.setdefault(tuple(s.input_ids[: s.prompt_len]), len(distinct)) for s in batch
-        ]
-        width = max(len(p) for p in distinct)
-        prompt_ids = torch.tensor(
-            [[pad] * (width - len(p)) + list(p) for p in distinct], device=dev
-        )
-        prompt_attn = torch.tensor(
-            [[0] * (width - len(p)) + [1] * len(p) for p in distinct], device=dev
-        )
         responses = [s.input_ids[s.prompt_len :] for s in batch]
         resp_lens = torch.tensor([len(r) for r in responses], device=dev)
         R = int(resp_lens.max())
         resp_ids = torch.tensor([r + [pad] * (R - len(r)) for r in responses], device=dev)
         mask = torch.arange(R, device=dev)[None, :] < resp_lens[:, None]  # (b, R)
-        sel = torch.tensor(owner, device=dev)
         self.engine.before_forward()
-        decoder = self.model.get_decoder()
         with torch.autocast(dev.type, torch.bfloat16, enabled=self.autocast):
-            prefix = decoder(
-                input_ids=prompt_ids,
-                attention_mask=prompt_attn,
-                position_ids=(prompt_attn.cumsum(-1) - 1).clamp(min=0),  # real tokens from 0
-                use_cache=True,
-            )
-            # Response token j is predicted by the state before it: the prompt's last one for
-            # j = 0. The last response token predicts nothing, so it is not fed in.
-            states = prefix.last_hidden_state[sel, -1:]  # (b, 1, H)
-            if R > 1:
-                cache = prefix.past_key_values
-                cache.batch_select_indices(sel)  # differentiable gather: one copy per sample
-                hidden = decoder(
-                    input_ids=resp_ids[:, :-1],
-                    attention_mask=torch.cat([prompt_attn[sel], mask[:, :-1].long()], dim=1),
-                    position_ids=prompt_attn.sum(-1)[sel, None] + torch.arange(R - 1, device=dev),
-                    past_key_values=cache,
-                    use_cache=True,
-                ).last_hidden_state  # (b, R - 1, H)
-                states = torch.cat([states, hidden], dim=1)  # (b, R, H)
+            if self.model.is_activation_checkpointing:  # transformers then drops the KV cache
+                states = self._whole_sequence_states(batch, R)
+            else:
+                states = self._shared_prompt_states(batch, resp_ids, mask)
         rows, cols = mask.nonzero(as_tuple=True)
         logp_flat, ent_flat = token_logprobs(
             states[rows, cols],
@@ -397,6 +362,70 @@ class DAPOTrainer:
         ent = torch.zeros(len(batch), R, device=dev)
         ent[rows, cols] = ent_flat
         return logp, ent, mask.float()
+
+    def _shared_prompt_states(
+        self, batch: list[Sample], resp_ids: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """(b, R, H) hidden states that predict each response token.
+
+        Each distinct prompt runs once (left-padded); its keys and values are gathered for every
+        sample that shares it and the responses (right-padded) attend to them. With G samples per
+        prompt the prompt costs 1/G of a whole-sequence forward, and autograd sums its gradient
+        over the G responses. Positions match an unpadded whole-sequence forward exactly.
+        """
+        pad, dev, decoder = self.tokenizer.pad_token_id, self.device, self.model.get_decoder()
+        distinct: dict[tuple[int, ...], int] = {}
+        owner = [
+            distinct.setdefault(tuple(s.input_ids[: s.prompt_len]), len(distinct)) for s in batch
+        ]
+        width = max(len(p) for p in distinct)
+        prompt_ids = torch.tensor(
+            [[pad] * (width - len(p)) + list(p) for p in distinct], device=dev
+        )
+        prompt_attn = torch.tensor(
+            [[0] * (width - len(p)) + [1] * len(p) for p in distinct], device=dev
+        )
+        sel = torch.tensor(owner, device=dev)
+        prefix = decoder(
+            input_ids=prompt_ids,
+            attention_mask=prompt_attn,
+            position_ids=(prompt_attn.cumsum(-1) - 1).clamp(min=0),  # real tokens from 0
+            use_cache=True,
+        )
+        # Response token j is predicted by the state before it: the prompt's last one for j = 0.
+        # The last response token predicts nothing, so it is not fed in.
+        states = prefix.last_hidden_state[sel, -1:]  # (b, 1, H)
+        R = resp_ids.shape[1]
+        if R == 1:
+            return states
+        cache = prefix.past_key_values
+        cache.batch_select_indices(sel)  # differentiable gather: one copy per sample
+        hidden = decoder(
+            input_ids=resp_ids[:, :-1],
+            attention_mask=torch.cat([prompt_attn[sel], mask[:, :-1].long()], dim=1),
+            position_ids=prompt_attn.sum(-1)[sel, None] + torch.arange(R - 1, device=dev),
+            past_key_values=cache,
+            use_cache=True,
+        ).last_hidden_state  # (b, R - 1, H)
+        return torch.cat([states, hidden], dim=1)
+
+    def _whole_sequence_states(self, batch: list[Sample], R: int) -> torch.Tensor:
+        """(b, R, H) hidden states that predict each response token, each sample run whole
+        (prompt + response, right-padded). Used under gradient checkpointing: transformers drops
+        the KV cache then, and the shared-prompt forward needs it."""
+        pad, dev = self.tokenizer.pad_token_id, self.device
+        width = max(len(s.input_ids) for s in batch)
+        ids = torch.tensor([s.input_ids + [pad] * (width - len(s.input_ids)) for s in batch])
+        attn = torch.tensor(
+            [[1] * len(s.input_ids) + [0] * (width - len(s.input_ids)) for s in batch]
+        )
+        hidden = self.model.get_decoder()(
+            input_ids=ids.to(dev), attention_mask=attn.to(dev)
+        ).last_hidden_state  # (b, width, H)
+        # Response token j of sample i is predicted by the state at prompt_len_i - 1 + j.
+        starts = torch.tensor([s.prompt_len - 1 for s in batch], device=dev)
+        where = (starts[:, None] + torch.arange(R, device=dev)).clamp(max=width - 1)  # (b, R)
+        return hidden.gather(1, where[..., None].expand(-1, -1, hidden.shape[-1]))
 
     def _my_micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
         """This rank's shard of the samples that carry loss, packed into micro-batches; padded with

@@ -95,13 +95,17 @@ def test_sample_next_follows_the_nucleus_distribution():
         torch.testing.assert_close(logp, probs.log()[tokens])
 
 
-def test_shared_prompt_forward_equals_whole_sequences(tiny_cfg, tmp_path):
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["shared-prompt", "checkpointed"])
+def test_shared_prompt_forward_equals_whole_sequences(tiny_cfg, tmp_path, checkpointing):
     """The trainer runs each distinct prompt once and lets its samples attend to the shared keys
-    and values; log-probs and gradients equal those of every sample run whole on its own."""
+    and values; log-probs and gradients equal those of every sample run whole on its own. Under
+    gradient checkpointing (no KV cache in transformers) it runs whole sequences: same values."""
     from tasks.train import training_problems
     from tasks.trainer import DAPOTrainer, Sample
 
     model, tok = load_policy(resolve_model_path(tiny_cfg), "float32")
+    if checkpointing:
+        model.activation_checkpointing_enable()
     trainer = DAPOTrainer(tiny_cfg, model, tok, None, training_problems(tiny_cfg), tmp_path)
     T = tiny_cfg.rollout.temperature
     short = tok(chat_prompt(tok, "Compute 1 + 2."))["input_ids"]

@@ -122,6 +122,8 @@ class RolloutConfig:
     """Prompts longer than this many tokens are truncated (and counted)."""
     max_response_len: int
     """L_max: maximum response length in tokens (paper: 20480); longer responses are truncated."""
+    vllm_gpu_memory: float
+    """Fraction of GPU memory vLLM may take when it shares the GPU with training (backend vllm)."""
 
 
 @dataclass(frozen=True)
@@ -494,6 +496,7 @@ def _check_values(cfg: Config, source: str) -> None:
     need(a.max_gen_batches >= 1, "algo.max_gen_batches must be >= 1")
     need(r.group_size >= 2, "rollout.group_size must be >= 2 (advantages need a group)")
     need(0 < r.top_p <= 1, "rollout.top_p must be in (0, 1]")
+    need(0 < r.vllm_gpu_memory <= 1, "rollout.vllm_gpu_memory must be in (0, 1]")
     need(r.temperature > 0, "rollout.temperature must be > 0")
     need(t.prompt_batch >= 1 and t.gen_batch >= 1, "train.prompt_batch, gen_batch must be >= 1")
     need(t.mini_batch >= 1, "train.mini_batch must be >= 1")

@@ -13,6 +13,7 @@ ended with EOS (else it was truncated at max length), and the decoded text.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -236,10 +237,24 @@ class HFGenerator:
 
 
 class VLLMGenerator:
-    """vLLM sampling (GPU, optional extra ``gpu``); the trainer's weights are loaded before each
-    rollout so samples come from the current policy."""
+    """vLLM sampling (GPU, optional extra ``gpu``), colocated with training on the same GPU.
 
-    def __init__(self, model_path: str, tokenizer, max_prompt_len: int, max_model_len: int):
+    The trainer's weights are loaded into the engine before each rollout and the prefix cache is
+    reset (its keys and values were computed with the old weights), so samples come from the
+    current policy. The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
+    so its model can be updated in place, parameter by parameter, as TRL's colocate mode does.
+    vLLM takes ``gpu_memory`` of the GPU and leaves the rest to training.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer,
+        max_prompt_len: int,
+        max_model_len: int,
+        gpu_memory: float = 0.3,
+    ):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         try:
             from vllm import LLM
         except ImportError:
@@ -247,24 +262,38 @@ class VLLMGenerator:
                 "rollout.backend=vllm needs vLLM: pip install -e '.[gpu]' on a CUDA machine, "
                 "or use rollout.backend=hf"
             ) from None
-        self.llm = LLM(model=model_path, max_model_len=max_model_len, enable_prefix_caching=True)
+        self.llm = LLM(
+            model=model_path,
+            max_model_len=max_model_len,
+            enable_prefix_caching=True,
+            gpu_memory_utilization=gpu_memory,
+        )
         self.tokenizer = tokenizer
         self.max_prompt_len = max_prompt_len
 
-    def sync_weights(self, model) -> None:
-        """Load the trainer's current parameters into the vLLM engine."""
-        worker_model = (
-            self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model  # vLLM V0
-            if hasattr(self.llm.llm_engine, "model_executor")
-            else None
+    def _engine_model(self):
+        """The engine's model when its worker lives in this process (vLLM V1 in-process, V0)."""
+        worker = getattr(
+            getattr(self.llm.llm_engine, "model_executor", None), "driver_worker", None
         )
-        if worker_model is not None:
-            worker_model.load_weights(model.state_dict().items())
-        else:  # vLLM V1: collective RPC into the workers
+        for runner_owner in (worker, getattr(worker, "worker", None)):
+            runner = getattr(runner_owner, "model_runner", None)
+            if runner is not None and hasattr(runner, "model"):
+                return runner.model
+        return None
+
+    def sync_weights(self, model) -> None:
+        """Load the trainer's current parameters into the engine, then drop its prefix cache."""
+        target = self._engine_model()
+        if target is not None:
+            for name, param in model.named_parameters():
+                target.load_weights([(name, param.detach())])
+        else:  # the engine runs in other processes: send the weights over its RPC
             state = {k: v.detach() for k, v in model.state_dict().items()}
             self.llm.collective_rpc(
                 lambda self_: self_.model_runner.model.load_weights(state.items())
             )
+        self.llm.reset_prefix_cache()
 
     def generate(
         self, prompts: list[str], n: int, temperature: float, top_p: float, max_new_tokens: int

@@ -53,6 +53,7 @@ def make_generator(cfg: Config, model, tokenizer, model_path: str):
             tokenizer,
             cfg.rollout.max_prompt_len,
             cfg.rollout.max_prompt_len + cfg.rollout.max_response_len,
+            gpu_memory=cfg.rollout.vllm_gpu_memory,
         )
     return HFGenerator(model, tokenizer, cfg.rollout.max_prompt_len)
 

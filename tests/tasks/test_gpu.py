@@ -1,4 +1,5 @@
-"""GPU paths (bf16 training, the vLLM backend): skipped cleanly where CUDA or vLLM is absent."""
+"""GPU paths (bf16 training, the vLLM backend): skipped cleanly where CUDA or vLLM is absent; the
+vLLM weight-sync logic runs everywhere against a stand-in engine."""
 
 import pytest
 import torch
@@ -46,3 +47,36 @@ def test_vllm_backend_without_vllm_is_a_clear_error(tiny_cfg):
             VLLMGenerator("x", None, 8, 16)
     else:
         pytest.skip("vllm is installed")
+
+
+@pytest.mark.parametrize("layout", ["v1-in-process", "v0"])
+def test_vllm_weight_sync_loads_every_parameter_then_resets_the_prefix_cache(tiny_cfg, layout):
+    """The sync logic against a stand-in engine (no vLLM here): every trainer parameter is loaded
+    into the engine's model under its transformers name, and only then is the prefix cache,
+    computed with the old weights, dropped."""
+    from types import SimpleNamespace
+
+    from tasks.models import load_policy, resolve_model_path
+    from tasks.rollout import VLLMGenerator
+
+    events = []
+
+    class EngineModel:
+        def load_weights(self, weights):
+            events.extend(("load", name, tensor.clone()) for name, tensor in weights)
+
+    runner = SimpleNamespace(model_runner=SimpleNamespace(model=EngineModel()))
+    worker = runner if layout == "v1-in-process" else SimpleNamespace(worker=runner)
+    gen = VLLMGenerator.__new__(VLLMGenerator)  # skip building a real engine
+    gen.llm = SimpleNamespace(
+        llm_engine=SimpleNamespace(model_executor=SimpleNamespace(driver_worker=worker)),
+        reset_prefix_cache=lambda: events.append(("reset",)),
+    )
+    model, _ = load_policy(resolve_model_path(tiny_cfg), "float32")
+    gen.sync_weights(model)
+    params = dict(model.named_parameters())
+    loads = [e for e in events if e[0] == "load"]
+    assert [name for _, name, _ in loads] == list(params)
+    for _, name, tensor in loads:
+        assert torch.equal(tensor, params[name].detach())
+    assert events[-1] == ("reset",) and events.count(("reset",)) == 1

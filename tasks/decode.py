@@ -31,11 +31,6 @@ SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3")  # frequencies independent of sequence length
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def _rope_type(cfg) -> str:
     params = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
     return params.get("rope_type", params.get("type", "default"))
@@ -71,12 +66,17 @@ class LeanDecoder:
         for kb, vb, k, v in zip(self.k_buf, self.v_buf, keys, values, strict=True):
             kb[:, :, : self.length] = k
             vb[:, :, : self.length] = v
-        # Additive mask, broadcast over (kv head, query head in the group).
-        bias = torch.zeros_like(attention_mask, dtype=torch.float32)
-        self.mask_bias = bias.masked_fill(attention_mask == 0, float("-inf"))[:, None, None, :]
+        # Additive mask, broadcast over (kv head, query head in the group); none without padding.
+        self.mask_bias = None
+        if not bool(attention_mask.all()):
+            bias = torch.zeros_like(attention_mask, dtype=torch.float32)
+            self.mask_bias = bias.masked_fill(attention_mask == 0, float("-inf"))[:, None, None]
         probe = self.decoder.embed_tokens.weight[:1, None]  # dtype and device of the states
         positions = torch.arange(capacity, device=probe.device)[None]
-        self.cos, self.sin = self.decoder.rotary_emb(probe, positions)  # (1, capacity, d)
+        self.cos, sin = self.decoder.rotary_emb(probe, positions)  # (1, capacity, d)
+        # rotate_half(x) * sin == roll(x, d/2) * [-sin_1, sin_2]: one roll instead of three ops.
+        half = self.head_dim // 2
+        self.sin_signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
         self.fused = probe.device.type in self.FUSED_DEVICES
         if self.fused:
             self.qkv = [self._fuse_qkv(layer.self_attn) for layer in self.decoder.layers]
@@ -144,12 +144,15 @@ class LeanDecoder:
         group = self.n_heads // self.n_kv
         qkv = self._qkv(i, layer, h)
         # Queries laid out (B, kv head, query heads of that group, d); rotary on q and k at once.
-        qk = qkv[:, :, : group + 1] * cos + _rotate_half(qkv[:, :, : group + 1]) * sin
+        qk = qkv[:, :, : group + 1]
+        qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
         q, k, v = qk[:, :, :group], qk[:, :, group:], qkv[:, :, group + 1 :]
         self.k_buf[i][:, :, self.length : T] = k
         self.v_buf[i][:, :, self.length : T] = v
         scores = q @ self.k_buf[i][:, :, :T].transpose(-1, -2) * attn.scaling  # (B, kv, g, T)
-        weights = (scores + self.mask_bias[..., :T]).softmax(dim=-1, dtype=torch.float32)
+        if self.mask_bias is not None:
+            scores = scores + self.mask_bias[..., :T]
+        weights = scores.softmax(dim=-1, dtype=torch.float32)
         out = weights.to(q.dtype) @ self.v_buf[i][:, :, :T]  # (B, kv, g, d)
         return attn.o_proj(out.reshape(B, 1, self.n_heads * d))
 
@@ -158,7 +161,7 @@ class LeanDecoder:
         d = self.decoder
         x = d.embed_tokens(tokens[:, None])  # (B, 1, H)
         cos = self.cos[0, positions][:, :, None]  # (B, 1, 1, d): broadcast over heads
-        sin = self.sin[0, positions][:, :, None]
+        sin = self.sin_signed[0, positions][:, :, None]
         for i, layer in enumerate(d.layers):
             x = x + self._attention(i, layer, self._norm(layer.input_layernorm, x), cos, sin)
             x = x + self._mlp(i, layer, self._norm(layer.post_attention_layernorm, x))

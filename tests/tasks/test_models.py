@@ -66,13 +66,15 @@ def test_sampling_logprobs_equal_the_trainers_forward(tiny_cfg, tmp_path, decode
     gen = HFGenerator(model, tok, max_prompt_len=64, lean=lean)
     trainer = DAPOTrainer(cfg, model, tok, gen, training_problems(cfg), tmp_path)
     torch.manual_seed(0)
-    prompts = [chat_prompt(tok, "Compute 1 + 2."), chat_prompt(tok, "Compute 10 + 20 + 3 + 4.")]
-    out = gen.generate(prompts, n=3, temperature=0.7, top_p=0.9, max_new_tokens=6)
-    for i, (resp, lps) in enumerate(zip(out.response_ids, gen.last_logprobs, strict=True)):
-        prompt = out.prompt_ids[i // 3]
-        with torch.no_grad():
-            logp, _, _ = trainer._forward_logprobs([Sample(prompt + resp, len(prompt), 1.0, True)])
-        torch.testing.assert_close(logp[0], torch.tensor(lps), rtol=1e-4, atol=1e-4)
+    short, long = chat_prompt(tok, "Compute 1 + 2."), chat_prompt(tok, "Compute 10 + 20 + 3 + 4.")
+    for prompts in ([short, long], [long]):  # left padding, and none
+        out = gen.generate(prompts, n=3, temperature=0.7, top_p=0.9, max_new_tokens=6)
+        for i, (resp, lps) in enumerate(zip(out.response_ids, gen.last_logprobs, strict=True)):
+            prompt = out.prompt_ids[i // 3]
+            with torch.no_grad():
+                sample = Sample(prompt + resp, len(prompt), 1.0, True)
+                logp, _, _ = trainer._forward_logprobs([sample])
+            torch.testing.assert_close(logp[0], torch.tensor(lps), rtol=1e-4, atol=1e-4)
 
 
 def test_sample_next_follows_the_nucleus_distribution():

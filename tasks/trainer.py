@@ -12,10 +12,13 @@ One step:
    step, so a resumed run needs no scheduler state), gradient clipping, and
    a skip of any update whose loss or gradient is not finite.
 
-Efficiency: sequences are sorted by length into micro-batches padded only to their own longest
-member; only response positions are projected onto the vocabulary, in chunks
-(``dapo_core.logprobs``); samples whose loss is identically zero (advantage 0, or masked out by
-overlong filtering) are counted in the normalizer but skip the forward and backward passes.
+Efficiency: groups are packed into micro-batches under a token budget, longest responses first;
+in a micro-batch each distinct prompt is forwarded once and its keys and values are shared by its
+samples (whole sequences under gradient checkpointing, where transformers drops the cache); only
+response positions are projected onto the vocabulary, in chunks (``dapo_core.logprobs``);
+samples whose loss is identically zero (advantage 0, or masked out by overlong filtering) are
+counted in the normalizer but skip the forward and backward passes. On CPU the model's RMSNorm
+and attention use the faster drop-ins of ``tasks.kernels``.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ in a micro-batch each distinct prompt is forwarded once and its keys and values 
 samples (whole sequences under gradient checkpointing, where transformers drops the cache); only
 response positions are projected onto the vocabulary, in chunks (``dapo_core.logprobs``);
 samples whose loss is identically zero (advantage 0, or masked out by overlong filtering) are
-counted in the normalizer but skip the forward and backward passes. On CPU the model's RMSNorm
-and attention use the faster drop-ins of ``tasks.kernels``.
+counted in the normalizer but skip the forward and backward passes. The model's RMSNorm (and, on
+CPU, its attention) use the faster drop-ins of ``tasks.kernels``.
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ def main(params_json: str, out: str) -> None:
     t = DAPOTrainer(cfg, model, tok, gen, training_problems(cfg), "/tmp/ds-worker", optimizer=opt)
     before = t.engine.full_state_dict()
     samples, _ = t._samples(fixed_groups(6, cfg.rollout.group_size, len(tok)))
+    micro_batches = len(t._my_micro_batches(samples))  # this rank's (a collective: all call it)
     stats = t._update(samples)
     state = t.engine.full_state_dict()  # a collective under ZeRO-3: every rank takes part
     # Sharded rollouts: each rank generates its slice; every rank ends with all groups, in order.
@@ -61,6 +62,7 @@ def main(params_json: str, out: str) -> None:
                 "stats": stats,
                 "world": t.world,
                 "rollout": rollout,
+                "micro_batches": micro_batches,
             },
             out,
         )

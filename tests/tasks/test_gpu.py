@@ -22,6 +22,32 @@ def test_bf16_training_step_on_gpu(tiny_cfg, tmp_path):
 
 @pytest.mark.gpu
 @cuda
+@pytest.mark.parametrize("lean", [True, False], ids=["lean-decode", "transformers-decode"])
+def test_sampling_logprobs_equal_the_trainers_forward_on_gpu(tiny_cfg, tmp_path, lean):
+    """On CUDA the lean decode step runs its unfused path (separate q/k/v and gate/up products)
+    and training uses the hand-written RMSNorm backward: rollout log-probs still equal the
+    trainer's (fp32)."""
+    from tasks.models import chat_prompt, load_policy, resolve_model_path
+    from tasks.rollout import HFGenerator
+    from tasks.train import training_problems
+    from tasks.trainer import DAPOTrainer, Sample
+
+    model, tok = load_policy(resolve_model_path(tiny_cfg), "float32", "cuda")
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["model.dtype=float32"])
+    gen = HFGenerator(model, tok, max_prompt_len=64, lean=lean)
+    trainer = DAPOTrainer(cfg, model, tok, gen, training_problems(cfg), tmp_path)
+    torch.manual_seed(0)
+    prompts = [chat_prompt(tok, "Compute 1 + 2."), chat_prompt(tok, "Compute 10 + 20 + 3 + 4.")]
+    out = gen.generate(prompts, n=3, temperature=1.0, top_p=0.9, max_new_tokens=6)
+    for i, (resp, lps) in enumerate(zip(out.response_ids, gen.last_logprobs, strict=True)):
+        prompt = out.prompt_ids[i // 3]
+        with torch.no_grad():
+            logp, _, _ = trainer._forward_logprobs([Sample(prompt + resp, len(prompt), 1.0, True)])
+        torch.testing.assert_close(logp[0].cpu(), torch.tensor(lps), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+@cuda
 def test_vllm_backend_matches_interface(tiny_cfg):
     pytest.importorskip("vllm")
     from tasks.models import chat_prompt, load_policy, resolve_model_path

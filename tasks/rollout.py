@@ -55,6 +55,17 @@ def encode_prompts(
     return [x[-max_prompt_len:] for x in ids], truncated
 
 
+def left_pad(
+    seqs: list[list[int]], pad: int, device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token lists -> (ids, attention mask, position ids), each (n, longest), padded on the left
+    so every sequence ends at the last column; positions count real tokens from 0."""
+    width = max(len(x) for x in seqs)
+    ids = torch.tensor([[pad] * (width - len(x)) + list(x) for x in seqs], device=device)
+    attn = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in seqs], device=device)
+    return ids, attn, (attn.cumsum(-1) - 1).clamp(min=0)
+
+
 def split_response(tokens: list[int], eos_ids: set[int], pad_id: int) -> tuple[list[int], bool]:
     """Generated ids -> (response up to and including the first EOS, finished?)."""
     for i, t in enumerate(tokens):
@@ -193,12 +204,7 @@ class HFGenerator:
     def _sample(self, prompt_ids, n, temperature, top_p, max_new_tokens):
         device = self.model.device
         pad = self.tokenizer.pad_token_id
-        width = max(len(p) for p in prompt_ids)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids], device=device)
-        attn = torch.tensor(
-            [[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=device
-        )
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: real tokens start at 0
+        ids, attn, pos = left_pad(prompt_ids, pad, device)
         out = self.model(
             input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1
         )

@@ -58,7 +58,7 @@ from tasks.distributed import (
 )
 from tasks.kernels import install_rms_norm, use_cpu_sdpa
 from tasks.models import chat_prompt
-from tasks.rollout import Generator
+from tasks.rollout import Generator, left_pad
 
 MetricsSink = Callable[[dict[str, float], int], None]
 LOGITS_BUDGET = 2**26  # logits per chunk (256 MB in fp32): ~440 rows of a 151k vocabulary
@@ -158,6 +158,13 @@ def micro_batches(
                 batches.append([])
             batches[-1].append(i)
     return [b for b in batches if b]
+
+
+def distinct_prompts(samples: list[Sample]) -> tuple[list[list[int]], list[int]]:
+    """(the distinct prompts in order of first use, each sample's index into them)."""
+    index: dict[tuple[int, ...], int] = {}
+    owner = [index.setdefault(tuple(s.input_ids[: s.prompt_len]), len(index)) for s in samples]
+    return [list(p) for p in index], owner
 
 
 def new_rollout_log() -> dict[str, Any]:
@@ -376,23 +383,14 @@ class DAPOTrainer:
         prompt the prompt costs 1/G of a whole-sequence forward, and autograd sums its gradient
         over the G responses. Positions match an unpadded whole-sequence forward exactly.
         """
-        pad, dev, decoder = self.tokenizer.pad_token_id, self.device, self.model.get_decoder()
-        distinct: dict[tuple[int, ...], int] = {}
-        owner = [
-            distinct.setdefault(tuple(s.input_ids[: s.prompt_len]), len(distinct)) for s in batch
-        ]
-        width = max(len(p) for p in distinct)
-        prompt_ids = torch.tensor(
-            [[pad] * (width - len(p)) + list(p) for p in distinct], device=dev
-        )
-        prompt_attn = torch.tensor(
-            [[0] * (width - len(p)) + [1] * len(p) for p in distinct], device=dev
-        )
+        dev, decoder = self.device, self.model.get_decoder()
+        prompts, owner = distinct_prompts(batch)
+        prompt_ids, prompt_attn, prompt_pos = left_pad(prompts, self.tokenizer.pad_token_id, dev)
         sel = torch.tensor(owner, device=dev)
         prefix = decoder(
             input_ids=prompt_ids,
             attention_mask=prompt_attn,
-            position_ids=(prompt_attn.cumsum(-1) - 1).clamp(min=0),  # real tokens from 0
+            position_ids=prompt_pos,
             use_cache=True,
         )
         # Response token j is predicted by the state before it: the prompt's last one for j = 0.
@@ -435,10 +433,7 @@ class DAPOTrainer:
         empty micro-batches to the largest count over ranks (ZeRO-3 gathers at every forward)."""
         active = [s for s in samples if s.keep and s.advantage != 0.0]
         # Shard by prompt, so that a group's shared prompt is computed on one rank.
-        prompt_of: dict[tuple[int, ...], int] = {}
-        keys = [
-            prompt_of.setdefault(tuple(s.input_ids[: s.prompt_len]), len(prompt_of)) for s in active
-        ]
+        _, keys = distinct_prompts(active)
         mine = [i for i, k in enumerate(keys) if k % self.world == self.rank]
         idx = micro_batches(
             [keys[i] for i in mine],

@@ -16,7 +16,6 @@ medians of generated tokens per second are printed with their ratio.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -24,9 +23,8 @@ from pathlib import Path
 
 import torch
 
-from dapo_core.synthetic import arith_problems
-from tasks.models import build_tiny_model, chat_prompt, load_policy
-from tasks.params import load_params
+from bench import common
+from tasks.models import chat_prompt, load_policy
 from tasks.rollout import HFGenerator
 
 
@@ -73,26 +71,24 @@ def bench_shape(model, tok, problems, P: int, G: int, L: int, repeats: int) -> d
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", nargs="+", default=["16x8x16", "8x8x64"], help="PxGxL")
+    ap = common.parser(__doc__)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    cfg = load_params()
-    train, _ = arith_problems(1, 800, 0, 9, 3)
+    args = common.parse(ap, argv)
+    train = common.problems()
     print(
         f"generation: torch {torch.__version__}, {args.threads} thread(s), medians of "
         f"{args.repeats} interleaved runs"
     )
     print(f"{'shape PxGxL':>12} {'ours tok/s':>11} {'generate tok/s':>15} {'speed-up':>9}")
     with tempfile.TemporaryDirectory() as d:
-        model, tok = load_policy(str(build_tiny_model(cfg.tiny, train, Path(d) / "m", 0)))
+        model, tok = load_policy(str(common.random_tiny_model(Path(d) / "m")))
         model.eval()
-        for shape in args.shapes:
-            P, G, L = (int(x) for x in shape.split("x"))
+        for P, G, L in args.shapes:
             r = bench_shape(model, tok, train, P, G, L, args.repeats)
-            print(f"{shape:>12} {r['ours_tps']:11.0f} {r['base_tps']:15.0f} {r['speedup']:8.2f}x")
+            print(
+                f"{common.label(P, G, L):>12} {r['ours_tps']:11.0f} {r['base_tps']:15.0f} "
+                f"{r['speedup']:8.2f}x"
+            )
 
 
 if __name__ == "__main__":

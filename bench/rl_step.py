@@ -20,7 +20,6 @@ medians of the remaining step times and their ratio are printed. TRL is a benchm
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import statistics
 import tempfile
@@ -29,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from dapo_core.synthetic import arith_problems
-from tasks.models import build_tiny_model, load_policy
+from bench import common
+from tasks.models import load_policy
 from tasks.params import load_params
 from tasks.rollout import HFGenerator
 from tasks.trainer import DAPOTrainer
@@ -143,15 +142,11 @@ def trl_version() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", nargs="+", default=["16x8x16", "8x8x64"], help="PxGxL")
+    ap = common.parser(__doc__)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape")
     ap.add_argument("--steps", type=int, default=4, help="steps per run (the first is dropped)")
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    cfg = load_params()
-    train, _ = arith_problems(1, 800, 0, 9, 3)
+    args = common.parse(ap, argv)
+    train = common.problems()
     print(
         f"RL step against TRL {trl_version()}: torch {torch.__version__}, {args.threads} "
         f"thread(s), {args.rounds} interleaved rounds of {args.steps} steps (first dropped)"
@@ -160,16 +155,15 @@ def main(argv: list[str] | None = None) -> None:
         f"{'shape PxGxL':>12} {'ours s/step':>12} {'TRL s/step':>11} {'ours/TRL':>9}  target <= 0.5"
     )
     with tempfile.TemporaryDirectory() as d:
-        model_dir = build_tiny_model(cfg.tiny, train, Path(d) / "tiny", seed=0)
-        for shape in args.shapes:
-            P, G, L = (int(x) for x in shape.split("x"))
+        model_dir = common.random_tiny_model(Path(d) / "tiny")
+        for P, G, L in args.shapes:
             ours, trl = [], []
             for _ in range(args.rounds):
                 ours += our_steps(model_dir, train, P, G, L, args.steps)[1:]
                 trl += trl_steps(model_dir, train, P, G, L, args.steps)[1:]
             o, t = statistics.median(ours), statistics.median(trl)
             verdict = "PASS" if o / t <= 0.5 else "FAIL"
-            print(f"{shape:>12} {o:12.3f} {t:11.3f} {o / t:9.2f}  {verdict}")
+            print(f"{common.label(P, G, L):>12} {o:12.3f} {t:11.3f} {o / t:9.2f}  {verdict}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ ratio are printed. (Generation throughput: ``python -m bench.generation``.)
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from bench import common
 from dapo_core.loss import policy_loss
 from tasks.models import load_policy, resolve_model_path
 from tasks.params import load_params
@@ -97,20 +97,18 @@ def bench_shape(cfg_base, P: int, G: int, L: int, repeats: int) -> dict[str, flo
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", nargs="+", default=["16x8x16", "8x8x64"], help="PxGxL")
+def main(argv: list[str] | None = None) -> None:
+    ap = common.parser(__doc__)
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = common.parse(ap, argv)
     base = [f"train.cpu_threads={args.threads}"]
     print(f"torch {torch.__version__}, {args.threads} thread(s); medians of {args.repeats} updates")
     print(f"{'shape PxGxL':>12} {'ours s':>8} {'naive s':>8} {'ratio':>6}")
-    for shape in args.shapes:
-        P, G, L = (int(x) for x in shape.split("x"))
+    for P, G, L in args.shapes:
         r = bench_shape(base, P, G, L, args.repeats)
-        print(f"{shape:>12} {r['ours_s']:8.3f} {r['naive_s']:8.3f} {r['ratio']:6.2f}")
+        print(
+            f"{common.label(P, G, L):>12} {r['ours_s']:8.3f} {r['naive_s']:8.3f} {r['ratio']:6.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -32,3 +32,15 @@ def test_dynamic_sampling_waste_accounting(sized):
     # From an empty carry nothing is trained that was not kept: waste >= 1 (1 is the bound).
     assert r["waste"] >= 1.0 - 1e-9
     assert r["bound"] == pytest.approx(1 / r["kept_frac"])
+
+
+def test_bench_shapes_parse_and_bad_ones_are_usage_errors(capsys):
+    from bench import common
+
+    ap = common.parser("a bench\n")
+    assert common.parse(ap, ["--shapes", "16x8x16", "2X3x4"]).shapes == [(16, 8, 16), (2, 3, 4)]
+    assert ap.parse_args([]).shapes == [(16, 8, 16), (8, 8, 64)]
+    for bad in ("16x8", "16x0x4", "axbxc"):
+        with pytest.raises(SystemExit) as e:
+            ap.parse_args(["--shapes", bad])
+        assert e.value.code == 2 and "is not PxGxL" in capsys.readouterr().err

@@ -150,28 +150,34 @@ def train(
                 f"{out} already holds a run: continue it with --resume {out}, or pick another "
                 "--run-dir"
             )
+    tracking = ""
     if track and env_world_size() == 1:
         from flows.steps import train_task
 
         # The flows' train step as a plain call (no Prefect server): validation every
         # eval.every_n_steps, per-step metrics, plots and samples in an MLflow run.
         summary = train_task.fn(cfg, str(out), kind="train", run_name=out.name, variant=variant)
-        last = summary.last_metrics
-        console.print(
-            f"[green]done[/]: {summary.steps} steps in {summary.wall_time_s:.0f}s, "
-            f"last sampled accuracy {last.get('train/acc_mean', float('nan')):.3f}; "
-            f"model in {summary.model_path}; MLflow run {summary.mlflow_run_id} "
-            "(browse with `dapo ui`)"
+        steps, wall, last, model = (
+            summary.steps,
+            summary.wall_time_s,
+            summary.last_metrics,
+            summary.model_path,
         )
-        return
-    result = run_training(cfg, out, resume=resume is not None)
-    if not result.history:  # ranks > 0 under the deepspeed launcher: rank 0 reports
-        return
-    last = result.history[-1]
+        tracking = f"; MLflow run {summary.mlflow_run_id} (browse with `dapo ui`)"
+    else:
+        result = run_training(cfg, out, resume=resume is not None)
+        if not result.history:  # ranks > 0 under the deepspeed launcher: rank 0 reports
+            return
+        steps, wall, last, model = (
+            result.steps,
+            result.wall_time_s,
+            result.history[-1],
+            result.final_model,
+        )
     console.print(
-        f"[green]done[/]: {result.steps} steps in {result.wall_time_s:.0f}s, "
+        f"[green]done[/]: {steps} steps in {wall:.0f}s, "
         f"last sampled accuracy {last.get('train/acc_mean', float('nan')):.3f}; "
-        f"model in {result.final_model}"
+        f"model in {model}{tracking}"
     )
 
 

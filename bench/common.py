@@ -27,6 +27,13 @@ def shape(text: str) -> tuple[int, int, int]:
     return P, G, L
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a count that must be at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
 def parser(doc: str) -> argparse.ArgumentParser:
     """An argument parser with --shapes and --threads, described by the module docstring."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
@@ -37,7 +44,9 @@ def parser(doc: str) -> argparse.ArgumentParser:
         default=[shape(s) for s in DEFAULT_SHAPES],
         help="P prompts x G samples x L tokens, e.g. 16x8x16",
     )
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: see BENCHMARKS.md)")
+    ap.add_argument(
+        "--threads", type=positive_int, default=1, help="torch threads (1: see BENCHMARKS.md)"
+    )
     return ap
 
 

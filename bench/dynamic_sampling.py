@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from bench import common
 from tasks.models import load_policy, resolve_model_path
 from tasks.params import load_params
 from tasks.train import make_generator, training_problems
@@ -61,7 +62,7 @@ def measure(steps: int, overrides: list[str] | None = None) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=common.positive_int, default=8)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     cfg = load_params()

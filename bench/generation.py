@@ -72,7 +72,7 @@ def bench_shape(model, tok, problems, P: int, G: int, L: int, repeats: int) -> d
 
 def main(argv: list[str] | None = None) -> None:
     ap = common.parser(__doc__)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=common.positive_int, default=5)
     args = common.parse(ap, argv)
     train = common.problems()
     print(

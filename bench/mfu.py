@@ -43,6 +43,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 import tasks.trainer
+from bench.common import positive_int
 from dapo_core.problem import Problem
 from tasks.params import load_params
 from tasks.trainer import DAPOTrainer, Sample
@@ -195,12 +196,12 @@ def main(argv: list[str] | None = None) -> None:
     cuda = torch.cuda.is_available()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=list(SHAPES), default="qwen2.5-0.5b" if cuda else "tiny")
-    ap.add_argument("--prompts", "-P", type=int, default=8 if cuda else 4)
-    ap.add_argument("--group-size", "-G", type=int, default=8 if cuda else 4)
-    ap.add_argument("--response-len", "-L", type=int, default=1024 if cuda else 32)
-    ap.add_argument("--prompt-len", type=int, default=128 if cuda else 16)
-    ap.add_argument("--micro-batch-tokens", type=int, default=16384 if cuda else 4096)
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--prompts", "-P", type=positive_int, default=8 if cuda else 4)
+    ap.add_argument("--group-size", "-G", type=positive_int, default=8 if cuda else 4)
+    ap.add_argument("--response-len", "-L", type=positive_int, default=1024 if cuda else 32)
+    ap.add_argument("--prompt-len", type=positive_int, default=128 if cuda else 16)
+    ap.add_argument("--micro-batch-tokens", type=positive_int, default=16384 if cuda else 4096)
+    ap.add_argument("--steps", type=positive_int, default=5)
     ap.add_argument("--peak-tflops", type=float, default=None, help="overrides the table")
     a = ap.parse_args(argv)
     device = torch.device("cuda" if cuda else "cpu")

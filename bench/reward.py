@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 
+from bench.common import positive_int
 from dapo_core.reward import score
 
 TARGET_RATIO = 4.0
@@ -117,8 +118,12 @@ def timed_pass(data: list[tuple[str, str]], flip: bool) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=4_000, help="number of synthetic responses")
-    parser.add_argument("--repeats", type=int, default=5, help="interleaved timing repeats")
+    parser.add_argument(
+        "--n", type=positive_int, default=4_000, help="number of synthetic responses"
+    )
+    parser.add_argument(
+        "--repeats", type=positive_int, default=5, help="interleaved timing repeats"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--strict", action="store_true", help="exit 1 when the target is missed")
     args = parser.parse_args(argv)

@@ -21,6 +21,7 @@ medians of the remaining step times and their ratio are printed. TRL is a benchm
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import statistics
 import tempfile
 import time
@@ -143,9 +144,15 @@ def trl_version() -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = common.parser(__doc__)
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape")
-    ap.add_argument("--steps", type=int, default=4, help="steps per run (the first is dropped)")
+    ap.add_argument(
+        "--rounds", type=common.positive_int, default=3, help="interleaved rounds per shape"
+    )
+    ap.add_argument(
+        "--steps", type=common.positive_int, default=4, help="steps per run (the first is dropped)"
+    )
     args = common.parse(ap, argv)
+    if importlib.util.find_spec("trl") is None:
+        ap.exit(2, "bench.rl_step needs TRL, a benchmark-only extra: pip install -e '.[bench]'\n")
     train = common.problems()
     print(
         f"RL step against TRL {trl_version()}: torch {torch.__version__}, {args.threads} "

@@ -99,7 +99,7 @@ def bench_shape(cfg_base, P: int, G: int, L: int, repeats: int) -> dict[str, flo
 
 def main(argv: list[str] | None = None) -> None:
     ap = common.parser(__doc__)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=common.positive_int, default=7)
     args = common.parse(ap, argv)
     base = [f"train.cpu_threads={args.threads}"]
     print(f"torch {torch.__version__}, {args.threads} thread(s); medians of {args.repeats} updates")

@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 
 from bench import common
-from tasks.models import load_policy, resolve_model_path
+from tasks.models.loading import load_policy, resolve_model_path
 from tasks.params import load_params
-from tasks.train import make_generator, training_problems
-from tasks.trainer import DAPOTrainer
+from tasks.training.run import make_generator, training_problems
+from tasks.training.trainer import DAPOTrainer
 
 
 def measure(steps: int, overrides: list[str] | None = None) -> dict[str, float]:

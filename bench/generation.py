@@ -2,9 +2,9 @@
 
 Both sides sample P prompts x G completions of exactly L new tokens (EOS suppressed before L) from
 the same model (the embedded tiny Qwen2 with random weights), with temperature 1 and no top-p:
-- ours: ``tasks.rollout.HFGenerator``. Each prompt is prefilled once, its KV cache is shared by
-  its G samples, keys and values are written in place, and the lean decode step is used
-  (``tasks.decode``);
+- ours: ``tasks.rollout.generators.HFGenerator``. Each prompt is prefilled once, its KV cache is
+  shared by its G samples, keys and values are written in place, and the lean decode step is used
+  (``tasks.rollout.decode``);
 - baseline: ``model.generate(num_return_sequences=G, do_sample=True, min_new_tokens=L)``,
   which prefills each prompt G times and runs the generic forward every step.
 
@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from bench import common
-from tasks.models import chat_prompt, load_policy
-from tasks.rollout import HFGenerator
+from tasks.models.loading import chat_prompt, load_policy
+from tasks.rollout.generators import HFGenerator
 
 
 def ours(model, tok, prompts: list[str], G: int, L: int) -> float:

@@ -42,11 +42,11 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-import tasks.trainer
+import tasks.training.trainer
 from bench.common import positive_int
 from dapo_core.problem import Problem
 from tasks.params import load_params
-from tasks.trainer import DAPOTrainer, Sample
+from tasks.training.trainer import DAPOTrainer, Sample
 
 TARGET_MFU = 0.45
 FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
@@ -152,7 +152,7 @@ def measure(
         # The analytic count follows the trainer's own packing: a group split across micro-batches
         # runs its prompt once per micro-batch; the chunk is the one _forward_logprobs uses.
         batches = trainer._my_micro_batches(samples)
-        chunk = max(256, tasks.trainer.LOGITS_BUDGET // config.vocab_size)
+        chunk = max(256, tasks.training.trainer.LOGITS_BUDGET // config.vocab_size)
         passes = sum(len({tuple(s.input_ids[: s.prompt_len]) for s in b}) for b in batches)
         recomputed = sum(len(b) * L for b in batches if len(b) * L > chunk)
         analytic = analytic_flops(config, prompt_len, L, passes, len(samples), recomputed)

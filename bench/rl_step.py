@@ -30,10 +30,10 @@ from pathlib import Path
 import torch
 
 from bench import common
-from tasks.models import load_policy
+from tasks.models.loading import load_policy
 from tasks.params import load_params
-from tasks.rollout import HFGenerator
-from tasks.trainer import DAPOTrainer
+from tasks.rollout.generators import HFGenerator
+from tasks.training.trainer import DAPOTrainer
 
 
 def coin(text: str) -> bool:

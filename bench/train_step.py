@@ -26,11 +26,11 @@ import torch
 
 from bench import common
 from dapo_core.loss import policy_loss
-from tasks.models import load_policy, resolve_model_path
+from tasks.models.loading import load_policy, resolve_model_path
 from tasks.params import load_params
-from tasks.rollout import HFGenerator
-from tasks.train import training_problems
-from tasks.trainer import DAPOTrainer, Group, new_rollout_log
+from tasks.rollout.generators import HFGenerator
+from tasks.training.run import training_problems
+from tasks.training.trainer import DAPOTrainer, Group, new_rollout_log
 
 
 def naive_update(trainer: DAPOTrainer, samples) -> None:

@@ -109,8 +109,8 @@ def ablate_flow(
     progress: bool = True,
 ) -> pd.DataFrame:
     """Train and evaluate each Table 1 variant (cumulative switches) for each seed."""
-    from tasks.plots import ablation_chart, save_figures
-    from tasks.tracking import Tracker, markdown_table, run_tags
+    from tasks.tracking.plots import ablation_chart, save_figures
+    from tasks.tracking.tracker import Tracker, markdown_table, run_tags
 
     log = run_logger()
     cfg = load_config(params, config, overrides)

@@ -132,10 +132,10 @@ def train(
     """Train the policy with DAPO (or a Table 1 variant) on the configured data."""
     import time
 
-    from tasks.distributed import env_world_size
     from tasks.params import repo_path
-    from tasks.train import run_training
-    from tasks.trainer import list_checkpoints
+    from tasks.training.distributed import env_world_size
+    from tasks.training.run import run_training
+    from tasks.training.trainer import list_checkpoints
 
     if resume is not None:
         if not (resume / "config.json").exists():
@@ -204,7 +204,7 @@ def evaluate(
     """Evaluate a model: avg@n, pass@k, maj@n and a 95% CI over problems (paper: AIME avg@32)."""
     from rich.table import Table
 
-    from tasks.evaluate import evaluate_model
+    from tasks.evaluation.evaluate import evaluate_model
 
     cfg = _load(params, config, set_)
     run_note = ""
@@ -271,8 +271,8 @@ def curate(
 
     Writes OUT/train.parquet, val.parquet, rejected.parquet and report.json, and
     data/eval/<name>.parquet with manifest.json. `dvc repro` runs this as two stages."""
-    from tasks.curate import curate as run_curate
-    from tasks.curate import parse_eval_set_args
+    from tasks.data.curate import curate as run_curate
+    from tasks.data.curate import parse_eval_set_args
 
     cfg = _load(params, config, set_)
     sets = parse_eval_set_args(eval_set, cfg) if eval_set else None
@@ -565,7 +565,7 @@ def ui(
     import shlex
     import subprocess
 
-    from tasks.tracking import mlflow_env, sqlite_path, tracking_uri, ui_command
+    from tasks.tracking.tracker import mlflow_env, sqlite_path, tracking_uri, ui_command
 
     uri = tracking_uri(_load(params, config, set_))
     db = sqlite_path(uri)

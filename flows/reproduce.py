@@ -20,7 +20,7 @@ from tasks.params import repo_path
 def reproduce_checks(info: dict[str, Any]) -> tuple[list[str], list[str]]:
     """(mismatches, notes): how the run's data and code differ from this checkout, each with the
     command that restores it; notes are caveats (e.g. the run's tree had uncommitted changes)."""
-    from tasks.tracking import data_version, git_commit
+    from tasks.tracking.tracker import data_version, git_commit
 
     tags = info["tags"]
     mismatches, notes = [], []
@@ -57,7 +57,7 @@ def reproduce_run(
 
     Returns ``{"original": run info, "mismatches": [...], "notes": [...], "result": flow result
     or None, "config_path": path}``. ``strict``: a difference in data or code is an error."""
-    from tasks.tracking import read_run
+    from tasks.tracking.tracker import read_run
 
     try:
         info = read_run(run_id, uri)

@@ -2,7 +2,7 @@
 
 A Prefect task costs 12-33 ms here (DESIGN section 6), so a task is a whole training run or a whole
 evaluation, never a training step. Each task opens (or re-attaches to) its MLflow run through
-``tasks.tracking.Tracker`` and closes it, so every retry of a task logs to the same run.
+``tasks.tracking.tracker.Tracker`` and closes it, so every retry of a task logs to the same run.
 
 Retries: a failed train task is retried by Prefect and *resumes* from the last checkpoint in its
 run directory (which the flow fixes before the first attempt), so no finished step is redone and
@@ -68,7 +68,7 @@ def curate_task(cfg: Config, stages: list[str] | None = None, root: str | None =
     evaluated on ``synthetic-test``) or when the repository has no ``dvc.yaml`` yet."""
     log = run_logger()
     root_path = Path(root) if root else REPO_ROOT
-    from tasks.tracking import data_version
+    from tasks.tracking.tracker import data_version
 
     lock = root_path / "dvc.lock"
     needs_data = not cfg.data.source.startswith("synthetic:") or cfg.eval.eval_set in (
@@ -133,7 +133,7 @@ def validation_problems(cfg: Config) -> list:
 
     Curated data: ``<data.out_dir>/val.parquet``; the synthetic task: its validation split, carved
     out of the training problems (never trained on, disjoint from the test split)."""
-    from tasks.data import load_problems, synthetic_splits
+    from tasks.data.problems import load_problems, synthetic_splits
 
     if cfg.data.val_size <= 0:
         return []
@@ -164,7 +164,7 @@ class TrainingMonitor:
             self.validate(trainer, step)
 
     def validate(self, trainer: Any, step: int) -> dict[str, float]:
-        from tasks.evaluate import evaluate_policy
+        from tasks.evaluation.evaluate import evaluate_policy
 
         t0 = time.perf_counter()
         r = evaluate_policy(
@@ -211,10 +211,10 @@ def train_task(
 ) -> TrainSummary:
     """Train in ``run_dir``, continuing from its last checkpoint if it has one (a retry, or a
     scheduled run that trains a few more steps each night), and track it in MLflow."""
-    from tasks.plots import save_figures, training_figures
-    from tasks.tracking import Tracker, run_tags
-    from tasks.train import run_training
-    from tasks.trainer import list_checkpoints
+    from tasks.tracking.plots import save_figures, training_figures
+    from tasks.tracking.tracker import Tracker, run_tags
+    from tasks.training.run import run_training
+    from tasks.training.trainer import list_checkpoints
 
     log = run_logger()
     path = Path(run_dir)
@@ -245,7 +245,7 @@ def train_task(
     figures = training_figures(result.history)
     validation = read_validation(path)
     if validation:
-        from tasks.plots import eval_curve
+        from tasks.tracking.plots import eval_curve
 
         figures["eval_curve.png"] = eval_curve(validation)
     save_figures(figures, path / "plots")
@@ -310,9 +310,9 @@ def evaluate_task(
 ) -> EvalSummary:
     """Evaluate a model and log metrics (at ``step``), the per-problem table, sample responses and
     the evaluation curve: to run ``run_id`` (the training run it belongs to) or to a new run."""
-    from tasks.evaluate import evaluate_model
-    from tasks.plots import eval_curve, save_figures
-    from tasks.tracking import Tracker, run_tags
+    from tasks.evaluation.evaluate import evaluate_model
+    from tasks.tracking.plots import eval_curve, save_figures
+    from tasks.tracking.tracker import Tracker, run_tags
 
     log = run_logger()
     t0 = time.perf_counter()

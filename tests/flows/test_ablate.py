@@ -10,7 +10,7 @@ import pytest
 
 from dapo_core.config import ABLATION_LADDER, PAPER_TABLE1_AIME24, ConfigError, resolve
 from flows.ablate import ablation_table, ordered_variants
-from tasks import tracking
+from tasks.tracking import tracker as tracking
 
 
 def test_variants_run_in_table1_order():

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dapo_core.config import resolve
-from tasks import tracking
+from tasks.tracking import tracker as tracking
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +67,7 @@ def test_train_retry_resumes_from_checkpoint(flows_env, flow_cfg, tmp_path, monk
     import flows.pipeline
     from flows.pipeline import train_flow
     from flows.steps import train_task
-    from tasks.trainer import DAPOTrainer
+    from tasks.training.trainer import DAPOTrainer
 
     cfg = resolve(flow_cfg.to_dict(), overrides=["train.steps=4", "train.checkpoint_every=2"])
     params = tmp_path / "params.json"

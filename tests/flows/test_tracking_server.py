@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tasks import tracking
+from tasks.tracking import tracker as tracking
 
 SERVER_START_TIMEOUT_S = 90
 

@@ -8,10 +8,10 @@ import sys
 import torch
 
 from dapo_core.config import resolve
-from tasks.models import load_policy
-from tasks.rollout import HFGenerator
-from tasks.train import training_problems
-from tasks.trainer import DAPOTrainer, Group, new_rollout_log
+from tasks.models.loading import load_policy
+from tasks.rollout.generators import HFGenerator
+from tasks.training.run import training_problems
+from tasks.training.trainer import DAPOTrainer, Group, new_rollout_log
 
 
 def fixed_groups(n_prompts: int, group_size: int, vocab: int) -> list[Group]:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from dapo_core.config import resolve
-from tasks.train import run_training
+from tasks.training.run import run_training
 
 
 def main(params_json: str, out: str) -> None:

@@ -22,7 +22,7 @@ import yaml
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tasks import curate
+from tasks.data import curate
 from tasks.params import REPO_ROOT, load_params
 
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
@@ -189,7 +189,7 @@ def test_synthetic_source(tmp_path):
     assert (s.report["train"], s.report["val"]) == (32, 8)
     train = read(tmp_path / "out" / "train.parquet")
     assert train[0]["id"].startswith("arith-") and train[0]["prompt"] == train[0]["problem"]
-    from tasks.data import load_problems
+    from tasks.data.problems import load_problems
 
     problems = load_problems(tmp_path / "out" / "train.parquet")
     assert problems[0].prompt.startswith("Compute") and problems[0].answer.isdigit()
@@ -268,26 +268,26 @@ def test_eval_set_names_and_source_kinds():
 
 
 def test_evaluate_names_how_to_prepare_a_missing_eval_set(tmp_path, monkeypatch):
-    import tasks.data
+    import tasks.data.problems
 
     def fake_repo(p):
         return tmp_path / p
 
-    monkeypatch.setattr(tasks.data, "repo_path", fake_repo)
+    monkeypatch.setattr(tasks.data.problems, "repo_path", fake_repo)
     monkeypatch.setattr(curate, "repo_path", fake_repo)
     cfg = load_params()
     assert cfg.data.eval_sets["aime-2024"] == "BytedTsinghua-SIA/AIME-2024"
     with pytest.raises(FileNotFoundError) as err:
-        tasks.data.eval_problems(cfg, "aime-2024")
+        tasks.data.problems.eval_problems(cfg, "aime-2024")
     msg = str(err.value)
     assert "not prepared" in msg and "dvc repro" in msg and "data.eval_sets.aime-2024" in msg
     # a local file named in data.eval_sets works without a prepared copy
     local = cfg_with(f'data.eval_sets={{"small": "{FIXTURES / "eval_small.jsonl"}"}}')
-    name, problems = tasks.data.eval_problems(local, "small")
+    name, problems = tasks.data.problems.eval_problems(local, "small")
     assert name == "small" and [p.answer for p in problems] == ["204", "23"]
     # the prepared copy is used when it was made from the same spec
     curate.prepare_eval_sets(local.data.eval_sets, tmp_path / "data" / "eval", progress=False)
-    assert len(tasks.data.eval_problems(local, "small")[1]) == 2
+    assert len(tasks.data.problems.eval_problems(local, "small")[1]) == 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -450,7 +450,7 @@ def test_dvc_yaml_stages_match_params_and_code():
 
 
 def test_data_version(tmp_path):
-    from tasks import tracking
+    from tasks.tracking import tracker as tracking
 
     assert curate.data_version(tmp_path) == "none"
     (tmp_path / "dvc.lock").write_text(
@@ -490,9 +490,9 @@ def test_dvc_repro_in_a_fresh_copy(tmp_path):
 
 
 def test_synthetic_splits_are_disjoint_and_training_never_sees_validation():
-    from tasks.data import synthetic_splits
+    from tasks.data.problems import synthetic_splits
     from tasks.params import load_params
-    from tasks.train import training_problems
+    from tasks.training.run import training_problems
 
     cfg = load_params()
     train, val, test = synthetic_splits(cfg)

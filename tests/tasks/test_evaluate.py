@@ -4,9 +4,9 @@ import pytest
 
 from dapo_core.config import resolve
 from dapo_core.problem import Problem
-from tasks.evaluate import evaluate_policy, summarize
-from tasks.models import load_policy, resolve_model_path
-from tasks.rollout import HFGenerator, Rollouts
+from tasks.evaluation.evaluate import evaluate_policy, summarize
+from tasks.models.loading import load_policy, resolve_model_path
+from tasks.rollout.generators import HFGenerator, Rollouts
 
 
 def _cfg(tiny_cfg, n):
@@ -61,7 +61,7 @@ class GarbageGenerator:
 
 
 def test_garbage_model_scores_zero_and_is_counted(tiny_cfg):
-    from tasks.models import load_policy
+    from tasks.models.loading import load_policy
 
     _, tok = load_policy(resolve_model_path(tiny_cfg))
     r = evaluate_policy(GarbageGenerator(), tok, _problems(), _cfg(tiny_cfg, 4), progress=False)
@@ -73,7 +73,7 @@ def test_deterministic_for_a_seed(tiny_cfg):
     cfg = _cfg(tiny_cfg, 4)
     model, tok = load_policy(resolve_model_path(tiny_cfg))
     gen = HFGenerator(model, tok, cfg.rollout.max_prompt_len)
-    from tasks.data import eval_problems
+    from tasks.data.problems import eval_problems
 
     _, problems = eval_problems(cfg)
     a = evaluate_policy(gen, tok, problems[:6], cfg, progress=False)

@@ -12,7 +12,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.gpu
 @cuda
 def test_bf16_training_step_on_gpu(tiny_cfg, tmp_path):
-    from tasks.train import run_training
+    from tasks.training.run import run_training
 
     cfg = resolve(tiny_cfg.to_dict(), overrides=["train.steps=2", "model.dtype=bfloat16"])
     result = run_training(cfg, tmp_path, progress=False)
@@ -27,10 +27,10 @@ def test_sampling_logprobs_equal_the_trainers_forward_on_gpu(tiny_cfg, tmp_path,
     """On CUDA the lean decode step runs its unfused path (separate q/k/v and gate/up products)
     and training uses the hand-written RMSNorm backward: rollout log-probs still equal the
     trainer's (fp32)."""
-    from tasks.models import chat_prompt, load_policy, resolve_model_path
-    from tasks.rollout import HFGenerator
-    from tasks.train import training_problems
-    from tasks.trainer import DAPOTrainer, Sample
+    from tasks.models.loading import chat_prompt, load_policy, resolve_model_path
+    from tasks.rollout.generators import HFGenerator
+    from tasks.training.run import training_problems
+    from tasks.training.trainer import DAPOTrainer, Sample
 
     model, tok = load_policy(resolve_model_path(tiny_cfg), "float32", "cuda")
     cfg = resolve(tiny_cfg.to_dict(), overrides=["model.dtype=float32"])
@@ -50,8 +50,8 @@ def test_sampling_logprobs_equal_the_trainers_forward_on_gpu(tiny_cfg, tmp_path,
 @cuda
 def test_vllm_backend_matches_interface(tiny_cfg):
     pytest.importorskip("vllm")
-    from tasks.models import chat_prompt, load_policy, resolve_model_path
-    from tasks.rollout import VLLMGenerator
+    from tasks.models.loading import chat_prompt, load_policy, resolve_model_path
+    from tasks.rollout.generators import VLLMGenerator
 
     path = resolve_model_path(tiny_cfg)
     model, tok = load_policy(path, "float32", "cuda")
@@ -67,7 +67,7 @@ def test_vllm_backend_without_vllm_is_a_clear_error(tiny_cfg):
     try:
         import vllm  # noqa: F401
     except ImportError:
-        from tasks.rollout import VLLMGenerator
+        from tasks.rollout.generators import VLLMGenerator
 
         with pytest.raises(RuntimeError, match=r"pip install -e '\.\[gpu\]'"):
             VLLMGenerator("x", None, 8, 16)
@@ -82,8 +82,8 @@ def test_vllm_weight_sync_loads_every_parameter_then_resets_the_prefix_cache(tin
     computed with the old weights, dropped."""
     from types import SimpleNamespace
 
-    from tasks.models import load_policy, resolve_model_path
-    from tasks.rollout import VLLMGenerator
+    from tasks.models.loading import load_policy, resolve_model_path
+    from tasks.rollout.generators import VLLMGenerator
 
     events = []
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
-from tasks.kernels import install_rms_norm
+from tasks.training.kernels import install_rms_norm
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -50,8 +50,8 @@ def test_only_known_norm_classes_are_changed():
 def test_cpu_sdpa_matches_transformers_sdpa(tiny_cfg):
     """Grouped-query attention broadcast by the kernel: same logits and gradients as transformers'
     SDPA path (which repeats the key/value heads), with left padding and without a mask."""
-    from tasks.kernels import CPU_SDPA, use_cpu_sdpa
-    from tasks.models import load_policy, resolve_model_path
+    from tasks.models.loading import load_policy, resolve_model_path
+    from tasks.training.kernels import CPU_SDPA, use_cpu_sdpa
 
     path = resolve_model_path(tiny_cfg)
     ref, _ = load_policy(path, "float32")

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from tasks.evaluate import evaluate_model
+from tasks.evaluation.evaluate import evaluate_model
 from tasks.params import load_params
-from tasks.train import run_training
+from tasks.training.run import run_training
 
 
 @pytest.mark.slow

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from tasks.models import ModelNotFound, chat_prompt, load_policy, resolve_model_path
-from tasks.rollout import HFGenerator, split_response
+from tasks.models.loading import ModelNotFound, chat_prompt, load_policy, resolve_model_path
+from tasks.rollout.generators import HFGenerator, split_response
 
 
 def test_tokenizer_round_trip_through_from_pretrained(tiny_cfg, tmp_path):
@@ -53,9 +53,9 @@ def test_sampling_logprobs_equal_the_trainers_forward(tiny_cfg, tmp_path, decode
     lean decode step (fused projections as on CPU, or separate as on GPU) and with the generic
     transformers forward."""
     from dapo_core.config import resolve
-    from tasks.decode import LeanDecoder
-    from tasks.train import training_problems
-    from tasks.trainer import DAPOTrainer, Sample
+    from tasks.rollout.decode import LeanDecoder
+    from tasks.training.run import training_problems
+    from tasks.training.trainer import DAPOTrainer, Sample
 
     lean = decode != "transformers"
     if decode == "lean-unfused":
@@ -80,7 +80,7 @@ def test_sampling_logprobs_equal_the_trainers_forward(tiny_cfg, tmp_path, decode
 def test_sample_next_follows_the_nucleus_distribution():
     """Inverse-CDF sampling: frequencies match softmax(logits / T) restricted to the top-p nucleus
     and renormalised; tokens outside the nucleus or at -inf are never drawn."""
-    from tasks.rollout import sample_next
+    from tasks.rollout.generators import sample_next
 
     torch.manual_seed(0)
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, float("-inf"), -1.0])
@@ -102,8 +102,8 @@ def test_shared_prompt_forward_equals_whole_sequences(tiny_cfg, tmp_path, checkp
     """The trainer runs each distinct prompt once and lets its samples attend to the shared keys
     and values; log-probs and gradients equal those of every sample run whole on its own. Under
     gradient checkpointing (no KV cache in transformers) it runs whole sequences: same values."""
-    from tasks.train import training_problems
-    from tasks.trainer import DAPOTrainer, Sample
+    from tasks.training.run import training_problems
+    from tasks.training.trainer import DAPOTrainer, Sample
 
     model, tok = load_policy(resolve_model_path(tiny_cfg), "float32")
     if checkpointing:

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from dapo_core.config import apply_variant, resolve
-from tasks.models import load_policy, resolve_model_path
-from tasks.train import run_training
-from tasks.trainer import (
+from tasks.models.loading import load_policy, resolve_model_path
+from tasks.training.run import run_training
+from tasks.training.trainer import (
     DAPOTrainer,
     ProblemStream,
     TrainingStopped,
@@ -76,8 +76,8 @@ def test_problem_stream_resumes_in_place():
 
 
 def _trainer(cfg, tmp_path, sgd=False):
-    from tasks.rollout import HFGenerator
-    from tasks.train import training_problems
+    from tasks.rollout.generators import HFGenerator
+    from tasks.training.run import training_problems
 
     model, tok = load_policy(resolve_model_path(cfg), "float32")
     gen = HFGenerator(model, tok, cfg.rollout.max_prompt_len)

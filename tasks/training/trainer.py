@@ -18,7 +18,7 @@ samples (whole sequences under gradient checkpointing, where transformers drops 
 response positions are projected onto the vocabulary, in chunks (``dapo_core.logprobs``);
 samples whose loss is identically zero (advantage 0, or masked out by overlong filtering) are
 counted in the normalizer but skip the forward and backward passes. The model's RMSNorm (and, on
-CPU, its attention) use the faster drop-ins of ``tasks.kernels``.
+CPU, its attention) use the faster drop-ins of ``tasks.training.kernels``.
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ from dapo_core.overlong import overlong_filter_mask, shaped_rewards
 from dapo_core.problem import Problem
 from dapo_core.reward import score
 from dapo_core.sampling import BatchStats, GroupAccumulator, fill_batch
-from tasks.distributed import (
+from tasks.models.loading import chat_prompt
+from tasks.rollout.generators import Generator, left_pad
+from tasks.training.distributed import (
     OptimizerEngine,
     all_gather_objects,
     all_reduce_max,
@@ -56,9 +58,7 @@ from tasks.distributed import (
     barrier,
     init_distributed,
 )
-from tasks.kernels import install_rms_norm, use_cpu_sdpa
-from tasks.models import chat_prompt
-from tasks.rollout import Generator, left_pad
+from tasks.training.kernels import install_rms_norm, use_cpu_sdpa
 
 MetricsSink = Callable[[dict[str, float], int], None]
 LOGITS_BUDGET = 2**26  # logits per chunk (256 MB in fp32): ~440 rows of a 151k vocabulary

@@ -25,8 +25,8 @@ from dapo_core.config import Config
 from dapo_core.metrics import avg_at_k, bootstrap_ci, maj_at_k, majority_vote, mean_pass_at_k
 from dapo_core.problem import Problem
 from dapo_core.reward import score
-from tasks.models import chat_prompt
-from tasks.rollout import Generator
+from tasks.models.loading import chat_prompt
+from tasks.rollout.generators import Generator
 
 
 @dataclass
@@ -40,10 +40,10 @@ def evaluate_model(
     cfg: Config, model_path: str | None = None, eval_set: str | None = None, progress: bool = True
 ) -> tuple[str, EvalResult]:
     """Load a model (default: the configured policy) and evaluate it on an eval set."""
-    from tasks.data import eval_problems
-    from tasks.models import load_policy, resolve_model_path
+    from tasks.data.problems import eval_problems
+    from tasks.models.loading import load_policy, resolve_model_path
     from tasks.runtime import configure_torch
-    from tasks.train import make_generator
+    from tasks.training.run import make_generator
 
     name, problems = eval_problems(cfg, eval_set)
     device = configure_torch(cfg.train.cpu_threads)

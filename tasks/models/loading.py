@@ -120,7 +120,7 @@ def resolve_model_path(cfg: Config) -> str:
         return cfg.model.name_or_path
     path = repo_path(cfg.tiny.path)
     if not (path / "config.json").exists():
-        from tasks.warm_start import warm_start
+        from tasks.models.warm_start import warm_start
 
         train, _ = arith_problems(**_synthetic_args(cfg))
         build_tiny_model(cfg.tiny, train, path, cfg.train.seed)

@@ -21,7 +21,7 @@ from dapo_core.synthetic import solution
 
 def sft_batch(tokenizer, problems: list[Problem]) -> dict[str, torch.Tensor]:
     """Right-padded input ids with labels = -100 outside the response (prompt and padding)."""
-    from tasks.models import chat_prompt
+    from tasks.models.loading import chat_prompt
 
     rows, labels = [], []
     for p in problems:

@@ -67,7 +67,7 @@ from dapo_core.errors import PipelineError
 from dapo_core.problem import Problem
 from dapo_core.synthetic import SOURCE_NAME as SYNTHETIC_ARITH
 from dapo_core.synthetic import arith_problems
-from tasks.data import EVAL_DIR
+from tasks.data.problems import EVAL_DIR
 from tasks.params import REPO_ROOT, repo_path
 
 MANIFEST = "manifest.json"
@@ -954,8 +954,8 @@ def curate(
 def data_version(root: str | Path = REPO_ROOT) -> str:
     """The data version of the checkout at ``root``: derived from the md5s of the stage outputs
     in its ``dvc.lock`` ("none" without one). One definition, shared with the MLflow tag
-    ``data.version`` (``tasks.tracking.data_version``): the single output's md5, or the md5 of
+    ``data.version`` (``tasks.tracking.tracker.data_version``): the single output's md5, or the md5 of
     the sorted ``path:md5`` lines when there are several."""
-    from tasks.tracking import data_version as from_lock
+    from tasks.tracking.tracker import data_version as from_lock
 
     return from_lock(Path(root) / "dvc.lock")

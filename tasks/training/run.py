@@ -18,12 +18,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dapo_core.config import Config
 from dapo_core.problem import Problem
-from tasks.distributed import barrier, init_distributed
-from tasks.models import load_policy, resolve_model_path
+from tasks.models.loading import load_policy, resolve_model_path
 from tasks.params import repo_path
-from tasks.rollout import HFGenerator, VLLMGenerator
+from tasks.rollout.generators import HFGenerator, VLLMGenerator
 from tasks.runtime import configure_torch
-from tasks.trainer import DAPOTrainer, MetricsSink, StepResult, list_checkpoints
+from tasks.training.distributed import barrier, init_distributed
+from tasks.training.trainer import DAPOTrainer, MetricsSink, StepResult, list_checkpoints
 
 
 @dataclasses.dataclass
@@ -38,10 +38,10 @@ class TrainResult:
 def training_problems(cfg: Config) -> list[Problem]:
     """The training split named by ``data.source``."""
     if cfg.data.source.startswith("synthetic:"):
-        from tasks.data import synthetic_splits
+        from tasks.data.problems import synthetic_splits
 
         return synthetic_splits(cfg)[0]
-    from tasks.data import load_problems
+    from tasks.data.problems import load_problems
 
     return load_problems(repo_path(cfg.data.out_dir) / "train.parquet")
 

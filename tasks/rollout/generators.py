@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from tasks.decode import LeanDecoder
+from tasks.rollout.decode import LeanDecoder
 
 
 @dataclass
@@ -134,7 +134,8 @@ class HFGenerator:
     then a plain decode loop with temperature / top-p sampling and left padding.
 
     ``min_new_tokens`` suppresses EOS before that many tokens (benchmarks use it to fix lengths).
-    Decode steps use ``tasks.decode.LeanDecoder`` where the architecture allows (``lean=False``
+    Decode steps use ``tasks.rollout.decode.LeanDecoder`` where the architecture allows
+    (``lean=False``
     forces the generic transformers forward).
     """
 
@@ -152,7 +153,7 @@ class HFGenerator:
         self.max_prompt_len = max_prompt_len
         self.batch_size = batch_size  # sequences per decode batch (P_chunk * n)
         self.min_new_tokens = min_new_tokens
-        self.lean = lean  # tasks.decode.LeanDecoder where the architecture allows
+        self.lean = lean  # tasks.rollout.decode.LeanDecoder where the architecture allows
         eos = model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
         self.eos_ids = {e for e in eos + [tokenizer.eos_token_id] if e is not None}

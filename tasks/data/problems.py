@@ -48,7 +48,7 @@ def synthetic_splits(cfg: Config) -> tuple[list[Problem], list[Problem], list[Pr
     """(train, val, test) of the synthetic task. The validation split is carved out of the
     training problems exactly as ``dapo curate`` does, so training never sees it; test is the
     generator's disjoint held-out split."""
-    from tasks.curate import split_validation
+    from tasks.data.curate import split_validation
 
     s = cfg.synthetic
     train, test = arith_problems(s.seed, s.num_train, s.num_test, s.max_operand, s.num_terms)
@@ -71,8 +71,7 @@ def eval_problems(cfg: Config, name_or_path: str | None = None) -> tuple[str, li
         try:
             return path.stem, load_problems(path)
         except ValueError:  # not a curated file (e.g. the DAPO/verl schema): curate it now
-            from tasks import curate
-
+            from tasks.data import curate
             rows, _ = curate.prepare_eval_set(curate.eval_set_name(name), name)
             return curate.eval_set_name(name), curate.rows_to_problems(rows)
     known = [SYNTHETIC_TEST, *cfg.data.eval_sets]
@@ -83,8 +82,7 @@ def _named_eval_set(name: str, spec: str) -> list[Problem]:
     """A set from ``data.eval_sets``: its prepared copy (data/eval/<name>.parquet, written by
     ``dapo curate``/``dvc repro`` from this same spec); else, for a local file, the file
     prepared in memory; else an error that says how to prepare it."""
-    from tasks import curate
-
+    from tasks.data import curate
     prepared = repo_path(EVAL_DIR) / f"{name}.parquet"
     made_from = curate.read_manifest().get(name, {}).get("spec")
     if prepared.exists() and made_from in (None, spec):

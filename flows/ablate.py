@@ -29,7 +29,9 @@ from dapo_core.config import (
 from dapo_core.errors import PipelineError
 from dapo_core.metrics import bootstrap_ci
 from flows.pipeline import default_run_name, load_config, run_dir_for
-from flows.steps import curate_task, evaluate_task, run_logger, train_task
+from flows.steps import evaluate_task, train_task
+from tasks.data.stage import curate_task
+from tasks.orchestration import run_logger
 
 TABLE_COLUMNS = [
     "variant",

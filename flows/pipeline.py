@@ -18,13 +18,8 @@ from pathlib import Path
 from prefect import flow
 
 from dapo_core.config import Config, apply_variant
-from flows.steps import (
-    EvalSummary,
-    TrainSummary,
-    curate_task,
-    evaluate_task,
-    train_task,
-)
+from flows.steps import EvalSummary, TrainSummary, evaluate_task, train_task
+from tasks.data.stage import curate_task
 from tasks.params import load_params, repo_path
 
 

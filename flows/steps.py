@@ -14,106 +14,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from dapo_core.config import Config, ConfigError
-from dapo_core.errors import PipelineError
-from tasks.params import REPO_ROOT, load_params, repo_path
+from dapo_core.config import Config
+from tasks.orchestration import retry_unless_user_error, run_logger
+from tasks.params import repo_path
 
-USER_ERRORS = (ConfigError, PipelineError, FileNotFoundError, FileExistsError)
 MAX_SAMPLE_ROWS = 2000  # sample generations kept for the run's table
 VALIDATION_FILE = "validation.jsonl"
-
-
-def _retry_unless_user_error(task: Any, task_run: Any, state: Any) -> bool:
-    """Prefect ``retry_condition_fn``: retry I/O and crashes, not errors a retry cannot fix."""
-    exc = getattr(state, "data", None)
-    return not isinstance(exc, USER_ERRORS)
-
-
-def run_logger() -> Any:
-    try:
-        return get_run_logger()
-    except Exception:  # noqa: BLE001 - called outside a flow (plain function call)
-        import logging
-
-        return logging.getLogger("dapo.flows")
-
-
-# ---------------------------------------------------------------------------------------------
-# Curate
-# ---------------------------------------------------------------------------------------------
-
-
-@task(
-    name="curate",
-    retries=2,
-    retry_delay_seconds=10,
-    retry_condition_fn=_retry_unless_user_error,
-    cache_policy=NO_CACHE,
-    persist_result=False,
-)
-def curate_task(cfg: Config, stages: list[str] | None = None, root: str | None = None) -> dict:
-    """Run the DVC data stages (``dvc repro``), so DVC's cache and skip logic apply.
-
-    Skipped, with a log line saying why, when nothing needs curating (a ``synthetic:`` source
-    evaluated on ``synthetic-test``) or when the repository has no ``dvc.yaml`` yet."""
-    log = run_logger()
-    root_path = Path(root) if root else REPO_ROOT
-    from tasks.tracking.tracker import data_version
-
-    lock = root_path / "dvc.lock"
-    needs_data = not cfg.data.source.startswith("synthetic:") or cfg.eval.eval_set in (
-        cfg.data.eval_sets
-    )
-    if not needs_data and not stages:
-        log.info(
-            "curate: skipped; the source is %s (generated, no curation needed)", cfg.data.source
-        )
-        return {
-            "status": "skipped",
-            "reason": "synthetic source",
-            "data_version": data_version(lock),
-        }
-    if not (root_path / "dvc.yaml").exists():
-        log.warning(
-            "curate: skipped; %s has no dvc.yaml, so there are no data stages to run. The curated "
-            "data under %s must already exist.",
-            root_path,
-            cfg.data.out_dir,
-        )
-        return {"status": "skipped", "reason": "no dvc.yaml", "data_version": data_version(lock)}
-    if cfg.data != load_params().data:
-        log.warning(
-            "curate: DVC stages read params.yaml, so this run's changes to data.* do not reach "
-            "them; edit params.yaml or use `dvc exp run -S data.key=value` to curate differently."
-        )
-    cmd = [sys.executable, "-m", "dvc", "repro", *(stages or [])]
-    log.info("curate: %s (in %s)", " ".join(cmd[2:]), root_path)
-    t0 = time.perf_counter()
-    env = {"DVC_NO_ANALYTICS": "1", **os.environ}
-    out = subprocess.run(cmd, cwd=root_path, capture_output=True, text=True, env=env)
-    if out.returncode != 0:
-        tail = (out.stderr or out.stdout).strip()[-2000:]
-        raise PipelineError(f"`dvc repro` failed (exit {out.returncode}):\n{tail}")
-    for line in out.stdout.strip().splitlines()[-20:]:
-        log.info("dvc: %s", line)
-    version = data_version(lock)
-    log.info("curate: done in %.1fs; data version %s", time.perf_counter() - t0, version)
-    return {"status": "ran", "data_version": version, "wall_time_s": time.perf_counter() - t0}
-
-
-# ---------------------------------------------------------------------------------------------
-# Train
-# ---------------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -194,7 +107,7 @@ def read_validation(run_dir: str | Path) -> list[dict[str, Any]]:
     name="train",
     retries=1,
     retry_delay_seconds=2,
-    retry_condition_fn=_retry_unless_user_error,
+    retry_condition_fn=retry_unless_user_error,
     cache_policy=NO_CACHE,
     persist_result=False,
 )
@@ -293,7 +206,7 @@ class EvalSummary:
     name="evaluate",
     retries=1,
     retry_delay_seconds=2,
-    retry_condition_fn=_retry_unless_user_error,
+    retry_condition_fn=retry_unless_user_error,
     cache_policy=NO_CACHE,
     persist_result=False,
 )

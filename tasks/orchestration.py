@@ -1,0 +1,32 @@
+"""What every Prefect task of the pipeline shares: which errors are worth a retry, and a logger.
+
+A Prefect task costs 12-33 ms here (DESIGN section 6), so each task is a whole stage (the DVC data
+stages, a training run, an evaluation), never a training step. Errors a retry cannot fix (a bad
+config, missing data, a run stopped on purpose) are not retried.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from prefect import get_run_logger
+
+from dapo_core.config import ConfigError
+from dapo_core.errors import PipelineError
+
+USER_ERRORS = (ConfigError, PipelineError, FileNotFoundError, FileExistsError)
+
+
+def retry_unless_user_error(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect ``retry_condition_fn``: retry I/O and crashes, not errors a retry cannot fix."""
+    exc = getattr(state, "data", None)
+    return not isinstance(exc, USER_ERRORS)
+
+
+def run_logger() -> Any:
+    """The Prefect run logger inside a flow or task; a plain logger when called outside one."""
+    try:
+        return get_run_logger()
+    except Exception:  # noqa: BLE001 - no Prefect run context
+        return logging.getLogger("dapo")

@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import tempfile
-from pathlib import Path
 
 import torch
 
 from bench import common
+from tasks.data.splits import splits
 from tasks.models.loading import load_policy, resolve_model_path
 from tasks.params import load_params
-from tasks.training.run import make_generator, training_problems
+from tasks.training.run import make_generator
 from tasks.training.trainer import DAPOTrainer
 
 
@@ -40,15 +39,12 @@ def measure(steps: int, overrides: list[str] | None = None) -> dict[str, float]:
     path = resolve_model_path(cfg)
     model, tok = load_policy(path, cfg.model.dtype)
     generated = kept = trained = 0
-    with tempfile.TemporaryDirectory() as d:
-        trainer = DAPOTrainer(
-            cfg, model, tok, make_generator(cfg, model, tok, path), training_problems(cfg), Path(d)
-        )
-        for _ in range(steps):
-            m = trainer.train_step().metrics
-            generated += m["train/groups_generated"]
-            kept += m["train/kept_group_frac"] * m["train/groups_generated"]
-            trained += m["train/groups_in_batch"]
+    trainer = DAPOTrainer(cfg, model, tok, make_generator(cfg, model, tok, path), splits(cfg).train)
+    for _ in range(steps):
+        m = trainer.train_step().metrics
+        generated += m["train/groups_generated"]
+        kept += m["train/kept_group_frac"] * m["train/groups_generated"]
+        trained += m["train/groups_in_batch"]
     f = kept / generated
     return {
         "groups_generated": generated,

@@ -33,16 +33,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 import types
-from pathlib import Path
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-import tasks.training.trainer
+import tasks.training.forward
 from bench.common import positive_int
 from dapo_core.problem import Problem
 from tasks.params import load_params
@@ -102,7 +100,7 @@ def make_samples(P: int, G: int, L: int, prompt_len: int, vocab: int, seed: int)
     return samples
 
 
-def make_trainer(model, P: int, G: int, L: int, budget: int, run_dir: Path) -> DAPOTrainer:
+def make_trainer(model, P: int, G: int, L: int, budget: int) -> DAPOTrainer:
     """One update per call over the whole batch, no filtering or shaping (which need rollouts)."""
     overrides = [f"rollout.group_size={G}", f"rollout.max_response_len={L}"]
     overrides += [f"algo.cache_len={L // 4}", f"train.micro_batch_tokens={budget}"]
@@ -114,7 +112,7 @@ def make_trainer(model, P: int, G: int, L: int, budget: int, run_dir: Path) -> D
     cfg = load_params(overrides=overrides)
     problems = [Problem("bench", "1+1", "2", "1+1", "bench")]  # never drawn: no rollouts here
     tokenizer = types.SimpleNamespace(pad_token_id=0)  # all that _update reads
-    return DAPOTrainer(cfg, model, tokenizer, None, problems, run_dir)
+    return DAPOTrainer(cfg, model, tokenizer, None, problems)
 
 
 def analytic_flops(
@@ -147,28 +145,27 @@ def measure(
     device, config = model.device, model.config
     cuda = device.type == "cuda"
     samples = make_samples(P, G, L, prompt_len, config.vocab_size, seed=0)
-    with tempfile.TemporaryDirectory() as d:
-        trainer = make_trainer(model, P, G, L, budget, Path(d))
-        # The analytic count follows the trainer's own packing: a group split across micro-batches
-        # runs its prompt once per micro-batch; the chunk is the one _forward_logprobs uses.
-        batches = trainer._my_micro_batches(samples)
-        chunk = max(256, tasks.training.trainer.LOGITS_BUDGET // config.vocab_size)
-        passes = sum(len({tuple(s.input_ids[: s.prompt_len]) for s in b}) for b in batches)
-        recomputed = sum(len(b) * L for b in batches if len(b) * L > chunk)
-        analytic = analytic_flops(config, prompt_len, L, passes, len(samples), recomputed)
-        counter = FlopCounterMode(display=False)
-        with counter:
-            outs = [trainer._update(samples)]  # the first warm-up update, counted
-        outs += [trainer._update(samples) for _ in range(warmup - 1)]
-        if cuda:  # the peak over timed updates (weights and AdamW state, allocated, count too)
-            torch.cuda.reset_peak_memory_stats(device)
-        times = []
-        for _ in range(steps):
-            _sync(device)
-            t0 = time.perf_counter()
-            outs.append(trainer._update(samples))
-            _sync(device)
-            times.append(time.perf_counter() - t0)
+    trainer = make_trainer(model, P, G, L, budget)
+    # The analytic count follows the trainer's own packing: a group split across micro-batches
+    # runs its prompt once per micro-batch; the chunk is the one _forward_logprobs uses.
+    batches = trainer._my_micro_batches(samples)
+    chunk = max(256, tasks.training.forward.LOGITS_BUDGET // config.vocab_size)
+    passes = sum(len({tuple(s.input_ids[: s.prompt_len]) for s in b}) for b in batches)
+    recomputed = sum(len(b) * L for b in batches if len(b) * L > chunk)
+    analytic = analytic_flops(config, prompt_len, L, passes, len(samples), recomputed)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        outs = [trainer._update(samples)]  # the first warm-up update, counted
+    outs += [trainer._update(samples) for _ in range(warmup - 1)]
+    if cuda:  # the peak over timed updates (weights and AdamW state, allocated, count too)
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(steps):
+        _sync(device)
+        t0 = time.perf_counter()
+        outs.append(trainer._update(samples))
+        _sync(device)
+        times.append(time.perf_counter() - t0)
     median, flops = statistics.median(times), counter.get_total_flops()
     tokens = passes * prompt_len + len(samples) * (L - 1)
     return {

@@ -58,21 +58,19 @@ def our_steps(model_dir: Path, problems, P: int, G: int, L: int, steps: int) -> 
         ]
     )
     model, tok = load_policy(str(model_dir), "float32")
-    with tempfile.TemporaryDirectory() as d:
-        trainer = DAPOTrainer(
-            cfg,
-            model,
-            tok,
-            HFGenerator(model, tok, 256, min_new_tokens=L),
-            problems,
-            Path(d),
-            reward_fn=lambda response, answer: coin(response),
-        )
-        times = []
-        for _ in range(steps):
-            t = time.perf_counter()
-            trainer.train_step()
-            times.append(time.perf_counter() - t)
+    trainer = DAPOTrainer(
+        cfg,
+        model,
+        tok,
+        HFGenerator(model, tok, 256, min_new_tokens=L),
+        problems,
+        reward_fn=lambda response, answer: coin(response),
+    )
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        trainer.train_step()
+        times.append(time.perf_counter() - t)
     return times
 
 

@@ -18,18 +18,16 @@ ratio are printed. (Generation throughput: ``python -m bench.generation``.)
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
 from bench import common
 from dapo_core.loss import policy_loss
+from tasks.data.splits import splits
 from tasks.models.loading import load_policy, resolve_model_path
 from tasks.params import load_params
 from tasks.rollout.generators import HFGenerator
-from tasks.training.run import training_problems
 from tasks.training.trainer import DAPOTrainer, Group, new_rollout_log
 
 
@@ -75,20 +73,19 @@ def bench_shape(cfg_base, P: int, G: int, L: int, repeats: int) -> dict[str, flo
         ]
     )
     model, tok = load_policy(resolve_model_path(cfg), "float32")
-    with tempfile.TemporaryDirectory() as d:
-        gen = HFGenerator(model, tok, cfg.rollout.max_prompt_len)
-        trainer = DAPOTrainer(cfg, model, tok, gen, training_problems(cfg), Path(d))
-        torch.manual_seed(0)
-        groups = rollouts(trainer, P, L)
-        samples, _ = trainer._samples(groups)
-        ours, naive = [], []
-        for _ in range(repeats + 1):
-            t = time.perf_counter()
-            trainer._update(samples)
-            ours.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            naive_update(trainer, samples)
-            naive.append(time.perf_counter() - t)
+    gen = HFGenerator(model, tok, cfg.rollout.max_prompt_len)
+    trainer = DAPOTrainer(cfg, model, tok, gen, splits(cfg).train)
+    torch.manual_seed(0)
+    groups = rollouts(trainer, P, L)
+    samples, _ = trainer._samples(groups)
+    ours, naive = [], []
+    for _ in range(repeats + 1):
+        t = time.perf_counter()
+        trainer._update(samples)
+        ours.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        naive_update(trainer, samples)
+        naive.append(time.perf_counter() - t)
     ours_med, naive_med = statistics.median(ours[1:]), statistics.median(naive[1:])
     return {
         "ours_s": ours_med,

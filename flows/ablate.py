@@ -29,9 +29,11 @@ from dapo_core.config import (
 from dapo_core.errors import PipelineError
 from dapo_core.metrics import bootstrap_ci
 from flows.pipeline import default_run_name, load_config, run_dir_for
-from flows.steps import evaluate_task, train_task
 from tasks.data.stage import curate_task
+from tasks.evaluation.task import evaluate_task
 from tasks.orchestration import run_logger
+from tasks.rundir import RunDir
+from tasks.training.task import train_task
 
 TABLE_COLUMNS = [
     "variant",
@@ -124,7 +126,7 @@ def ablate_flow(
     root = run_dir_for(cfg, name)
     parent = Tracker(cfg, "ablate")
     parent.start_or_resume(
-        root,
+        RunDir(root),
         name,
         run_tags(cfg, "ablate", variant="ladder", variants=",".join(names), seeds=seeds),
     )

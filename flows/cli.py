@@ -130,50 +130,52 @@ def train(
     ] = True,
 ) -> None:
     """Train the policy with DAPO (or a Table 1 variant) on the configured data."""
+    _orchestration_env()
+    from flows.pipeline import train_flow, train_on_ranks
+    from tasks.training.distributed import env_world_size
+
+    if resume is not None:  # the run's own config; the flow continues it
+        params, config, set_, variant = resume / "config.json", None, None, None
+        if not params.exists():
+            raise FileNotFoundError(f"{resume} is not a run directory (no config.json)")
+    target = resume or run_dir
+    if env_world_size() > 1:  # a multi-rank launcher: no flow run per rank (see train_on_ranks)
+        cfg = _load(params, config, set_, variant)
+        out = target or default_train_dir(cfg)
+        result = train_on_ranks(cfg, str(out), resume=resume is not None)
+        if result.history:  # rank 0 reports
+            _report_training(result.steps, result.wall_time_s, result.history[-1], out, None)
+        return
+    _load(params, config, set_, variant)  # a config error is reported before Prefect starts
+    summary = train_flow(
+        **_flow_args(params, config, set_),
+        variant=variant,
+        run_dir=str(target.resolve()) if target else None,
+        resume=resume is not None,
+        track=track,
+    )
+    _report_training(
+        summary.steps,
+        summary.wall_time_s,
+        summary.last_metrics,
+        summary.model_path,
+        summary.mlflow_run_id,
+    )
+
+
+def default_train_dir(cfg) -> Path:
+    """``train.out_dir/train-<date>-<time>``, the run directory when none is named."""
     import time
 
     from tasks.params import repo_path
-    from tasks.training.distributed import env_world_size
-    from tasks.training.run import run_training
-    from tasks.training.trainer import list_checkpoints
 
-    if resume is not None:
-        if not (resume / "config.json").exists():
-            raise FileNotFoundError(f"{resume} is not a run directory (no config.json)")
-        cfg = _load_logged(resume / "config.json")
-        out = resume
-    else:
-        cfg = _load(params, config, set_, variant)
-        out = run_dir or repo_path(cfg.train.out_dir) / time.strftime("train-%Y%m%d-%H%M%S")
-        if list_checkpoints(out):
-            raise FileExistsError(
-                f"{out} already holds a run: continue it with --resume {out}, or pick another "
-                "--run-dir"
-            )
-    tracking = ""
-    if track and env_world_size() == 1:
-        from flows.steps import train_task
+    return repo_path(cfg.train.out_dir) / time.strftime("train-%Y%m%d-%H%M%S")
 
-        # The flows' train step as a plain call (no Prefect server): validation every
-        # eval.every_n_steps, per-step metrics, plots and samples in an MLflow run.
-        summary = train_task.fn(cfg, str(out), kind="train", run_name=out.name, variant=variant)
-        steps, wall, last, model = (
-            summary.steps,
-            summary.wall_time_s,
-            summary.last_metrics,
-            summary.model_path,
-        )
-        tracking = f"; MLflow run {summary.mlflow_run_id} (browse with `dapo ui`)"
-    else:
-        result = run_training(cfg, out, resume=resume is not None)
-        if not result.history:  # ranks > 0 under the deepspeed launcher: rank 0 reports
-            return
-        steps, wall, last, model = (
-            result.steps,
-            result.wall_time_s,
-            result.history[-1],
-            result.final_model,
-        )
+
+def _report_training(
+    steps: int, wall: float, last: dict, model: Any, mlflow_run_id: str | None
+) -> None:
+    tracking = f"; MLflow run {mlflow_run_id} (browse with `dapo ui`)" if mlflow_run_id else ""
     console.print(
         f"[green]done[/]: {steps} steps in {wall:.0f}s, "
         f"last sampled accuracy {last.get('train/acc_mean', float('nan')):.3f}; "
@@ -202,22 +204,17 @@ def evaluate(
     ] = True,
 ) -> None:
     """Evaluate a model: avg@n, pass@k, maj@n and a 95% CI over problems (paper: AIME avg@32)."""
+    _orchestration_env()
     from rich.table import Table
 
-    from tasks.evaluation.evaluate import evaluate_model
+    from flows.pipeline import evaluate_flow
 
     cfg = _load(params, config, set_)
-    run_note = ""
-    if track:
-        from flows.steps import evaluate_task
-
-        # The flows' evaluate step as a plain call: metrics, per-problem table and samples in a
-        # new MLflow run.
-        summary = evaluate_task.fn(cfg, model, eval_set, kind="evaluate")
-        name, result = summary.eval_set, summary
-        run_note = f"; MLflow run {summary.mlflow_run_id}"
-    else:
-        name, result = evaluate_model(cfg, model, eval_set)
+    result = evaluate_flow(
+        **_flow_args(params, config, set_), model=model, eval_set=eval_set, track=track
+    )
+    name = result.eval_set
+    run_note = f"; MLflow run {result.mlflow_run_id}" if result.mlflow_run_id else ""
     table = Table(
         title=f"{name}: {len(result.per_problem)} problems x {cfg.eval.n_samples} samples"
     )
@@ -299,12 +296,6 @@ def curate(
             f"(train {r['train']}, val {r['val']}; {r['converted']['total']} answers converted "
             f"to integer form); dropped: {dropped}; wrote {summary.out_dir}"
         )
-
-
-def _load_logged(path: Path):
-    from dapo_core.config import from_dict
-
-    return from_dict(json.loads(path.read_text()), source=str(path))
 
 
 @app.command("demo")

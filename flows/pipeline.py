@@ -18,9 +18,12 @@ from pathlib import Path
 from prefect import flow
 
 from dapo_core.config import Config, apply_variant
-from flows.steps import EvalSummary, TrainSummary, evaluate_task, train_task
 from tasks.data.stage import curate_task
+from tasks.evaluation.task import EvalSummary, evaluate_task
 from tasks.params import load_params, repo_path
+from tasks.rundir import RunDir
+from tasks.training.run import TrainResult, run_training
+from tasks.training.task import TrainSummary, train_task
 
 
 def load_config(
@@ -66,20 +69,34 @@ def train_flow(
     run_name: str | None = None,
     max_steps: int | None = None,
     progress: bool = True,
+    run_dir: str | None = None,
+    resume: bool = True,
+    track: bool = True,
 ) -> TrainSummary:
-    """Train with DAPO (or a Table 1 variant). With ``run_name`` naming an existing run, continue
-    it from its latest checkpoint (``max_steps`` more steps at most, e.g. nightly)."""
+    """Train with DAPO (or a Table 1 variant) in ``run_dir`` (default: ``train.out_dir/<run
+    name>``). With ``resume`` a run already there continues from its latest checkpoint
+    (``max_steps`` more steps at most, e.g. nightly); without it such a directory is refused.
+    ``track=False`` logs nothing to MLflow (the run directory still has every metric)."""
     cfg = load_config(params, config, overrides, variant)
-    name = run_name or default_run_name("train")
+    name = run_name or (Path(run_dir).name if run_dir else default_run_name("train"))
     return train_task(
         cfg,
-        str(run_dir_for(cfg, name)),
+        run_dir or str(run_dir_for(cfg, name)),
         kind="train",
         run_name=name,
         variant=variant,
         max_steps=max_steps,
         progress=progress,
+        resume=resume,
+        track=track,
     )
+
+
+def train_on_ranks(cfg: Config, run_dir: str, resume: bool) -> TrainResult:
+    """Training under a multi-rank launcher (deepspeed, torchrun): every rank runs this, without
+    Prefect or MLflow (one flow run per rank would be N runs); rank 0 writes the run directory.
+    ``dapo pipeline`` is the tracked path."""
+    return run_training(cfg, RunDir(run_dir), resume=resume)
 
 
 @flow(name="evaluate")
@@ -91,10 +108,14 @@ def evaluate_flow(
     eval_set: str | None = None,
     progress: bool = True,
     tags: dict[str, str] | None = None,
+    track: bool = True,
 ) -> EvalSummary:
-    """Evaluate a model (default: model.name_or_path) on an eval set; tracked in MLflow."""
+    """Evaluate a model (default: model.name_or_path) on an eval set; tracked in MLflow unless
+    ``track=False``."""
     cfg = load_config(params, config, overrides)
-    return evaluate_task(cfg, model, eval_set, kind="evaluate", progress=progress, extra_tags=tags)
+    return evaluate_task(
+        cfg, model, eval_set, kind="evaluate", progress=progress, extra_tags=tags, track=track
+    )
 
 
 @flow(name="pipeline")

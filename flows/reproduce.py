@@ -20,7 +20,8 @@ from tasks.params import repo_path
 def reproduce_checks(info: dict[str, Any]) -> tuple[list[str], list[str]]:
     """(mismatches, notes): how the run's data and code differ from this checkout, each with the
     command that restores it; notes are caveats (e.g. the run's tree had uncommitted changes)."""
-    from tasks.tracking.tracker import data_version, git_commit
+    from tasks.data.version import data_version
+    from tasks.tracking.tracker import git_commit
 
     tags = info["tags"]
     mismatches, notes = [], []

@@ -19,7 +19,7 @@ from dapo_core.config import Config
 from dapo_core.errors import PipelineError
 from tasks.orchestration import retry_unless_user_error, run_logger
 from tasks.params import REPO_ROOT, load_params
-from tasks.tracking.tracker import data_version
+from tasks.data.version import data_version
 
 
 @task(

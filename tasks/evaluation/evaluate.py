@@ -40,7 +40,7 @@ def evaluate_model(
     cfg: Config, model_path: str | None = None, eval_set: str | None = None, progress: bool = True
 ) -> tuple[str, EvalResult]:
     """Load a model (default: the configured policy) and evaluate it on an eval set."""
-    from tasks.data.problems import eval_problems
+    from tasks.data.splits import eval_problems
     from tasks.models.loading import load_policy, resolve_model_path
     from tasks.runtime import configure_torch
     from tasks.training.run import make_generator

@@ -18,7 +18,8 @@ import torch
 from dapo_core.config import Config, TinyModelConfig
 from dapo_core.curation import apply_template
 from dapo_core.problem import Problem
-from dapo_core.synthetic import arith_problems, solution
+from dapo_core.synthetic import solution
+from tasks.data.splits import splits
 from tasks.params import repo_path
 
 TINY = "tiny"
@@ -115,28 +116,20 @@ def build_tiny_model(tiny: TinyModelConfig, train: list[Problem], out_dir: Path,
 
 def resolve_model_path(cfg: Config) -> str:
     """``model.name_or_path`` as a loadable path or hub id; ``tiny`` builds the embedded model
-    (tokenizer, random init, supervised warm start) on first use."""
+    (tokenizer, random init, supervised warm start) on first use.
+
+    The tokenizer and the warm start see the training split only (``tasks.data.splits``): a
+    validation or test problem learned here would inflate every later score on it."""
     if cfg.model.name_or_path != TINY:
         return cfg.model.name_or_path
     path = repo_path(cfg.tiny.path)
     if not (path / "config.json").exists():
         from tasks.models.warm_start import warm_start
 
-        train, _ = arith_problems(**_synthetic_args(cfg))
+        train = splits(cfg).train
         build_tiny_model(cfg.tiny, train, path, cfg.train.seed)
         warm_start(cfg, path, train)
     return str(path)
-
-
-def _synthetic_args(cfg: Config) -> dict[str, int]:
-    s = cfg.synthetic
-    return dict(
-        seed=s.seed,
-        num_train=s.num_train,
-        num_test=s.num_test,
-        max_operand=s.max_operand,
-        num_terms=s.num_terms,
-    )
 
 
 def torch_dtype(name: str, device: torch.device) -> torch.dtype:

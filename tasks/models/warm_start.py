@@ -1,9 +1,11 @@
-"""Supervised warm start of the embedded tiny model on the synthetic task (DESIGN section 4).
+"""Supervised warm start of the embedded tiny model on the training split.
 
-RL from a 0%-accurate policy gets all-wrong groups and no signal, so the tiny model first learns the
-answer format and some arithmetic with a short cross-entropy run on the reference responses (loss on
-response tokens only). It is kept deliberately short: the policy should land well below its ceiling
-so RL has room to climb.
+RL from a 0%-accurate policy gets all-wrong groups and no signal (DAPO, arXiv 2503.14476, section
+3.2: such groups have zero advantage), so the tiny model first learns the answer format and some
+arithmetic with a short cross-entropy run on the reference responses (loss on response tokens
+only). It is kept deliberately short: the policy should land well below its ceiling so RL has room
+to climb. It sees the training split of ``tasks.data.splits`` only: a validation or test problem
+learned here would inflate every later score on it.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def sft_batch(tokenizer, problems: list[Problem]) -> dict[str, torch.Tensor]:
 
 
 def warm_start(cfg: Config, model_dir: Path, train: list[Problem]) -> list[float]:
-    """Train ``model_dir`` in place for ``tiny.warm_start_steps`` steps; returns the losses."""
+    """Train ``model_dir`` in place for ``tiny.warm_start_steps`` steps on batches drawn from
+    ``train`` (the training split); returns the losses."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

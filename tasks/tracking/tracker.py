@@ -19,7 +19,6 @@ retry budget (~4 minutes per call by default) is lowered to a few seconds unless
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import logging
@@ -33,16 +32,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dapo_core.config import ABLATION_LADDER, ABLATION_SWITCHES, Config
+from tasks.data.version import data_version
 from tasks.params import REPO_ROOT
+from tasks.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
 KINDS = ("train", "evaluate", "pipeline", "ablate")
 STORE_DIR = REPO_ROOT / "mlflow"
-RUN_FILE = "mlflow_run.json"  # in a run directory: the MLflow run it logs to (for resume/retry)
 MAX_PARAM_LEN = 6000  # MLflow's limit on a param value
 MAX_TAG_LEN = 5000
 PARAMS_PER_BATCH = 100  # MLflow's log_batch limits
@@ -131,36 +129,6 @@ def git_dirty(root: Path = REPO_ROOT) -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return "unknown" if out.returncode else str(bool(out.stdout.strip())).lower()
-
-
-def dvc_outputs(lock: Path | None = None) -> dict[str, str]:
-    """``{output path: md5}`` of every stage output recorded in ``dvc.lock`` (empty if none)."""
-    lock = lock or REPO_ROOT / "dvc.lock"
-    if not lock.exists():
-        return {}
-    try:
-        data = yaml.safe_load(lock.read_text()) or {}
-    except yaml.YAMLError:
-        log.warning("%s is not valid YAML; data version unknown", lock)
-        return {}
-    outs: dict[str, str] = {}
-    for stage in (data.get("stages") or {}).values():
-        for out in (stage or {}).get("outs") or []:
-            if isinstance(out, dict) and "path" in out:
-                outs[str(out["path"])] = str(out.get("md5") or out.get("hash") or "")
-    return outs
-
-
-def data_version(lock: Path | None = None) -> str:
-    """The data version: the md5 of the single output of ``dvc.lock``, a digest of all its
-    outputs' md5s when there are several, or ``none`` without a lock file."""
-    outs = dvc_outputs(lock)
-    if not outs:
-        return "none"
-    if len(outs) == 1:
-        return next(iter(outs.values()))
-    joined = "\n".join(f"{p}:{m}" for p, m in sorted(outs.items()))
-    return hashlib.md5(joined.encode()).hexdigest()
 
 
 def prefect_flow_run_id() -> str | None:
@@ -339,23 +307,20 @@ class Tracker:
 
     def start_or_resume(
         self,
-        run_dir: Path,
+        run_dir: RunDir,
         run_name: str,
         tags: Mapping[str, str] | None = None,
         parent_run_id: str | None = None,
     ) -> str | None:
         """The run recorded in ``run_dir`` (a retry or a continued training), else a new one
         that is then recorded there, so that every attempt of a task logs to the same run."""
-        record = Path(run_dir) / RUN_FILE
-        if record.exists():
-            saved = json.loads(record.read_text())
-            if saved.get("tracking_uri") == self.uri and self.resume_run(saved["run_id"]):
-                if tags:
-                    self.set_tags(tags)
-                return self.run_id
+        saved = run_dir.mlflow_run()
+        if saved and saved.get("tracking_uri") == self.uri and self.resume_run(saved["run_id"]):
+            if tags:
+                self.set_tags(tags)
+            return self.run_id
         if self.start_run(run_name, tags, parent_run_id) is not None:
-            Path(run_dir).mkdir(parents=True, exist_ok=True)
-            record.write_text(json.dumps({"run_id": self.run_id, "tracking_uri": self.uri}))
+            run_dir.record_mlflow_run(self.run_id, self.uri)
         return self.run_id
 
     def end(self, status: str = "FINISHED") -> None:
@@ -440,25 +405,6 @@ class Tracker:
 
         if self._guard("logging metrics", write):
             self._steps_waiting.clear()
-
-    def metrics_sink(self, after_step: int = 0) -> Callable[[dict[str, float], int], None]:
-        """A ``MetricsSink`` for ``run_training``; steps <= ``after_step`` (already in the run,
-        e.g. logged by an attempt that failed after its last checkpoint) are not logged twice."""
-
-        def sink(metrics: dict[str, float], step: int) -> None:
-            if step > after_step:
-                self.log_metrics(metrics, step)
-
-        return sink
-
-    def last_step(self, key: str) -> int:
-        """The last step at which ``key`` was logged in this run (0 if never)."""
-        if not self.active:
-            return 0
-        history = self._guard(
-            "reading metric history", lambda: self.client.get_metric_history(self.run_id, key)
-        )
-        return max((m.step for m in history or []), default=0)
 
     # -- artifacts ---------------------------------------------------------------------------
 

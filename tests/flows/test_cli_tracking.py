@@ -14,7 +14,8 @@ def _run_id(output: str) -> str:
     return found.group(1)
 
 
-def test_cli_train_and_evaluate_are_tracked(mlflow_uri, flow_cfg, flow_params, tmp_path):
+def test_cli_train_and_evaluate_are_tracked(flows_env, flow_cfg, flow_params, tmp_path):
+    mlflow_uri = flows_env
     runner = CliRunner()
     run_dir = tmp_path / "cli-run"
     out = runner.invoke(app, ["train", "--params", flow_params, "--run-dir", str(run_dir)])

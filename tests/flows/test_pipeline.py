@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dapo_core.config import resolve
+from tasks.data import version
 from tasks.tracking import tracker as tracking
 
 pytestmark = pytest.mark.slow
@@ -37,7 +38,7 @@ def test_pipeline_logs_train_and_eval_to_one_run(pipeline_run, flow_cfg):
     # tags: code, data, orchestration, what was run
     tags = run["tags"]
     assert tags["prefect.flow_run_id"] == pipeline_run["flow_run_id"]
-    assert tags["data.version"] == tracking.data_version()
+    assert tags["data.version"] == version.data_version()
     # (others may commit meanwhile: check the form, not today's HEAD)
     assert re.fullmatch(r"[0-9a-f]{40}|unknown", tags["git.commit"])
     assert tags["git.dirty"] in ("true", "false", "unknown")
@@ -66,7 +67,8 @@ def test_train_retry_resumes_from_checkpoint(flows_env, flow_cfg, tmp_path, monk
     checkpoint: the same 4 steps in the end, no step trained twice, one MLflow run."""
     import flows.pipeline
     from flows.pipeline import train_flow
-    from flows.steps import train_task
+    from tasks.training import checkpoint
+    from tasks.training.task import train_task
     from tasks.training.trainer import DAPOTrainer
 
     cfg = resolve(flow_cfg.to_dict(), overrides=["train.steps=4", "train.checkpoint_every=2"])
@@ -74,22 +76,22 @@ def test_train_retry_resumes_from_checkpoint(flows_env, flow_cfg, tmp_path, monk
     params.write_text(json.dumps(cfg.to_dict()))
     steps_trained: list[int] = []
     failed: list[int] = []
-    original_step, original_save = DAPOTrainer.train_step, DAPOTrainer.save_checkpoint
+    original_step, original_save = DAPOTrainer.train_step, checkpoint.save_checkpoint
 
     def counting_step(self):
         out = original_step(self)
         steps_trained.append(self.step)
         return out
 
-    def save_then_crash_once(self):
-        path = original_save(self)
-        if self.step == 2 and not failed:
-            failed.append(self.step)
+    def save_then_crash_once(trainer, run_dir):
+        path = original_save(trainer, run_dir)
+        if trainer.step == 2 and not failed:
+            failed.append(trainer.step)
             raise OSError("simulated node failure right after the step-2 checkpoint")
         return path
 
     monkeypatch.setattr(DAPOTrainer, "train_step", counting_step)
-    monkeypatch.setattr(DAPOTrainer, "save_checkpoint", save_then_crash_once)
+    monkeypatch.setattr(checkpoint, "save_checkpoint", save_then_crash_once)
     no_delay = train_task.with_options(retry_delay_seconds=0)
     monkeypatch.setattr(flows.pipeline, "train_task", no_delay)
     summary = train_flow(params=str(params), run_name="retry", progress=False)
@@ -166,7 +168,7 @@ def test_curate_runs_dvc_stages_and_reports_the_data_version(flow_cfg, tmp_path)
     real = resolve(flow_cfg.to_dict(), overrides=["data.source=data/raw/dapo.parquet"])
     out = curate_task.fn(real, root=str(tmp_path))
     assert out["status"] == "ran" and (tmp_path / "out.txt").read_text() == "42"
-    assert out["data_version"] == tracking.data_version(tmp_path / "dvc.lock")
+    assert out["data_version"] == version.data_version(tmp_path / "dvc.lock")
     assert out["data_version"] == "a1d0c6e83f027327d8461063f4ac58a6"  # md5 of "42"
     again = curate_task.fn(real, root=str(tmp_path))  # DVC skips the unchanged stage
     assert again["data_version"] == out["data_version"]

@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
+from tasks.data import version
 from tasks.tracking import tracker as tracking
 
 SERVER_START_TIMEOUT_S = 90
@@ -102,7 +103,7 @@ def test_runs_read_back_through_the_rest_api(mlflow_server, pipeline_run, flow_c
     assert metrics["eval/avg_at_k"]["step"] == flow_cfg.train.steps
     assert metrics["train/acc_mean"]["step"] == flow_cfg.train.steps  # the latest value
     tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
-    assert tags["data.version"] == tracking.data_version() and tags["dapo.flow"] == "pipeline"
+    assert tags["data.version"] == version.data_version() and tags["dapo.flow"] == "pipeline"
     assert {"git.commit", "variant", "seed", "prefect.flow_run_id"} <= set(tags)
     query = urllib.parse.urlencode({"run_id": run["info"]["run_id"], "metric_key": "train/loss"})
     url = f"{mlflow_server}/api/2.0/mlflow/metrics/get-history?{query}"
@@ -126,7 +127,7 @@ def test_reproduce_check_warns_on_data_version_mismatch(pipeline_run, monkeypatc
     same = CliRunner().invoke(app, ["reproduce", run_id, "--check-only"])
     assert same.exit_code == 0, same.output
     assert "match" in same.output
-    monkeypatch.setattr(tracking, "data_version", lambda lock=None: "f" * 32)
+    monkeypatch.setattr(version, "data_version", lambda lock=None: "f" * 32)
     changed = CliRunner().invoke(app, ["reproduce", run_id, "--check-only"])
     assert changed.exit_code == 1
     assert "data version differs" in changed.output and "dvc checkout" in changed.output

@@ -8,9 +8,9 @@ import sys
 import torch
 
 from dapo_core.config import resolve
+from tasks.data.splits import splits
 from tasks.models.loading import load_policy
 from tasks.rollout.generators import HFGenerator
-from tasks.training.run import training_problems
 from tasks.training.trainer import DAPOTrainer, Group, new_rollout_log
 
 
@@ -40,7 +40,7 @@ def main(params_json: str, out: str) -> None:
     model, tok = load_policy(cfg.tiny.path, "float32")
     gen = HFGenerator(model, tok, cfg.rollout.max_prompt_len)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    t = DAPOTrainer(cfg, model, tok, gen, training_problems(cfg), "/tmp/ds-worker", optimizer=opt)
+    t = DAPOTrainer(cfg, model, tok, gen, splits(cfg).train, optimizer=opt)
     before = t.engine.full_state_dict()
     samples, _ = t._samples(fixed_groups(6, cfg.rollout.group_size, len(tok)))
     micro_batches = len(t._my_micro_batches(samples))  # this rank's (a collective: all call it)

@@ -9,15 +9,16 @@ import sys
 from pathlib import Path
 
 from dapo_core.config import resolve
+from tasks.rundir import RunDir
 from tasks.training.run import run_training
 
 
 def main(params_json: str, out: str) -> None:
     cfg = resolve(json.loads(Path(params_json).read_text()))
     root = Path(out)
-    run_training(cfg, root / "full", progress=False)
-    run_training(cfg, root / "cut", progress=False, max_steps=2)
-    run_training(cfg, root / "cut", resume=True, progress=False)
+    run_training(cfg, RunDir(root / "full"), progress=False)
+    run_training(cfg, RunDir(root / "cut"), progress=False, max_steps=2)
+    run_training(cfg, RunDir(root / "cut"), resume=True, progress=False)
 
 
 if __name__ == "__main__":

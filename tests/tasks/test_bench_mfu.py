@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import tasks.training.trainer
+import tasks.training.forward
 from bench.mfu import analytic_flops, build_model, make_samples, measure, model_config, peak_tflops
 
 
@@ -53,7 +53,7 @@ def test_qwen_shape_matches_the_published_model():
 )
 def test_measure_tiny_on_cpu_counts_the_analytic_flops_and_trains(monkeypatch, budget, recompute):
     if recompute:  # the smallest chunk (256 rows), as the CUDA default's 151k vocabulary gets
-        monkeypatch.setattr(tasks.training.trainer, "LOGITS_BUDGET", 1)
+        monkeypatch.setattr(tasks.training.forward, "LOGITS_BUDGET", 1)
     torch.set_num_threads(1)
     model = build_model("tiny", torch.device("cpu"))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}

@@ -1,4 +1,4 @@
-"""Tests for tasks/curate.py, `dapo curate` and the DVC stages (issue 3).
+"""Tests for tasks/data/ (sources, eval sets, curate), `dapo curate` and the DVC stages.
 
 Small fixtures with exact expected counts (tests/fixtures/curate/), the real files in
 ../shared/data when present (skipped otherwise), the CLI's errors, and `dvc repro` in a copy.
@@ -21,8 +21,13 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from dapo_core.config import ConfigError
+from dapo_core.curation import apply_template
+from dapo_core.curation_pass import problem_id
+from dapo_core.errors import PipelineError
 from flows.cli import app
-from tasks.data import curate
+from tasks.data import curate, eval_sets, sources
+from tasks.data.version import data_version
 from tasks.params import REPO_ROOT, load_params
 
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
@@ -123,7 +128,7 @@ def test_dapo_fixture_counts_every_row(dapo_parquet, tmp_path):
     assert frac["problem"].endswith("Find $m+n$.") and "relatively prime" in frac["problem"]
     for t in train:
         assert "Solve the following" not in t["problem"]  # template stripped
-        assert t["prompt"] == curate.apply_template(t["problem"])
+        assert t["prompt"] == apply_template(t["problem"])
         assert t["source"] == "dapo_small.parquet" and len(t["id"]) == 16
 
     rejected = read(tmp_path / "out" / "rejected.parquet")
@@ -171,11 +176,11 @@ def test_ids_and_outputs_are_stable_across_runs(dapo_parquet, tmp_path):
     assert len(val) == 1 and len(train) == 4  # no eval sets here: the near-copy is kept
     assert not {v["id"] for v in val} & {t["id"] for t in train}
     # the id is a hash of the problem text: the same problem gets the same id from any file
-    assert train[0]["id"] == curate.problem_id(train[0]["problem"])
+    assert train[0]["id"] == problem_id(train[0]["problem"])
 
 
 def test_val_size_too_large_is_a_clear_error(dapo_parquet, tmp_path):
-    with pytest.raises(curate.PipelineError, match="data.val_size"):
+    with pytest.raises(PipelineError, match="data.val_size"):
         run_curate(tmp_path, dapo_parquet, "data.val_size=5")
 
 
@@ -189,7 +194,7 @@ def test_synthetic_source(tmp_path):
     assert (s.report["train"], s.report["val"]) == (32, 8)
     train = read(tmp_path / "out" / "train.parquet")
     assert train[0]["id"].startswith("arith-") and train[0]["prompt"] == train[0]["problem"]
-    from tasks.data.problems import load_problems
+    from tasks.data.tables import load_problems
 
     problems = load_problems(tmp_path / "out" / "train.parquet")
     assert problems[0].prompt.startswith("Compute") and problems[0].answer.isdigit()
@@ -200,7 +205,7 @@ def test_eval_set_from_dapo_parquet_and_zero_padded_jsonl(tmp_path):
     raw = ["Find $a$ if $a + 1 = 24$ and $a$ is an integer.", "Find $b$ if $b - 1 = 8$ exactly."]
     rows = [
         {
-            "prompt": [{"content": curate.apply_template(raw[i % 2]), "role": "user"}],
+            "prompt": [{"content": apply_template(raw[i % 2]), "role": "user"}],
             "reward_model": {"ground_truth": ["23", "9"][i % 2], "style": "rule"},
             "extra_info": {"index": i % 2, "raw_problem": raw[i % 2], "split": None},
         }
@@ -208,7 +213,7 @@ def test_eval_set_from_dapo_parquet_and_zero_padded_jsonl(tmp_path):
     ]
     path = tmp_path / "aime-like.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
-    manifest = curate.prepare_eval_sets(
+    manifest = eval_sets.prepare_eval_sets(
         {"like": str(path), "small": str(FIXTURES / "eval_small.jsonl")},
         tmp_path / "eval",
         progress=False,
@@ -221,7 +226,7 @@ def test_eval_set_from_dapo_parquet_and_zero_padded_jsonl(tmp_path):
 
 
 def test_unavailable_eval_sets_are_listed_not_fatal(tmp_path):
-    manifest = curate.prepare_eval_sets(
+    manifest = eval_sets.prepare_eval_sets(
         {
             "hub": "BytedTsinghua-SIA/AIME-2024",
             "gone": "data/raw/nothing-here.jsonl",
@@ -241,53 +246,53 @@ def test_unavailable_eval_sets_are_listed_not_fatal(tmp_path):
         "small.parquet",
     ]
     # the training step then decontaminates against what the manifest holds, no retry
-    ready, missing = curate.eval_sets_for_decontamination(
+    ready, missing = eval_sets.eval_sets_for_decontamination(
         {"hub": "BytedTsinghua-SIA/AIME-2024", "small": str(FIXTURES / "eval_small.jsonl")},
         tmp_path / "eval",
     )
     assert list(ready) == ["small"] and list(missing) == ["hub"]
     # ... but a set required on the command line must be readable
-    with pytest.raises(curate.SourceUnavailable):
-        curate.prepare_eval_sets(
+    with pytest.raises(sources.SourceUnavailable):
+        eval_sets.prepare_eval_sets(
             {"hub": "BytedTsinghua-SIA/AIME-2024"}, tmp_path / "e2", {"hub"}, progress=False
         )
 
 
 def test_eval_set_names_and_source_kinds():
-    assert curate.eval_set_name("BytedTsinghua-SIA/AIME-2024") == "aime-2024"
-    assert curate.eval_set_name("/x/aime-2025/test.jsonl") == "aime-2025"
-    assert curate.eval_set_name("data/raw/math500.parquet") == "math500"
-    assert curate.resolve_source("synthetic:arith").kind == "synthetic"
-    assert curate.resolve_source("BytedTsinghua-SIA/DAPO-Math-17k").kind == "hub"
-    assert curate.resolve_source(str(FIXTURES / "eval_small.jsonl")).kind == "file"
-    assert curate.resolve_source("tests/fixtures/curate/eval_small.jsonl").kind == "file"
+    assert eval_sets.eval_set_name("BytedTsinghua-SIA/AIME-2024") == "aime-2024"
+    assert eval_sets.eval_set_name("/x/aime-2025/test.jsonl") == "aime-2025"
+    assert eval_sets.eval_set_name("data/raw/math500.parquet") == "math500"
+    assert sources.resolve_source("synthetic:arith").kind == "synthetic"
+    assert sources.resolve_source("BytedTsinghua-SIA/DAPO-Math-17k").kind == "hub"
+    assert sources.resolve_source(str(FIXTURES / "eval_small.jsonl")).kind == "file"
+    assert sources.resolve_source("tests/fixtures/curate/eval_small.jsonl").kind == "file"
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        curate.resolve_source("data/raw/missing.parquet")
-    with pytest.raises(curate.ConfigError, match="unknown synthetic task"):
-        curate.resolve_source("synthetic:calculus")
+        sources.resolve_source("data/raw/missing.parquet")
+    with pytest.raises(ConfigError, match="unknown synthetic task"):
+        sources.resolve_source("synthetic:calculus")
 
 
 def test_evaluate_names_how_to_prepare_a_missing_eval_set(tmp_path, monkeypatch):
-    import tasks.data.problems
+    from tasks.data.splits import eval_problems
 
     def fake_repo(p):
         return tmp_path / p
 
-    monkeypatch.setattr(tasks.data.problems, "repo_path", fake_repo)
-    monkeypatch.setattr(curate, "repo_path", fake_repo)
+    monkeypatch.setattr(eval_sets, "repo_path", fake_repo)
+    monkeypatch.setattr(sources, "repo_path", fake_repo)
     cfg = load_params()
     assert cfg.data.eval_sets["aime-2024"] == "BytedTsinghua-SIA/AIME-2024"
     with pytest.raises(FileNotFoundError) as err:
-        tasks.data.problems.eval_problems(cfg, "aime-2024")
+        eval_problems(cfg, "aime-2024")
     msg = str(err.value)
     assert "not prepared" in msg and "dvc repro" in msg and "data.eval_sets.aime-2024" in msg
     # a local file named in data.eval_sets works without a prepared copy
     local = cfg_with(f'data.eval_sets={{"small": "{FIXTURES / "eval_small.jsonl"}"}}')
-    name, problems = tasks.data.problems.eval_problems(local, "small")
+    name, problems = eval_problems(local, "small")
     assert name == "small" and [p.answer for p in problems] == ["204", "23"]
     # the prepared copy is used when it was made from the same spec
-    curate.prepare_eval_sets(local.data.eval_sets, tmp_path / "data" / "eval", progress=False)
-    assert len(tasks.data.problems.eval_problems(local, "small")[1]) == 2
+    eval_sets.prepare_eval_sets(local.data.eval_sets, tmp_path / "data" / "eval", progress=False)
+    assert len(eval_problems(local, "small")[1]) == 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,15 +385,15 @@ def test_real_dapo_math_17k(tmp_path):
 
 @needs(AIME24_PARQUET, AIME24_JSONL)
 def test_real_aime_2024(tmp_path):
-    rows, entry = curate.prepare_eval_set("aime-2024", str(AIME24_PARQUET))
+    rows, entry = eval_sets.prepare_eval_set("aime-2024", str(AIME24_PARQUET))
     assert entry["input_rows"] == 960 and len(rows) == 30
     assert entry["dropped"] == {"duplicate": 930}
     aya = [r for r in rows if "Aya" in r["problem"]]
     assert len(aya) == 1 and aya[0]["answer"] == "204"
     assert all(0 <= int(r["answer"]) <= 999 for r in rows)
-    assert all(r["prompt"] == curate.apply_template(r["problem"]) for r in rows)
+    assert all(r["prompt"] == apply_template(r["problem"]) for r in rows)
 
-    jsonl, _ = curate.prepare_eval_set("aime-2024-qwen", str(AIME24_JSONL))
+    jsonl, _ = eval_sets.prepare_eval_set("aime-2024-qwen", str(AIME24_JSONL))
     assert len(jsonl) == 30 and not any(r["answer"].startswith("0") for r in jsonl)
     answers = {r["problem"]: r["answer"] for r in rows}
     same = [r for r in jsonl if r["problem"] in answers]
@@ -397,7 +402,7 @@ def test_real_aime_2024(tmp_path):
 
 @needs(AIME25_JSONL)
 def test_real_aime_2025(tmp_path):
-    rows, entry = curate.prepare_eval_set("aime-2025", str(AIME25_JSONL))
+    rows, entry = eval_sets.prepare_eval_set("aime-2025", str(AIME25_JSONL))
     assert len(rows) == 30 and entry["dropped"] == {}
     assert rows[0]["answer"] == "70"
 
@@ -450,15 +455,13 @@ def test_dvc_yaml_stages_match_params_and_code():
 
 
 def test_data_version(tmp_path):
-    from tasks.tracking import tracker as tracking
-
-    assert curate.data_version(tmp_path) == "none"
+    assert data_version(tmp_path / "dvc.lock") == "none"
     (tmp_path / "dvc.lock").write_text(
         "schema: '2.0'\nstages:\n  a:\n    outs:\n    - path: data/eval\n      md5: 1.dir\n"
         "  b:\n    outs:\n    - path: data/curated\n      md5: 2.dir\n"
     )
-    v = curate.data_version(tmp_path)
-    assert v == tracking.data_version(tmp_path / "dvc.lock") and len(v) == 32
+    v = data_version(tmp_path / "dvc.lock")
+    assert len(v) == 32 and v != "none"
 
 
 @pytest.mark.slow
@@ -482,22 +485,21 @@ def test_dvc_repro_in_a_fresh_copy(tmp_path):
     assert {e["status"] for e in manifest.values()} == {"unavailable"}
     report = json.loads((repo / "data" / "curated" / "report.json").read_text())
     assert report["source"] == "synthetic:arith" and report["val"] == 64
-    version = curate.data_version(repo)
+    version = data_version(repo / "dvc.lock")
     assert version != "none"
     again = subprocess.run([*dvc, "repro"], cwd=repo, env=env, capture_output=True, text=True)
     assert again.returncode == 0 and "didn't change" in again.stdout
-    assert curate.data_version(repo) == version
+    assert data_version(repo / "dvc.lock") == version
 
 
 def test_synthetic_splits_are_disjoint_and_training_never_sees_validation():
-    from tasks.data.problems import synthetic_splits
-    from tasks.params import load_params
-    from tasks.training.run import training_problems
+    from tasks.data.splits import splits
 
     cfg = load_params()
-    train, val, test = synthetic_splits(cfg)
+    parts = splits(cfg)
+    train, val, test = parts.train, parts.val, parts.test
     assert len(val) == cfg.data.val_size and len(test) == cfg.synthetic.num_test
     assert len(train) + len(val) == cfg.synthetic.num_train
     ids = [{p.id for p in s} for s in (train, val, test)]
     assert not (ids[0] & ids[1]) and not (ids[0] & ids[2]) and not (ids[1] & ids[2])
-    assert {p.id for p in training_problems(cfg)} == ids[0]
+    assert {p.id for p in splits(cfg).train} == ids[0]

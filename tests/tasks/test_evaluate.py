@@ -73,7 +73,7 @@ def test_deterministic_for_a_seed(tiny_cfg):
     cfg = _cfg(tiny_cfg, 4)
     model, tok = load_policy(resolve_model_path(tiny_cfg))
     gen = HFGenerator(model, tok, cfg.rollout.max_prompt_len)
-    from tasks.data.problems import eval_problems
+    from tasks.data.splits import eval_problems
 
     _, problems = eval_problems(cfg)
     a = evaluate_policy(gen, tok, problems[:6], cfg, progress=False)

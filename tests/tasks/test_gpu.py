@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from dapo_core.config import resolve
+from tasks.rundir import RunDir
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -15,7 +16,7 @@ def test_bf16_training_step_on_gpu(tiny_cfg, tmp_path):
     from tasks.training.run import run_training
 
     cfg = resolve(tiny_cfg.to_dict(), overrides=["train.steps=2", "model.dtype=bfloat16"])
-    result = run_training(cfg, tmp_path, progress=False)
+    result = run_training(cfg, RunDir(tmp_path), progress=False)
     assert result.steps == 2
     assert all(r["train/grad_norm"] == r["train/grad_norm"] for r in result.history)  # not NaN
 
@@ -27,15 +28,15 @@ def test_sampling_logprobs_equal_the_trainers_forward_on_gpu(tiny_cfg, tmp_path,
     """On CUDA the lean decode step runs its unfused path (separate q/k/v and gate/up products)
     and training uses the hand-written RMSNorm backward: rollout log-probs still equal the
     trainer's (fp32)."""
+    from tasks.data.splits import splits
     from tasks.models.loading import chat_prompt, load_policy, resolve_model_path
     from tasks.rollout.generators import HFGenerator
-    from tasks.training.run import training_problems
     from tasks.training.trainer import DAPOTrainer, Sample
 
     model, tok = load_policy(resolve_model_path(tiny_cfg), "float32", "cuda")
     cfg = resolve(tiny_cfg.to_dict(), overrides=["model.dtype=float32"])
     gen = HFGenerator(model, tok, max_prompt_len=64, lean=lean)
-    trainer = DAPOTrainer(cfg, model, tok, gen, training_problems(cfg), tmp_path)
+    trainer = DAPOTrainer(cfg, model, tok, gen, splits(cfg).train)
     torch.manual_seed(0)
     prompts = [chat_prompt(tok, "Compute 1 + 2."), chat_prompt(tok, "Compute 10 + 20 + 3 + 4.")]
     out = gen.generate(prompts, n=3, temperature=1.0, top_p=0.9, max_new_tokens=6)

@@ -11,6 +11,7 @@ import pytest
 
 from tasks.evaluation.evaluate import evaluate_model
 from tasks.params import load_params
+from tasks.rundir import RunDir
 from tasks.training.run import run_training
 
 
@@ -18,7 +19,7 @@ from tasks.training.run import run_training
 def test_dapo_lifts_heldout_accuracy(tmp_path):
     cfg = load_params(overrides=[f"tiny.path={tmp_path / 'tiny'}", "train.checkpoint_every=0"])
     t0 = time.perf_counter()
-    result = run_training(cfg, tmp_path / "run", progress=False)
+    result = run_training(cfg, RunDir(tmp_path / "run"), progress=False)
     wall = time.perf_counter() - t0
     _, before = evaluate_model(cfg, str(tmp_path / "tiny"), progress=False)
     _, after = evaluate_model(cfg, str(result.final_model), progress=False)

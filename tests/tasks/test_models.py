@@ -53,8 +53,8 @@ def test_sampling_logprobs_equal_the_trainers_forward(tiny_cfg, tmp_path, decode
     lean decode step (fused projections as on CPU, or separate as on GPU) and with the generic
     transformers forward."""
     from dapo_core.config import resolve
+    from tasks.data.splits import splits
     from tasks.rollout.decode import LeanDecoder
-    from tasks.training.run import training_problems
     from tasks.training.trainer import DAPOTrainer, Sample
 
     lean = decode != "transformers"
@@ -64,7 +64,7 @@ def test_sampling_logprobs_equal_the_trainers_forward(tiny_cfg, tmp_path, decode
     model, tok = load_policy(resolve_model_path(cfg))
     assert LeanDecoder.supports(model)  # the embedded Qwen2 takes the lean path when asked
     gen = HFGenerator(model, tok, max_prompt_len=64, lean=lean)
-    trainer = DAPOTrainer(cfg, model, tok, gen, training_problems(cfg), tmp_path)
+    trainer = DAPOTrainer(cfg, model, tok, gen, splits(cfg).train)
     torch.manual_seed(0)
     short, long = chat_prompt(tok, "Compute 1 + 2."), chat_prompt(tok, "Compute 10 + 20 + 3 + 4.")
     for prompts in ([short, long], [long]):  # left padding, and none
@@ -102,13 +102,13 @@ def test_shared_prompt_forward_equals_whole_sequences(tiny_cfg, tmp_path, checkp
     """The trainer runs each distinct prompt once and lets its samples attend to the shared keys
     and values; log-probs and gradients equal those of every sample run whole on its own. Under
     gradient checkpointing (no KV cache in transformers) it runs whole sequences: same values."""
-    from tasks.training.run import training_problems
+    from tasks.data.splits import splits
     from tasks.training.trainer import DAPOTrainer, Sample
 
     model, tok = load_policy(resolve_model_path(tiny_cfg), "float32")
     if checkpointing:
         model.activation_checkpointing_enable()
-    trainer = DAPOTrainer(tiny_cfg, model, tok, None, training_problems(tiny_cfg), tmp_path)
+    trainer = DAPOTrainer(tiny_cfg, model, tok, None, splits(tiny_cfg).train)
     T = tiny_cfg.rollout.temperature
     short = tok(chat_prompt(tok, "Compute 1 + 2."))["input_ids"]
     long = tok(chat_prompt(tok, "Compute 10 + 20 + 3 + 4."))["input_ids"]
@@ -137,3 +137,45 @@ def test_shared_prompt_forward_equals_whole_sequences(tiny_cfg, tmp_path, checkp
     # One-token responses only: predicted from the prompts alone (no response forward).
     one, _, _ = trainer._forward_logprobs([batch[2], batch[1]])
     torch.testing.assert_close(one[:, 0], torch.stack([logp[2, 0], logp[1, 0]]))
+
+
+def test_warm_start_sees_only_the_training_split(tiny_cfg, tmp_path, monkeypatch):
+    """The embedded model learns no validation or test problem before it is scored on them: its
+    tokenizer corpus and warm-start list are ``splits(cfg).train``, and every warm-start batch
+    draws from that list only."""
+    import tasks.models.loading as loading
+    import tasks.models.warm_start as warm
+    from dapo_core.config import resolve
+    from tasks.data.splits import splits
+
+    cfg = resolve(
+        tiny_cfg.to_dict(), overrides=[f"tiny.path={tmp_path / 'model'}", "tiny.warm_start_steps=4"]
+    )
+    corpus, lists, batches = [], [], []
+    build, start, batch = loading.build_tiny_model, warm.warm_start, warm.sft_batch
+
+    def record_build(tiny, train, out_dir, seed):
+        corpus.append(list(train))
+        return build(tiny, train, out_dir, seed)
+
+    def record_start(cfg, model_dir, train):
+        lists.append(list(train))
+        return start(cfg, model_dir, train)
+
+    def record_batch(tokenizer, problems):
+        batches.append(list(problems))
+        return batch(tokenizer, problems)
+
+    monkeypatch.setattr(loading, "build_tiny_model", record_build)
+    monkeypatch.setattr(warm, "warm_start", record_start)
+    monkeypatch.setattr(warm, "sft_batch", record_batch)
+    assert resolve_model_path(cfg) == str(tmp_path / "model")
+
+    parts = splits(cfg)
+    train = {p.id for p in parts.train}
+    held_out = {p.id for p in parts.val} | {p.id for p in parts.test}
+    assert len(parts.val) == cfg.data.val_size and parts.test  # there is something to leak
+    assert corpus == [parts.train] and lists == [parts.train]
+    assert len(batches) == cfg.tiny.warm_start_steps
+    drawn = {p.id for b in batches for p in b}
+    assert drawn <= train and not drawn & held_out

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from dapo_core.config import from_dict, resolve
+from tasks.data import version
 from tasks.params import REPO_ROOT
+from tasks.rundir import RunDir
 from tasks.tracking import tracker as tracking
 from tasks.tracking.tracker import Tracker
 
@@ -73,18 +75,18 @@ stages:
 
 def test_data_version_from_dvc_lock(tmp_path):
     lock = tmp_path / "dvc.lock"
-    assert tracking.data_version(lock) == "none"
+    assert version.data_version(lock) == "none"
     lock.write_text(LOCK.format(a="1" * 32, b="2" * 32))
-    v1 = tracking.data_version(lock)
-    assert tracking.dvc_outputs(lock) == {
+    v1 = version.data_version(lock)
+    assert version.dvc_outputs(lock) == {
         "data/curated": "1" * 32 + ".dir",
         "data/eval/aime-2024.parquet": "2" * 32,
     }
     lock.write_text(LOCK.format(a="1" * 32, b="3" * 32))
-    assert tracking.data_version(lock) != v1  # any output's change changes the version
+    assert version.data_version(lock) != v1  # any output's change changes the version
     single = tmp_path / "one.lock"
     single.write_text("stages:\n  s:\n    outs:\n    - path: x\n      md5: abc\n")
-    assert tracking.data_version(single) == "abc"
+    assert version.data_version(single) == "abc"
 
 
 def test_git_commit_outside_a_repo(tmp_path):
@@ -193,14 +195,18 @@ def test_flush_on_time(tiny_cfg):
     assert len(client.batches()) == 1
 
 
-def test_sink_skips_steps_already_logged(tiny_cfg):
+def test_sink_skips_steps_already_logged(tiny_cfg, tmp_path):
+    """The run directory's resume rule: steps an earlier attempt recorded are not sent again."""
+    from tasks.training.run import recording_sink
+
     client = RecordingClient()
     t = _tracker(tiny_cfg, client, flush_steps=1)
     t.start_run("r", log_config=False)
-    sink = t.metrics_sink(after_step=2)
+    sink = recording_sink(RunDir(tmp_path), after=2, forward=t.log_metrics)
     for step in (1, 2, 3):
         sink({"train/loss": 1.0}, step)
     assert [m.step for b in client.batches() for m in b] == [3]
+    assert [r["step"] for r in RunDir(tmp_path).read_metrics()] == [3]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,7 +281,7 @@ def test_training_survives_a_broken_tracker(tiny_cfg, tmp_path, caplog):
     t.start_run("r", log_config=False)
     client.fail = {"log_batch", "set_terminated", "log_text"}  # the store breaks mid-run
     with caplog.at_level(logging.WARNING, logger="tasks.tracking.tracker"):
-        result = run_training(cfg, tmp_path / "run", sink=t.metrics_sink(), progress=False)
+        result = run_training(cfg, RunDir(tmp_path / "run"), sink=t.log_metrics, progress=False)
         t.end()
     assert result.steps == 3 and (tmp_path / "run" / "final").exists()
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
@@ -314,7 +320,7 @@ def test_real_store_round_trip(tiny_cfg, store, tmp_path, monkeypatch):
     t = Tracker(cfg, "ablate", uri=store)
     parent = t.start_run("parent", tracking.run_tags(cfg, "ablate"))
     child = Tracker(cfg, "ablate", uri=store)
-    run_dir = tmp_path / "run"
+    run_dir = RunDir(tmp_path / "run")
     child_id = child.start_or_resume(run_dir, "child", {"variant": "grpo"}, parent_run_id=parent)
     for step in range(1, 4):
         child.log_metrics({"train/loss": float(step)}, step)
@@ -325,7 +331,7 @@ def test_real_store_round_trip(tiny_cfg, store, tmp_path, monkeypatch):
     # a retry finds the same run through the run directory and continues its metrics
     again = Tracker(cfg, "ablate", uri=store)
     assert again.start_or_resume(run_dir, "child") == child_id
-    assert again.last_step("train/loss") == 3
+    assert [s for s, _ in tracking.metric_history(child_id, "train/loss", store)] == [1, 2, 3]
     again.end()
 
     info = tracking.read_run(child_id, store)

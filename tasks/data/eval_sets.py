@@ -1,0 +1,262 @@
+"""Evaluation sets: preparing them into ``data/eval/`` and reading them back (DAPO section 4.1).
+
+DAPO (arXiv 2503.14476) reports AIME 2024 avg@32; its training data is decontaminated against the
+evaluation problems (section 3.5). The sets are named in ``data.eval_sets`` (name -> local path or
+hub id). Preparing one runs the curation pass without decontamination and writes
+``data/eval/<name>.parquet``; ``data/eval/manifest.json`` lists every set as ``ready`` (problem
+and drop counts) or ``unavailable`` (why, e.g. an offline hub id), so `dvc repro` succeeds offline
+and `dapo evaluate` can say how to prepare a missing set.
+
+The name ``synthetic-test`` (the embedded task's held-out split) is resolved by
+``tasks.data.splits.eval_problems``, which owns the splits; this module resolves the names of
+``data.eval_sets`` and paths.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from dapo_core.config import Config, ConfigError
+from dapo_core.problem import Problem
+from tasks.data.sources import (
+    DATA_SUFFIXES,
+    SourceUnavailable,
+    console,
+    load_source,
+    local_path,
+    read_and_curate,
+)
+from tasks.data.tables import (
+    TRAIN_SCHEMA,
+    load_problems,
+    rows_to_problems,
+    write_json,
+    write_parquet,
+)
+from tasks.params import repo_path
+
+EVAL_DIR = "data/eval"
+MANIFEST = "manifest.json"
+SYNTHETIC_TEST = "synthetic-test"
+EVAL_NOTES = (
+    "Eval sets named in data.eval_sets (or --eval-set). 'ready' sets are in <name>.parquet "
+    "(columns id, problem, answer, source, prompt, ...); 'unavailable' ones could not be read "
+    "here (offline hub id, missing file): see 'reason' for how to provide them."
+)
+
+_NAME = re.compile(r"^[\w][\w.-]*$")
+_GENERIC_STEMS = {"test", "train", "data", "validation", "val", "dev"}
+
+
+def default_eval_dir() -> Path:
+    """``data/eval`` under the repo root (where `dvc repro` writes and `dapo evaluate` reads)."""
+    return repo_path(EVAL_DIR)
+
+
+# ---------------------------------------------------------------------------------------------
+# Names
+# ---------------------------------------------------------------------------------------------
+
+
+def eval_set_name(spec: str) -> str:
+    """A name for an eval-set spec: the file stem (its folder's name for test.jsonl and the
+    like), or the hub id's name, lower-cased: BytedTsinghua-SIA/AIME-2024 -> aime-2024."""
+    path = Path(spec.removeprefix("hf://datasets/"))
+    stem = path.stem if path.suffix in (*DATA_SUFFIXES, ".json") else path.name
+    if stem.lower() in _GENERIC_STEMS and path.parent.name:
+        stem = path.parent.name
+    return stem.lower()
+
+
+def check_name(name: str) -> str:
+    """``name`` if it can name a file under data/eval/, else a ConfigError."""
+    if not _NAME.match(name) or name == "manifest":
+        raise ConfigError(f"bad eval set name {name!r}: use letters, digits, '.', '_' and '-'")
+    return name
+
+
+def parse_eval_set_args(values: Iterable[str], cfg: Config) -> dict[str, str]:
+    """``--eval-set`` values -> {name: spec}: ``NAME=SPEC``, a name from data.eval_sets, or a
+    spec (path or hub id) named by :func:`eval_set_name`."""
+    specs: dict[str, str] = {}
+    for value in values:
+        name, sep, spec = value.partition("=")
+        if not sep:
+            name, spec = value, cfg.data.eval_sets.get(value, value)
+            if value not in cfg.data.eval_sets:
+                name = eval_set_name(value)
+        specs[check_name(name.strip())] = spec.strip()
+    return specs
+
+
+# ---------------------------------------------------------------------------------------------
+# Preparing: data/eval/<name>.parquet + manifest.json
+# ---------------------------------------------------------------------------------------------
+
+
+def read_manifest(eval_dir: Path | None = None) -> dict[str, Any]:
+    """The manifest's ``{name: entry}`` ({} when there is none or it is unreadable)."""
+    path = (eval_dir or default_eval_dir()) / MANIFEST
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data.get("eval_sets", {}) if isinstance(data, dict) else {}
+
+
+def prepare_eval_set(name: str, spec: str, progress: bool = False) -> tuple[list[dict], dict]:
+    """(rows, manifest entry) of one eval set: the curation steps without decontamination.
+
+    Raises FileNotFoundError / SourceUnavailable when the spec cannot be read here."""
+    alternative = (
+        f"to use a local file, set data.eval_sets.{name} in params.yaml to its path (then `dvc "
+        "repro`), or pass it directly: `dapo evaluate --eval-set PATH`."
+    )
+    loaded = load_source(spec, None, alternative)
+    result = read_and_curate(loaded, f"eval set {name}", None, 8, 0.5, progress)
+    entry = {
+        "spec": spec,
+        "status": "ready",
+        "file": f"{name}.parquet",
+        "source": loaded.source.name,
+        "sha256": loaded.sha256,
+        "input_rows": result.input_rows,
+        "problems": len(result.kept),
+        "dropped": {k: v for k, v in sorted(result.dropped.items()) if v},
+        "converted": dict(sorted(result.converted.items())),
+    }
+    return result.kept, entry
+
+
+def prepare_eval_sets(
+    specs: Mapping[str, str],
+    eval_dir: Path,
+    required: Iterable[str] = (),
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Write each eval set that can be prepared to ``eval_dir/<name>.parquet`` and a manifest
+    listing every set: ``ready`` (problems, drop counts) or ``unavailable`` (why). A set named
+    in ``required`` (given on the command line) that cannot be read is an error instead."""
+    required = set(required)
+    eval_dir.mkdir(parents=True, exist_ok=True)
+    previous = read_manifest(eval_dir)
+    manifest: dict[str, Any] = {}
+    for name, spec in specs.items():
+        check_name(name)
+        try:
+            rows, entry = prepare_eval_set(name, spec, progress)
+        except (FileNotFoundError, SourceUnavailable) as e:
+            if name in required:
+                raise
+            manifest[name] = {"spec": spec, "status": "unavailable", "reason": str(e)}
+            console.print(f"[yellow]warning:[/] eval set {name} not prepared: {e}")
+            continue
+        write_parquet(rows, TRAIN_SCHEMA, eval_dir / entry["file"])
+        manifest[name] = entry
+    for name, entry in previous.items():  # drop files of sets no longer ready
+        if manifest.get(name, {}).get("status") != "ready" and entry.get("file"):
+            (eval_dir / entry["file"]).unlink(missing_ok=True)
+    write_json({"eval_sets": manifest, "notes": EVAL_NOTES}, eval_dir / MANIFEST)
+    return manifest
+
+
+def eval_sets_for_decontamination(
+    specs: Mapping[str, str], eval_dir: Path, required: Iterable[str] = ()
+) -> tuple[dict[str, list[Problem]], dict[str, str]]:
+    """({name: problems}, {name: why unavailable}) as the manifest in ``eval_dir`` records them
+    for the same spec (so the result depends on the prepared sets, DVC's dependency, and not
+    on whether the hub is reachable now); a set it does not record is read from its spec now."""
+    required = set(required)
+    manifest = read_manifest(eval_dir)
+    ready: dict[str, list[Problem]] = {}
+    missing: dict[str, str] = {}
+    for name, spec in specs.items():
+        entry = manifest.get(check_name(name), {})
+        prepared = eval_dir / f"{name}.parquet"
+        same = entry.get("spec") == spec
+        if same and entry.get("status") == "ready" and prepared.exists():
+            ready[name] = rows_to_problems(pq.read_table(prepared).to_pylist())
+            continue
+        if same and entry.get("status") == "unavailable" and name not in required:
+            missing[name] = str(entry.get("reason"))
+            console.print(
+                f"[yellow]warning:[/] not decontaminating against eval set {name}: "
+                f"unavailable ({eval_dir / MANIFEST})"
+            )
+            continue
+        try:
+            rows, _ = prepare_eval_set(name, spec)
+            ready[name] = rows_to_problems(rows)
+        except (FileNotFoundError, SourceUnavailable) as e:
+            if name in required:
+                raise
+            missing[name] = str(e)
+            console.print(f"[yellow]warning:[/] not decontaminating against eval set {name}: {e}")
+    return ready, missing
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading: a name from data.eval_sets or a path -> problems
+# ---------------------------------------------------------------------------------------------
+
+
+def missing_eval_set_message(name: str, spec: str, eval_dir: Path | None = None) -> str:
+    """Why eval set ``name`` is not prepared and how to prepare it (for `dapo evaluate`)."""
+    eval_dir = eval_dir or default_eval_dir()
+    entry = read_manifest(eval_dir).get(name, {})
+    head = (
+        f"eval set {name!r} ({spec}) is not prepared ({eval_dir / (name + '.parquet')} is missing)"
+    )
+    if entry.get("status") == "unavailable" and entry.get("spec") == spec:
+        return (
+            f"{head}: the last preparation ({eval_dir / MANIFEST}) could not read it: "
+            f"{entry.get('reason')} With network access, `dvc repro eval_sets` prepares it."
+        )
+    stale = ""
+    if entry.get("spec") not in (None, spec):
+        stale = f"; it was prepared from {entry['spec']!r}, params now say {spec!r}"
+    return (
+        f"{head}{stale}. To prepare it: run `dvc repro eval_sets` (or `dapo curate --step eval`) "
+        f"where the Hugging Face Hub is reachable; or download it elsewhere and set "
+        f"data.eval_sets.{name} in params.yaml to the local parquet/jsonl path; or evaluate on "
+        "the file directly: `dapo evaluate --eval-set /path/to/file.parquet`."
+    )
+
+
+def named_eval_set(name: str, spec: str) -> list[Problem]:
+    """A set from ``data.eval_sets``: its prepared copy (data/eval/<name>.parquet, written by
+    ``dapo curate``/``dvc repro`` from this same spec); else, for a local file, the file
+    prepared in memory; else an error that says how to prepare it."""
+    prepared = default_eval_dir() / f"{name}.parquet"
+    made_from = read_manifest().get(name, {}).get("spec")
+    if prepared.exists() and made_from in (None, spec):
+        return load_problems(prepared)
+    if local_path(spec) is not None:
+        rows, _ = prepare_eval_set(name, spec)
+        return rows_to_problems(rows)
+    raise FileNotFoundError(missing_eval_set_message(name, spec))
+
+
+def eval_set_problems(cfg: Config, name_or_path: str) -> tuple[str, list[Problem]]:
+    """(name, problems) of a name from ``data.eval_sets`` or a path to a parquet/jsonl file
+    (a curated table, else a raw file prepared now); ``synthetic-test``: see splits."""
+    if name_or_path in cfg.data.eval_sets:
+        return name_or_path, named_eval_set(name_or_path, cfg.data.eval_sets[name_or_path])
+    path = Path(name_or_path)
+    if path.exists():
+        try:
+            return path.stem, load_problems(path)
+        except ValueError:  # not a curated file (e.g. the DAPO/verl schema): curate it now
+            name = eval_set_name(name_or_path)
+            rows, _ = prepare_eval_set(name, name_or_path)
+            return name, rows_to_problems(rows)
+    known = [SYNTHETIC_TEST, *cfg.data.eval_sets]
+    raise FileNotFoundError(
+        f"unknown eval set {name_or_path!r}: not a file, and not one of {known}"
+    )

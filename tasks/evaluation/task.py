@@ -1,0 +1,86 @@
+"""The Prefect task of the evaluation stage: one model on one eval set, tracked in MLflow.
+
+The evaluation is logged to the training run it belongs to (``run_id``, at the last training
+step: the pipeline and the ablation do this) or to a new run of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from dapo_core.config import Config
+from tasks.evaluation.evaluate import evaluate_model
+from tasks.orchestration import retry_unless_user_error, run_logger
+from tasks.rundir import RunDir
+from tasks.tracking.plots import eval_curve, save_figures
+from tasks.tracking.tracker import Tracker, run_tags
+
+
+@dataclasses.dataclass
+class EvalSummary:
+    eval_set: str
+    metrics: dict[str, float]
+    per_problem: Any  # pandas DataFrame
+    wall_time_s: float
+    mlflow_run_id: str | None
+
+
+@task(
+    name="evaluate",
+    retries=1,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_unless_user_error,
+    cache_policy=NO_CACHE,
+    persist_result=False,
+)
+def evaluate_task(
+    cfg: Config,
+    model_path: str | None = None,
+    eval_set: str | None = None,
+    kind: str = "evaluate",
+    run_id: str | None = None,
+    step: int = 0,
+    run_dir: str | None = None,
+    progress: bool = True,
+    extra_tags: dict[str, str] | None = None,
+    track: bool = True,
+) -> EvalSummary:
+    """Evaluate a model and log metrics (at ``step``), the per-problem table, sample responses and
+    the evaluation curve: to run ``run_id`` (the training run it belongs to) or to a new run."""
+    log = run_logger()
+    t0 = time.perf_counter()
+    name, result = evaluate_model(cfg, model_path, eval_set, progress=progress)
+    wall = time.perf_counter() - t0
+    tracker = Tracker(cfg, kind)
+    # Untracked, the tracker never opens a run and every call below is a no-op.
+    if track and (run_id is None or tracker.resume_run(run_id) is None):
+        model_name = "/".join(Path(model_path).parts[-2:]) if model_path else cfg.model.name_or_path
+        tracker.start_run(f"eval {name} {model_name}", run_tags(cfg, kind))
+    with tracker:
+        model_tag = model_path or cfg.model.name_or_path
+        tracker.set_tags({"eval.set": name, "eval.model": model_tag, **(extra_tags or {})})
+        tracker.log_metrics({**result.metrics, "perf/eval_time_s": wall}, step)
+        tracker.log_frame(result.per_problem, f"eval/{name}/per_problem.csv")
+        tracker.log_table(result.samples, f"eval/{name}/samples.json")
+        rd = RunDir(run_dir) if run_dir else None
+        figure = eval_curve(rd.read_validation() if rd else [], {"step": step, **result.metrics})
+        if rd:
+            save_figures({"eval_curve.png": figure}, rd.plots)
+        tracker.log_figure(figure, "plots/eval_curve.png")
+    m = result.metrics
+    log.info(
+        "evaluate: %s avg@%d %.4f (95%% CI %.4f-%.4f) in %.1fs",
+        name,
+        cfg.eval.n_samples,
+        m["eval/avg_at_k"],
+        m["eval/avg_at_k_ci_low"],
+        m["eval/avg_at_k_ci_high"],
+        wall,
+    )
+    return EvalSummary(name, result.metrics, result.per_problem, wall, tracker.run_id)

@@ -1,0 +1,120 @@
+"""The training forward pass: log-probabilities and entropies of response tokens under the policy.
+
+In a micro-batch each distinct prompt is forwarded once and its keys and values are shared by the
+samples that continue it (whole sequences under gradient checkpointing, where transformers drops
+the cache); only response positions are projected onto the vocabulary, in chunks
+(``dapo_core.logprobs``), so the (tokens x vocabulary) logits never exist in full.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from dapo_core.logprobs import token_logprobs
+from tasks.rollout.generators import left_pad
+from tasks.training.batches import Sample, distinct_prompts
+
+LOGITS_BUDGET = 2**26  # logits per chunk (256 MB in fp32): ~440 rows of a 151k vocabulary
+
+
+class PolicyForward:
+    """``forward(batch) -> (logp, entropy, mask)``, each (b, R), for a list of samples."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pad_id: int,
+        temperature: float,
+        autocast: bool,
+        before_forward: Callable[[], None] = lambda: None,
+    ):
+        self.model, self.pad_id, self.temperature = model, pad_id, temperature
+        self.autocast, self.before_forward = autocast, before_forward
+        self.device = next(model.parameters()).device
+        # From the config: under ZeRO-3 a weight's shape is empty outside a gather.
+        self.vocab_size = model.config.vocab_size
+
+    def __call__(self, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(b, R) response log-probs (differentiable), (b, R) entropies, (b, R) response mask."""
+        pad, dev = self.pad_id, self.device
+        responses = [s.input_ids[s.prompt_len :] for s in batch]
+        resp_lens = torch.tensor([len(r) for r in responses], device=dev)
+        R = int(resp_lens.max())
+        resp_ids = torch.tensor([r + [pad] * (R - len(r)) for r in responses], device=dev)
+        mask = torch.arange(R, device=dev)[None, :] < resp_lens[:, None]  # (b, R)
+        self.before_forward()
+        with torch.autocast(dev.type, torch.bfloat16, enabled=self.autocast):
+            if self.model.is_activation_checkpointing:  # transformers then drops the KV cache
+                states = self._whole_sequence_states(batch, R)
+            else:
+                states = self._shared_prompt_states(batch, resp_ids, mask)
+        rows, cols = mask.nonzero(as_tuple=True)
+        logp_flat, ent_flat = token_logprobs(
+            states[rows, cols],
+            self.model.get_output_embeddings(),
+            resp_ids[rows, cols],
+            self.temperature,
+            chunk=max(256, LOGITS_BUDGET // self.vocab_size),
+        )
+        logp = torch.zeros(len(batch), R, device=dev, dtype=logp_flat.dtype)
+        logp = logp.index_put((rows, cols), logp_flat)  # differentiable scatter
+        ent = torch.zeros(len(batch), R, device=dev)
+        ent[rows, cols] = ent_flat
+        return logp, ent, mask.float()
+
+    def _shared_prompt_states(
+        self, batch: list[Sample], resp_ids: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """(b, R, H) hidden states that predict each response token.
+
+        Each distinct prompt runs once (left-padded); its keys and values are gathered for every
+        sample that shares it and the responses (right-padded) attend to them. With G samples per
+        prompt the prompt costs 1/G of a whole-sequence forward, and autograd sums its gradient
+        over the G responses. Positions match an unpadded whole-sequence forward exactly.
+        """
+        dev, decoder = self.device, self.model.get_decoder()
+        prompts, owner = distinct_prompts(batch)
+        prompt_ids, prompt_attn, prompt_pos = left_pad(prompts, self.pad_id, dev)
+        sel = torch.tensor(owner, device=dev)
+        prefix = decoder(
+            input_ids=prompt_ids,
+            attention_mask=prompt_attn,
+            position_ids=prompt_pos,
+            use_cache=True,
+        )
+        # Response token j is predicted by the state before it: the prompt's last one for j = 0.
+        # The last response token predicts nothing, so it is not fed in.
+        states = prefix.last_hidden_state[sel, -1:]  # (b, 1, H)
+        R = resp_ids.shape[1]
+        if R == 1:
+            return states
+        cache = prefix.past_key_values
+        cache.batch_select_indices(sel)  # differentiable gather: one copy per sample
+        hidden = decoder(
+            input_ids=resp_ids[:, :-1],
+            attention_mask=torch.cat([prompt_attn[sel], mask[:, :-1].long()], dim=1),
+            position_ids=prompt_attn.sum(-1)[sel, None] + torch.arange(R - 1, device=dev),
+            past_key_values=cache,
+            use_cache=True,
+        ).last_hidden_state  # (b, R - 1, H)
+        return torch.cat([states, hidden], dim=1)
+
+    def _whole_sequence_states(self, batch: list[Sample], R: int) -> torch.Tensor:
+        """(b, R, H) hidden states that predict each response token, each sample run whole
+        (prompt + response, right-padded). Used under gradient checkpointing: transformers drops
+        the KV cache then, and the shared-prompt forward needs it."""
+        pad, dev = self.pad_id, self.device
+        width = max(len(s.input_ids) for s in batch)
+        ids = torch.tensor([s.input_ids + [pad] * (width - len(s.input_ids)) for s in batch])
+        attn = torch.tensor(
+            [[1] * len(s.input_ids) + [0] * (width - len(s.input_ids)) for s in batch]
+        )
+        hidden = self.model.get_decoder()(
+            input_ids=ids.to(dev), attention_mask=attn.to(dev)
+        ).last_hidden_state  # (b, width, H)
+        # Response token j of sample i is predicted by the state at prompt_len_i - 1 + j.
+        starts = torch.tensor([s.prompt_len - 1 for s in batch], device=dev)
+        where = (starts[:, None] + torch.arange(R, device=dev)).clamp(max=width - 1)  # (b, R)
+        return hidden.gather(1, where[..., None].expand(-1, -1, hidden.shape[-1]))

@@ -1,0 +1,169 @@
+"""The Prefect task of the training stage: a whole training run, tracked in MLflow.
+
+Each attempt opens (or re-attaches to) the MLflow run recorded in the run directory, so a retried
+task, or a later flow run continuing the same run name (the nightly schedule), logs to one run.
+A failed attempt is retried by Prefect and resumes from the last checkpoint (the flow fixes the
+run directory before the first attempt); no step is recorded twice (``tasks.rundir``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from dapo_core.config import Config
+from tasks.data.splits import splits
+from tasks.evaluation.evaluate import evaluate_policy
+from tasks.orchestration import retry_unless_user_error, run_logger
+from tasks.rundir import RunDir
+from tasks.tracking.plots import eval_curve, save_figures, training_figures
+from tasks.tracking.tracker import Tracker, run_tags
+from tasks.training.run import run_training
+
+MAX_SAMPLE_ROWS = 2000  # sample generations kept for the run's table
+
+
+@dataclasses.dataclass
+class TrainSummary:
+    run_dir: str
+    model_path: str  # the final model, or the latest checkpoint's if the run is not complete
+    steps: int
+    complete: bool
+    wall_time_s: float
+    mlflow_run_id: str | None
+    last_metrics: dict[str, float]
+    resumed_from: int  # the checkpoint step this attempt started from (0 = from scratch)
+
+
+class TrainingMonitor:
+    """The ``on_step`` hook of ``run_training``: validation every ``eval.every_n_steps`` steps
+    (logged at the training step as ``val/...``), the sample generations of each step, and a
+    flush of buffered metrics at each checkpoint (so MLflow is never behind a checkpoint)."""
+
+    def __init__(self, cfg: Config, tracker: Tracker, run_dir: RunDir, logged_through: int):
+        self.cfg, self.tracker, self.run_dir = cfg, tracker, run_dir
+        self.logged_through = logged_through
+        self.problems = splits(cfg).val
+        self.samples: list[dict[str, Any]] = []
+
+    def __call__(self, trainer: Any, result: Any) -> None:
+        step = trainer.step
+        ckpt_every = self.cfg.train.checkpoint_every
+        if ckpt_every and step % ckpt_every == 0:
+            self.tracker.flush()
+        if step <= self.logged_through:  # recorded by an earlier attempt
+            return
+        if len(self.samples) < MAX_SAMPLE_ROWS:
+            self.samples += result.samples[: MAX_SAMPLE_ROWS - len(self.samples)]
+        every = self.cfg.eval.every_n_steps
+        if every > 0 and step % every == 0 and self.problems:
+            self.validate(trainer, step)
+
+    def validate(self, trainer: Any, step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        r = evaluate_policy(
+            trainer.generator, trainer.tokenizer, self.problems, self.cfg, progress=False
+        )
+        metrics = {"val/" + k.split("/", 1)[-1]: v for k, v in r.metrics.items()}
+        metrics["perf/val_time_s"] = time.perf_counter() - t0
+        self.tracker.log_metrics(metrics, step)
+        self.run_dir.append_validation(step, metrics)
+        return metrics
+
+
+@task(
+    name="train",
+    retries=1,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_unless_user_error,
+    cache_policy=NO_CACHE,
+    persist_result=False,
+)
+def train_task(
+    cfg: Config,
+    run_dir: str,
+    kind: str = "train",
+    run_name: str | None = None,
+    variant: str | None = None,
+    parent_run_id: str | None = None,
+    max_steps: int | None = None,
+    progress: bool = True,
+    extra_tags: dict[str, str] | None = None,
+    resume: bool = True,
+    track: bool = True,
+) -> TrainSummary:
+    """Train in ``run_dir``, continuing from its last checkpoint if it has one (a retry, or a
+    scheduled run that trains a few more steps each night), and track it in MLflow.
+    ``resume=False`` refuses a directory that already holds a run; ``track=False`` opens no
+    MLflow run (every tracker call is then a no-op)."""
+    log = run_logger()
+    rd = RunDir(run_dir)
+    rd.refuse_unless(resume)  # before an MLflow run is opened
+    start = rd.resume_point()
+    if start.checkpoint:
+        redo = start.logged_through - start.step
+        log.info(
+            "train: continuing %s from its checkpoint at step %d%s",
+            rd,
+            start.step,
+            f"; the {redo} step(s) logged after it are redone" if redo > 0 else "",
+        )
+    tracker = Tracker(cfg, kind)
+    tags = {**run_tags(cfg, kind, variant, run_dir=str(rd)), **(extra_tags or {})}
+    if track:
+        tracker.start_or_resume(rd, run_name or rd.name, tags, parent_run_id)
+    monitor = TrainingMonitor(cfg, tracker, rd, start.logged_through)
+    try:
+        result = run_training(
+            cfg,
+            rd,
+            resume=True,
+            sink=tracker.log_metrics,
+            max_steps=max_steps,
+            progress=progress,
+            on_step=monitor,
+        )
+    except BaseException:
+        tracker.end("FAILED")
+        raise
+    complete = result.steps >= cfg.train.steps
+    _log_run_artifacts(tracker, rd, result.history, monitor.samples)
+    tracker.set_tags({"train.steps_done": result.steps, "train.complete": str(complete).lower()})
+    tracker.end("FINISHED")
+    model = rd.final if complete else rd.latest_checkpoint() / "model"
+    last = {k: v for k, v in (result.history[-1] if result.history else {}).items() if k != "step"}
+    log.info(
+        "train: %d steps in %.1fs (%s); model %s; MLflow run %s",
+        result.steps,
+        result.wall_time_s,
+        "complete" if complete else f"{cfg.train.steps - result.steps} to go",
+        model,
+        tracker.run_id,
+    )
+    return TrainSummary(
+        str(rd),
+        str(model),
+        result.steps,
+        complete,
+        result.wall_time_s,
+        tracker.run_id,
+        last,
+        start.step,
+    )
+
+
+def _log_run_artifacts(
+    tracker: Tracker, rd: RunDir, history: list[dict[str, Any]], samples: list[dict[str, Any]]
+) -> None:
+    """The run's figures (also saved under ``plots/``) and its table of sample generations."""
+    figures = training_figures(history)
+    validation = rd.read_validation()
+    if validation:
+        figures["eval_curve.png"] = eval_curve(validation)
+    save_figures(figures, rd.plots)
+    tracker.log_artifacts(rd.plots, "plots")
+    tracker.log_table(samples, "samples/train_samples.json")

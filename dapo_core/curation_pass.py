@@ -32,14 +32,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from dapo_core.curation import (
-    Decontaminator,
-    apply_template,
-    canonical_integer,
-    dedupe_key,
-    integerize,
-)
+from dapo_core.answers import canonical_integer
+from dapo_core.curation import Decontaminator, apply_template, dedupe_key
 from dapo_core.errors import PipelineError
+from dapo_core.integer_form import integerize
 from dapo_core.problem import Problem
 from dapo_core.records import Malformed, Row, parse_record
 

@@ -114,7 +114,8 @@ def ablate_flow(
 ) -> pd.DataFrame:
     """Train and evaluate each Table 1 variant (cumulative switches) for each seed."""
     from tasks.tracking.plots import ablation_chart, save_figures
-    from tasks.tracking.tracker import Tracker, markdown_table, run_tags
+    from tasks.tracking.provenance import run_tags
+    from tasks.tracking.tracker import Tracker, markdown_table
 
     log = run_logger()
     cfg = load_config(params, config, overrides)

@@ -556,7 +556,7 @@ def ui(
     import shlex
     import subprocess
 
-    from tasks.tracking.tracker import mlflow_env, sqlite_path, tracking_uri, ui_command
+    from tasks.tracking.store import mlflow_env, sqlite_path, tracking_uri, ui_command
 
     uri = tracking_uri(_load(params, config, set_))
     db = sqlite_path(uri)

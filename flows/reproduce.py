@@ -21,7 +21,7 @@ def reproduce_checks(info: dict[str, Any]) -> tuple[list[str], list[str]]:
     """(mismatches, notes): how the run's data and code differ from this checkout, each with the
     command that restores it; notes are caveats (e.g. the run's tree had uncommitted changes)."""
     from tasks.data.version import data_version
-    from tasks.tracking.tracker import git_commit
+    from tasks.tracking.provenance import git_commit
 
     tags = info["tags"]
     mismatches, notes = [], []
@@ -58,7 +58,7 @@ def reproduce_run(
 
     Returns ``{"original": run info, "mismatches": [...], "notes": [...], "result": flow result
     or None, "config_path": path}``. ``strict``: a difference in data or code is an error."""
-    from tasks.tracking.tracker import read_run
+    from tasks.tracking.store import read_run
 
     try:
         info = read_run(run_id, uri)

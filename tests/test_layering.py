@@ -1,8 +1,16 @@
-"""dapo_core stays pure: importing it loads no orchestration, tracking or serving library."""
+"""The layers: ``flows -> tasks -> dapo_core``, never back, and no import cycle inside a layer.
 
+Every import counts, function-local ones included: a cycle hidden inside a function is still a
+cycle for a reader.
+"""
+
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ("dapo_core", "tasks", "flows")  # each may import only those before it
 FORBIDDEN = ["prefect", "mlflow", "dvc", "vllm", "deepspeed", "transformers", "pandas", "yaml"]
 
 
@@ -16,3 +24,89 @@ def test_dapo_core_imports_no_orchestration():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"dapo_core pulled in: {out.stdout.strip()}"
+
+
+def _modules() -> dict[str, Path]:
+    """``{"tasks.training.run": path, ...}`` for every module of the three layers."""
+    out = {}
+    for layer in LAYERS:
+        for path in (ROOT / layer).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
+    return out
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules a file imports (``from pkg import mod`` resolves to ``pkg.mod``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                found.add(sub if sub in modules else node.module)
+    return {m for m in found if m in modules}
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(path, modules) - {name} for name, path in modules.items()}
+
+
+def test_layers_import_only_downwards():
+    graph = _graph()
+    rank = {layer: i for i, layer in enumerate(LAYERS)}
+    upward = [
+        f"{a} imports {b}"
+        for a, targets in graph.items()
+        for b in targets
+        if rank[b.split(".")[0]] > rank[a.split(".")[0]]
+    ]
+    assert not upward, upward
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles():
+    assert _cycles(_graph()) == []
+
+
+def test_cycle_finder_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []

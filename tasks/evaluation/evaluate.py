@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 from rich.progress import Progress
 
+from dapo_core.answers import parse_integer
 from dapo_core.config import Config
 from dapo_core.metrics import avg_at_k, bootstrap_ci, maj_at_k, majority_vote, mean_pass_at_k
 from dapo_core.problem import Problem
@@ -142,7 +143,5 @@ def summarize(
 
 def _canonical(answer: str) -> str:
     """The ground truth in the form ``Score.pred`` uses for integers (``023`` -> ``23``)."""
-    from dapo_core.reward import normalize_integer
-
-    value = normalize_integer(answer)
+    value = parse_integer(answer)
     return str(value) if value is not None else answer

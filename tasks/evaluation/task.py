@@ -19,7 +19,8 @@ from tasks.evaluation.evaluate import evaluate_model
 from tasks.orchestration import retry_unless_user_error, run_logger
 from tasks.rundir import RunDir
 from tasks.tracking.plots import eval_curve, save_figures
-from tasks.tracking.tracker import Tracker, run_tags
+from tasks.tracking.provenance import run_tags
+from tasks.tracking.tracker import Tracker
 
 
 @dataclasses.dataclass

@@ -1,20 +1,14 @@
-"""Experiment tracking: the one module of the project that talks to MLflow.
+"""The tracker: one MLflow run, written through ``MlflowClient`` (the only place, with
+``tasks.tracking.store``, that talks to MLflow).
 
-Every run records what is needed to reproduce it from MLflow alone (DESIGN section 1): the resolved
-config as flattened params (``algo.eps_high``) and as a ``config.json`` artifact, and the tags
-``git.commit``, ``data.version`` (the md5 of the outputs in ``dvc.lock``), ``prefect.flow_run_id``,
-``variant`` and ``seed``. Per-step metrics are buffered and written with ``MlflowClient.log_batch``
-every few steps or seconds (one call per value is ~100x slower, DESIGN section 6).
-
-The store is ``sqlite:///<repo>/mlflow/mlflow.db`` with artifacts in ``<repo>/mlflow/artifacts``
-(anchored at the repo root, never the cwd), unless ``tracking.tracking_uri`` is set in the config or
-``MLFLOW_TRACKING_URI`` in the environment (in that order). One experiment per flow kind:
-``<tracking.experiment_prefix>-train``, ``-evaluate``, ``-pipeline``, ``-ablate``.
+Each run gets the resolved config as flattened params (``algo.eps_high``) and as a ``config.json``
+artifact, and the tags of ``tasks.tracking.provenance``. Per-step metrics are buffered and written
+with ``log_batch`` every few steps or seconds (one call per value is far slower).
 
 Tracking is never allowed to kill a training run: every MLflow call goes through one guard that
 catches the error, warns once, and keeps going (metrics stay buffered and are retried after a
 pause; the run directory's ``metrics.jsonl`` has them in any case). For an HTTP store, MLflow's
-retry budget (~4 minutes per call by default) is lowered to a few seconds unless set already.
+retry budget (minutes per call by default) is lowered to seconds unless set already.
 """
 
 from __future__ import annotations
@@ -24,24 +18,26 @@ import json
 import logging
 import math
 import os
-import subprocess
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from dapo_core.config import ABLATION_LADDER, ABLATION_SWITCHES, Config
-from tasks.data.version import data_version
+from dapo_core.config import Config
 from tasks.params import REPO_ROOT
 from tasks.rundir import RunDir
+from tasks.tracking.store import (
+    MAX_PARAM_LEN,
+    artifact_root,
+    experiment_name,
+    flatten_config,
+    sqlite_path,
+    tracking_uri,
+)
 
 log = logging.getLogger(__name__)
 
-KINDS = ("train", "evaluate", "pipeline", "ablate")
-STORE_DIR = REPO_ROOT / "mlflow"
-MAX_PARAM_LEN = 6000  # MLflow's limit on a param value
 MAX_TAG_LEN = 5000
 PARAMS_PER_BATCH = 100  # MLflow's log_batch limits
 METRICS_PER_BATCH = 1000
@@ -51,132 +47,6 @@ HTTP_DEFAULTS = {  # a down tracking server costs seconds per attempt, not minut
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
 }
-
-
-# ---------------------------------------------------------------------------------------------
-# Where runs go, and what identifies them
-# ---------------------------------------------------------------------------------------------
-
-
-def tracking_uri(cfg: Config | None = None) -> str:
-    """The tracking store: ``tracking.tracking_uri``, else ``MLFLOW_TRACKING_URI``, else the
-    project's SQLite store under ``<repo>/mlflow``."""
-    if cfg is not None and cfg.tracking.tracking_uri:
-        return cfg.tracking.tracking_uri
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{STORE_DIR / 'mlflow.db'}"
-
-
-def sqlite_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URI (None for other stores)."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    return Path(uri[len("sqlite:///") :].split("?", 1)[0])
-
-
-def artifact_root(uri: str) -> str | None:
-    """Where experiments created in ``uri`` keep their artifacts: ``artifacts/`` beside a SQLite
-    database (MLflow would otherwise use ``./mlruns`` of the cwd); the server's choice otherwise."""
-    db = sqlite_path(uri)
-    return (db.resolve().parent / "artifacts").as_uri() if db else None
-
-
-def experiment_name(cfg: Config, kind: str) -> str:
-    if kind not in KINDS:
-        raise ValueError(f"unknown flow kind {kind!r}; one of {KINDS}")
-    return f"{cfg.tracking.experiment_prefix}-{kind}"
-
-
-def flatten_config(cfg: Config | Mapping[str, Any]) -> dict[str, str]:
-    """``{"algo.eps_high": "0.28", ...}``: the resolved config as MLflow params (lists as JSON)."""
-    raw = cfg.to_dict() if isinstance(cfg, Config) else cfg
-    out: dict[str, str] = {}
-
-    def walk(node: Mapping[str, Any], prefix: str) -> None:
-        for key, value in node.items():
-            name = f"{prefix}{key}"
-            if isinstance(value, Mapping) and value:
-                walk(value, name + ".")
-            else:
-                text = value if isinstance(value, str) else json.dumps(value)
-                out[name] = text[:MAX_PARAM_LEN]
-
-    walk(raw, "")
-    return out
-
-
-def git_commit(root: Path = REPO_ROOT) -> str:
-    """``git rev-parse HEAD`` of the repo, or ``unknown`` outside a git checkout."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
-
-
-def git_dirty(root: Path = REPO_ROOT) -> str:
-    """``true`` when the working tree has uncommitted changes (the commit alone does not pin the
-    code then), ``false``, or ``unknown``."""
-    try:
-        out = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return "unknown" if out.returncode else str(bool(out.stdout.strip())).lower()
-
-
-def prefect_flow_run_id() -> str | None:
-    """The id of the Prefect flow run we are in, if any (no Prefect import outside a flow)."""
-    import sys
-
-    if "prefect" not in sys.modules:
-        return None
-    try:
-        from prefect.runtime import flow_run
-
-        return str(flow_run.id) if flow_run.id else None
-    except Exception:  # noqa: BLE001 - a tag is not worth failing for
-        return None
-
-
-def variant_of(cfg: Config) -> str:
-    """The Table 1 variant whose switches ``cfg.algo`` has, or ``custom``."""
-    switches = {s: getattr(cfg.algo, s) for s in ABLATION_SWITCHES}
-    for name, ladder in ABLATION_LADDER.items():
-        if all(switches[s] == ladder[s] for s in ABLATION_SWITCHES):
-            return name
-    return "custom"
-
-
-def run_tags(cfg: Config, kind: str, variant: str | None = None, **extra: Any) -> dict[str, str]:
-    """The tags every run carries: code, data, orchestration and what was run."""
-    commit = git_commit()
-    tags = {
-        "git.commit": commit,
-        "git.dirty": git_dirty(),
-        "mlflow.source.git.commit": commit,
-        "data.version": data_version(),
-        "data.source": cfg.data.source,
-        "variant": variant or variant_of(cfg),
-        "seed": str(cfg.train.seed),
-        "dapo.flow": kind,
-    }
-    flow_run_id = prefect_flow_run_id()
-    if flow_run_id:
-        tags["prefect.flow_run_id"] = flow_run_id
-    tags.update({k: str(v) for k, v in extra.items() if v is not None})
-    return tags
-
-
-# ---------------------------------------------------------------------------------------------
-# The tracker
-# ---------------------------------------------------------------------------------------------
 
 
 class Tracker:
@@ -475,135 +345,3 @@ def markdown_table(frame: Any) -> str:
     for row in frame.itertuples(index=False):
         lines.append("| " + " | ".join(cell(v) for v in row) + " |")
     return "\n".join(lines) + "\n"
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading runs back (dapo reproduce)
-# ---------------------------------------------------------------------------------------------
-
-
-def read_run(run_id: str, uri: str | None = None) -> dict[str, Any]:
-    """A logged run: ``{"run_id", "experiment", "status", "tags", "params", "metrics",
-    "config"}``, the config from its ``config.json`` artifact (else rebuilt from its params).
-    Raises LookupError when the run is not in the store."""
-    from mlflow.exceptions import MlflowException
-
-    from mlflow import MlflowClient
-
-    uri = uri or tracking_uri()
-    client = MlflowClient(tracking_uri=uri)
-    try:
-        run = client.get_run(run_id)
-    except MlflowException as e:
-        raise LookupError(f"run {run_id} is not in the tracking store {uri}: {e.message}") from None
-    exp = client.get_experiment(run.info.experiment_id)
-    config = None
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            path = client.download_artifacts(run_id, "config.json", tmp)
-            config = json.loads(Path(path).read_text())
-        except Exception:  # noqa: BLE001 - fall back on the params
-            config = unflatten_params(run.data.params)
-    return {
-        "run_id": run_id,
-        "experiment": exp.name if exp else run.info.experiment_id,
-        "status": run.info.status,
-        "tags": dict(run.data.tags),
-        "params": dict(run.data.params),
-        "metrics": dict(run.data.metrics),
-        "config": config,
-    }
-
-
-def unflatten_params(params: Mapping[str, str]) -> dict[str, Any]:
-    """The inverse of :func:`flatten_config` (values parsed as JSON where they are JSON)."""
-    out: dict[str, Any] = {}
-    for key, text in params.items():
-        try:
-            value = json.loads(text)
-        except ValueError:
-            value = text
-        section, *rest = key.split(".")
-        node = out.setdefault(section, {})
-        if rest[:1] == ["eval_sets"] and section == "data":  # its names may hold dots
-            node.setdefault("eval_sets", {})[".".join(rest[1:])] = text
-            continue
-        for part in rest[:-1]:
-            node = node.setdefault(part, {})
-        node[rest[-1]] = value
-    return out
-
-
-def search_runs(
-    cfg: Config, kind: str, filter_string: str = "", uri: str | None = None
-) -> list[dict[str, Any]]:
-    """Runs of one flow kind as plain dicts (run_id, name, status, tags, params, metrics)."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri or tracking_uri(cfg))
-    exp = client.get_experiment_by_name(experiment_name(cfg, kind))
-    if exp is None:
-        return []
-    runs = client.search_runs([exp.experiment_id], filter_string=filter_string, max_results=1000)
-    return [
-        {
-            "run_id": r.info.run_id,
-            "name": r.info.run_name,
-            "status": r.info.status,
-            "tags": dict(r.data.tags),
-            "params": dict(r.data.params),
-            "metrics": dict(r.data.metrics),
-        }
-        for r in runs
-    ]
-
-
-def metric_history(run_id: str, key: str, uri: str | None = None) -> list[tuple[int, float]]:
-    """``[(step, value), ...]`` of one metric of a run."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri or tracking_uri())
-    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
-
-
-def list_artifacts(run_id: str, path: str | None = None, uri: str | None = None) -> list[str]:
-    """Artifact paths of a run (recursively)."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri or tracking_uri())
-    out: list[str] = []
-
-    def walk(p: str | None) -> None:
-        for f in client.list_artifacts(run_id, p):
-            if f.is_dir:
-                walk(f.path)
-            else:
-                out.append(f.path)
-
-    walk(path)
-    return out
-
-
-def read_artifact_text(run_id: str, path: str, uri: str | None = None) -> str:
-    """The text of one artifact of a run."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri or tracking_uri())
-    with tempfile.TemporaryDirectory() as tmp:
-        return Path(client.download_artifacts(run_id, path, tmp)).read_text()
-
-
-def ui_command(uri: str, port: int = 5000, host: str = "127.0.0.1") -> list[str]:
-    """The ``mlflow ui`` command line for a store (run by ``dapo ui``)."""
-    import sys
-
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri]
-    root = artifact_root(uri)
-    if root:  # for experiments created by MLflow itself (ours set their own location)
-        cmd += ["--default-artifact-root", root]
-    return [*cmd, "--host", host, "--port", str(port)]
-
-
-def mlflow_env() -> dict[str, str]:
-    """Environment for MLflow subprocesses: telemetry off (DESIGN section 6)."""
-    return {**os.environ, "DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true"}

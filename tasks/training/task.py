@@ -21,7 +21,8 @@ from tasks.evaluation.evaluate import evaluate_policy
 from tasks.orchestration import retry_unless_user_error, run_logger
 from tasks.rundir import RunDir
 from tasks.tracking.plots import eval_curve, save_figures, training_figures
-from tasks.tracking.tracker import Tracker, run_tags
+from tasks.tracking.provenance import run_tags
+from tasks.tracking.tracker import Tracker
 from tasks.training.run import run_training
 
 MAX_SAMPLE_ROWS = 2000  # sample generations kept for the run's table

@@ -13,20 +13,19 @@ import sympy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dapo_core.answers import canonical_integer
 from dapo_core.curation import (
     TEMPLATE_PREFIX,
     TEMPLATE_SUFFIX,
     Decontaminator,
-    Integerized,
     apply_template,
-    canonical_integer,
     dedupe_key,
-    integerize,
     normalize_for_overlap,
     strip_template,
 )
+from dapo_core.integer_form import Integerized, integerize
 
-DATA = Path("/work/shared/data")
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"  # ../shared/data
 
 # ---------------------------------------------------------------------------------------------
 # integerize: (answer, expected form, expected value), every value computed by hand

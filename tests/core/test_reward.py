@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dapo_core.reward import Score, extract_answer, normalize_integer, score
+from dapo_core.answers import parse_integer as normalize_integer
+from dapo_core.reward import Score, extract_answer, score
 
 REASONING = (
     "Let the number of tiles be $n$. Each row holds $12$ tiles, so we need $n / 12$ rows.\n"

@@ -10,7 +10,7 @@ import pytest
 
 from dapo_core.config import ABLATION_LADDER, PAPER_TABLE1_AIME24, ConfigError, resolve
 from flows.ablate import ablation_table, ordered_variants
-from tasks.tracking import tracker as tracking
+from tasks.tracking import store
 
 
 def test_variants_run_in_table1_order():
@@ -73,23 +73,21 @@ def test_ablate_flow_parent_with_six_children(flows_env, flow_cfg, tmp_path):
     assert (table["status"] == "ok").all() and (table["steps"] == 1).all()
     assert list(table["paper_aime24"]) == list(PAPER_TABLE1_AIME24.values())
 
-    (parent,) = [r for r in tracking.search_runs(cfg, "ablate") if r["name"] == "ablate-test"]
+    (parent,) = [r for r in store.search_runs(cfg, "ablate") if r["name"] == "ablate-test"]
     assert parent["status"] == "FINISHED" and parent["tags"]["variant"] == "ladder"
-    children = tracking.search_runs(
-        cfg, "ablate", f"tags.mlflow.parentRunId = '{parent['run_id']}'"
-    )
+    children = store.search_runs(cfg, "ablate", f"tags.mlflow.parentRunId = '{parent['run_id']}'")
     assert sorted(c["tags"]["variant"] for c in children) == sorted(ABLATION_LADDER)
     for c in children:
         assert c["status"] == "FINISHED" and "eval/avg_at_k" in c["metrics"]
         assert c["params"]["algo.clip_higher"] == json.dumps(
             ABLATION_LADDER[c["tags"]["variant"]]["clip_higher"]
         )
-    arts = set(tracking.list_artifacts(parent["run_id"]))
+    arts = set(store.list_artifacts(parent["run_id"]))
     assert {"ablation/table.csv", "ablation/table.md", "ablation/table.png"} <= arts
-    csv = tracking.read_artifact_text(parent["run_id"], "ablation/table.csv")
+    csv = store.read_artifact_text(parent["run_id"], "ablation/table.csv")
     logged = pd.read_csv(io.StringIO(csv))
     assert list(logged["variant"]) == list(ABLATION_LADDER)
-    md = tracking.read_artifact_text(parent["run_id"], "ablation/table.md")
+    md = store.read_artifact_text(parent["run_id"], "ablation/table.md")
     assert md.splitlines()[0].startswith("| variant | seeds | avg_at_k | ci_low | ci_high")
     sweep = Path(cfg.train.out_dir) / "ablate-test"  # the same files in the sweep's directory
     assert {"ablation.csv", "ablation.md", "ablation.png"} <= {p.name for p in sweep.iterdir()}

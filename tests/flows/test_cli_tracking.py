@@ -5,7 +5,7 @@ import re
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tasks.tracking.tracker import metric_history, search_runs
+from tasks.tracking.store import metric_history, search_runs
 
 
 def _run_id(output: str) -> str:

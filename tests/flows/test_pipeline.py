@@ -9,7 +9,7 @@ import pytest
 
 from dapo_core.config import resolve
 from tasks.data import version
-from tasks.tracking import tracker as tracking
+from tasks.tracking import store
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ def test_pipeline_logs_train_and_eval_to_one_run(pipeline_run, flow_cfg):
     assert pipeline_run["curate"]["status"] == "skipped"  # synthetic source: nothing to curate
     assert train.steps == 2 and train.complete and Path(train.model_path).name == "final"
     assert ev.mlflow_run_id == train.mlflow_run_id  # the evaluation joins the training run
-    runs = tracking.search_runs(flow_cfg, "pipeline")
+    runs = store.search_runs(flow_cfg, "pipeline")
     (run,) = [r for r in runs if r["run_id"] == train.mlflow_run_id]
     assert run["status"] == "FINISHED"
     # params: the flattened resolved config
@@ -46,18 +46,18 @@ def test_pipeline_logs_train_and_eval_to_one_run(pipeline_run, flow_cfg):
     assert tags["variant"] == "+token_level_loss"  # full DAPO without dynamic sampling
     assert tags["dapo.flow"] == "pipeline" and tags["eval.set"] == "synthetic-test"
     # metrics: every training step once, validation at each step, the final eval at the end
-    history = tracking.metric_history(run["run_id"], "train/acc_mean")
+    history = store.metric_history(run["run_id"], "train/acc_mean")
     assert [s for s, _ in history] == [1, 2]
-    assert [s for s, _ in tracking.metric_history(run["run_id"], "val/avg_at_k")] == [1, 2]
-    assert tracking.metric_history(run["run_id"], "eval/avg_at_k") == [
+    assert [s for s, _ in store.metric_history(run["run_id"], "val/avg_at_k")] == [1, 2]
+    assert store.metric_history(run["run_id"], "eval/avg_at_k") == [
         (2, ev.metrics["eval/avg_at_k"])
     ]
     # artifacts: config, plots, per-problem table, sample generations
-    arts = set(tracking.list_artifacts(run["run_id"]))
+    arts = set(store.list_artifacts(run["run_id"]))
     assert arts >= PLOTS
     assert {"config.json", "eval/synthetic-test/per_problem.csv"} <= arts
     assert {"samples/train_samples.json", "eval/synthetic-test/samples.json"} <= arts
-    info = tracking.read_run(run["run_id"])
+    info = store.read_run(run["run_id"])
     assert resolve(info["config"]).to_dict()["algo"]["dynamic_sampling"] is False
     assert (Path(train.run_dir) / "plots" / "eval_curve.png").exists()
 
@@ -102,13 +102,13 @@ def test_train_retry_resumes_from_checkpoint(flows_env, flow_cfg, tmp_path, monk
         json.loads(x) for x in (Path(summary.run_dir) / "metrics.jsonl").read_text().splitlines()
     ]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    assert [s for s, _ in tracking.metric_history(summary.mlflow_run_id, "train/loss")] == [
+    assert [s for s, _ in store.metric_history(summary.mlflow_run_id, "train/loss")] == [
         1,
         2,
         3,
         4,
     ]
-    run = tracking.read_run(summary.mlflow_run_id)
+    run = store.read_run(summary.mlflow_run_id)
     assert run["status"] == "FINISHED" and run["tags"]["train.steps_done"] == "4"
 
 
@@ -125,7 +125,7 @@ def test_train_flow_continues_a_named_run(flows_env, flow_cfg, tmp_path):
     second = train_flow(params=str(params), run_name="nightly-test", max_steps=2, progress=False)
     assert second.steps == 3 and second.complete and second.resumed_from == 2
     assert second.mlflow_run_id == first.mlflow_run_id
-    steps = [s for s, _ in tracking.metric_history(first.mlflow_run_id, "train/acc_mean")]
+    steps = [s for s, _ in store.metric_history(first.mlflow_run_id, "train/acc_mean")]
     assert steps == [1, 2, 3]
 
 
@@ -134,7 +134,7 @@ def test_evaluate_flow_opens_its_own_run(flows_env, flow_params, flow_cfg, pipel
 
     model = pipeline_run["train"].model_path
     out = evaluate_flow(params=flow_params, model=model, progress=False)
-    runs = tracking.search_runs(flow_cfg, "evaluate")
+    runs = store.search_runs(flow_cfg, "evaluate")
     (run,) = [r for r in runs if r["run_id"] == out.mlflow_run_id]
     assert run["tags"]["eval.model"] == model
     assert run["metrics"]["eval/avg_at_k"] == out.metrics["eval/avg_at_k"]

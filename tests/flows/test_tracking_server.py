@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from tasks.data import version
-from tasks.tracking import tracker as tracking
+from tasks.tracking import provenance, store
 
 SERVER_START_TIMEOUT_S = 90
 
@@ -46,7 +46,7 @@ def mlflow_server(flows_env, pipeline_run, tmp_path):
     log = (tmp_path / "mlflow-server.log").open("w")  # a file: a full pipe would block it
     proc = subprocess.Popen(
         cmd,
-        env=tracking.mlflow_env(),
+        env=store.mlflow_env(),
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group: the workers go down with it
@@ -122,8 +122,8 @@ def test_cli_ui_prints_the_url_and_the_store(flows_env):
 @pytest.mark.slow
 def test_reproduce_check_warns_on_data_version_mismatch(pipeline_run, monkeypatch):
     run_id = pipeline_run["train"].mlflow_run_id
-    original = tracking.read_run(run_id)
-    monkeypatch.setattr(tracking, "git_commit", lambda root=None: original["tags"]["git.commit"])
+    original = store.read_run(run_id)
+    monkeypatch.setattr(provenance, "git_commit", lambda root=None: original["tags"]["git.commit"])
     same = CliRunner().invoke(app, ["reproduce", run_id, "--check-only"])
     assert same.exit_code == 0, same.output
     assert "match" in same.output
@@ -145,9 +145,9 @@ def test_reproduce_reruns_from_the_logged_config(pipeline_run, flow_cfg):
     out = reproduce_run(run_id, run_name="repro-test", progress=False)
     new = out["result"]["train"]
     assert new.mlflow_run_id != run_id and new.steps == pipeline_run["train"].steps
-    info = tracking.read_run(new.mlflow_run_id)
+    info = store.read_run(new.mlflow_run_id)
     assert info["tags"]["reproduces"] == run_id
-    assert info["params"] == tracking.read_run(run_id)["params"]  # the same resolved config
+    assert info["params"] == store.read_run(run_id)["params"]  # the same resolved config
     # the embedded default is deterministic: the same evaluation result
     before = pipeline_run["evaluate"].metrics["eval/avg_at_k"]
     assert out["result"]["evaluate"].metrics["eval/avg_at_k"] == before

@@ -34,7 +34,7 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "curate"
-DATA = Path("/work/shared/data")
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"  # ../shared/data
 DAPO17K = DATA / "dapo-math-17k" / "dapo_math_17k.parquet"
 AIME24_PARQUET = DATA / "aime-2024" / "aime-2024.parquet"
 AIME24_JSONL = DATA / "aime-2024" / "test.jsonl"

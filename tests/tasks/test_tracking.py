@@ -14,6 +14,8 @@ from dapo_core.config import from_dict, resolve
 from tasks.data import version
 from tasks.params import REPO_ROOT
 from tasks.rundir import RunDir
+from tasks.tracking import provenance
+from tasks.tracking import store as tracking_store
 from tasks.tracking import tracker as tracking
 from tasks.tracking.tracker import Tracker
 
@@ -27,33 +29,33 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
 def test_flatten_config_round_trips(tiny_cfg):
-    flat = tracking.flatten_config(tiny_cfg)
+    flat = tracking_store.flatten_config(tiny_cfg)
     assert flat["algo.eps_high"] == "0.28" and flat["algo.clip_higher"] == "true"
     assert flat["algo.dual_clip_c"] == "null" and flat["data.source"] == "synthetic:arith"
     assert flat["eval.pass_ks"] == "[1, 4, 16, 32]"
-    assert all(len(v) <= tracking.MAX_PARAM_LEN for v in flat.values())
-    back = from_dict(tracking.unflatten_params(flat))
+    assert all(len(v) <= tracking_store.MAX_PARAM_LEN for v in flat.values())
+    back = from_dict(tracking_store.unflatten_params(flat))
     assert back == tiny_cfg
 
 
 def test_flatten_config_truncates_long_values(tiny_cfg):
     cfg = resolve(tiny_cfg.to_dict(), overrides=["data.source=" + "x" * 7000])
-    assert len(tracking.flatten_config(cfg)["data.source"]) == tracking.MAX_PARAM_LEN
+    assert len(tracking_store.flatten_config(cfg)["data.source"]) == tracking_store.MAX_PARAM_LEN
 
 
 def test_tracking_uri_precedence(tiny_cfg, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    default = tracking.tracking_uri(tiny_cfg)
+    default = tracking_store.tracking_uri(tiny_cfg)
     assert default == f"sqlite:///{REPO_ROOT / 'mlflow' / 'mlflow.db'}"  # anchored, not the cwd
-    assert tracking.artifact_root(default) == (REPO_ROOT / "mlflow" / "artifacts").as_uri()
+    assert tracking_store.artifact_root(default) == (REPO_ROOT / "mlflow" / "artifacts").as_uri()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://example:5000")
-    assert tracking.tracking_uri(tiny_cfg) == "http://example:5000"
-    assert tracking.artifact_root("http://example:5000") is None  # the server decides
+    assert tracking_store.tracking_uri(tiny_cfg) == "http://example:5000"
+    assert tracking_store.artifact_root("http://example:5000") is None  # the server decides
     cfg = resolve(tiny_cfg.to_dict(), overrides=["tracking.tracking_uri=sqlite:////tmp/x.db"])
-    assert tracking.tracking_uri(cfg) == "sqlite:////tmp/x.db"
-    assert tracking.experiment_name(cfg, "ablate") == "dapo-ablate"
+    assert tracking_store.tracking_uri(cfg) == "sqlite:////tmp/x.db"
+    assert tracking_store.experiment_name(cfg, "ablate") == "dapo-ablate"
     with pytest.raises(ValueError, match="unknown flow kind"):
-        tracking.experiment_name(cfg, "sweep")
+        tracking_store.experiment_name(cfg, "sweep")
 
 
 LOCK = """schema: '2.0'
@@ -90,18 +92,18 @@ def test_data_version_from_dvc_lock(tmp_path):
 
 
 def test_git_commit_outside_a_repo(tmp_path):
-    assert tracking.git_commit(tmp_path) == "unknown"
-    assert tracking.git_dirty(tmp_path) == "unknown"
+    assert provenance.git_commit(tmp_path) == "unknown"
+    assert provenance.git_dirty(tmp_path) == "unknown"
 
 
 def test_tags_name_variant_seed_and_flow(tiny_cfg):
     from dapo_core.config import apply_variant
 
-    tags = tracking.run_tags(apply_variant(tiny_cfg, "grpo"), "train", run_dir="/x")
+    tags = provenance.run_tags(apply_variant(tiny_cfg, "grpo"), "train", run_dir="/x")
     assert tags["variant"] == "grpo" and tags["seed"] == str(tiny_cfg.train.seed)
     assert tags["dapo.flow"] == "train" and tags["run_dir"] == "/x"
     assert {"git.commit", "data.version", "mlflow.source.git.commit"} <= set(tags)
-    assert tracking.variant_of(tiny_cfg) == "+dynamic_sampling"  # params.yaml = full DAPO
+    assert provenance.variant_of(tiny_cfg) == "+dynamic_sampling"  # params.yaml = full DAPO
 
 
 def test_only_tracking_imports_mlflow():
@@ -183,7 +185,7 @@ def test_metrics_are_batched_never_one_call_per_value(tiny_cfg):
     assert client.calls[-1] == ("set_terminated", {"status": "FINISHED"})
     # the config went in as params (<= 100 per batch) and as config.json
     params = [p for n, kw in client.calls if n == "log_batch" for p in kw["params"]]
-    assert {p.key for p in params} == set(tracking.flatten_config(tiny_cfg))
+    assert {p.key for p in params} == set(tracking_store.flatten_config(tiny_cfg))
     assert ("log_text", {"artifact_file": "config.json"}) in client.calls
 
 
@@ -318,7 +320,7 @@ def test_real_store_round_trip(tiny_cfg, store, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = resolve(tiny_cfg.to_dict(), overrides=["train.seed=7"])
     t = Tracker(cfg, "ablate", uri=store)
-    parent = t.start_run("parent", tracking.run_tags(cfg, "ablate"))
+    parent = t.start_run("parent", provenance.run_tags(cfg, "ablate"))
     child = Tracker(cfg, "ablate", uri=store)
     run_dir = RunDir(tmp_path / "run")
     child_id = child.start_or_resume(run_dir, "child", {"variant": "grpo"}, parent_run_id=parent)
@@ -331,14 +333,14 @@ def test_real_store_round_trip(tiny_cfg, store, tmp_path, monkeypatch):
     # a retry finds the same run through the run directory and continues its metrics
     again = Tracker(cfg, "ablate", uri=store)
     assert again.start_or_resume(run_dir, "child") == child_id
-    assert [s for s, _ in tracking.metric_history(child_id, "train/loss", store)] == [1, 2, 3]
+    assert [s for s, _ in tracking_store.metric_history(child_id, "train/loss", store)] == [1, 2, 3]
     again.end()
 
-    info = tracking.read_run(child_id, store)
+    info = tracking_store.read_run(child_id, store)
     assert info["status"] == "FINISHED" and info["experiment"] == "dapo-ablate"
     assert info["tags"]["mlflow.parentRunId"] == parent
     assert from_dict(info["config"]) == cfg and info["params"]["train.seed"] == "7"
-    arts = set(tracking.list_artifacts(child_id, uri=store))
+    arts = set(tracking_store.list_artifacts(child_id, uri=store))
     assert {"config.json", "plots/eval_curve.png", "samples/train_samples.json"} <= arts
     # artifacts live beside the database, not in ./mlruns of the cwd
     art_dir = Path(store[len("sqlite:///") :]).parent / "artifacts" / "dapo-ablate"
@@ -365,5 +367,5 @@ def test_log_batch_is_much_faster_than_per_value_calls(tiny_cfg, store):
         t.log_metrics({"batched": float(i)}, i)
     t.flush()
     batched = (time.perf_counter() - t0) / 200
-    assert len(tracking.metric_history(run_id, "batched", store)) == 200
+    assert len(tracking_store.metric_history(run_id, "batched", store)) == 200
     assert batched * 5 < per_call, (batched, per_call)

@@ -1,0 +1,82 @@
+"""What identifies a run: the code (git commit, dirty tree), the data (DVC version), the Prefect
+flow run, and the Table 1 variant; every MLflow run carries these as tags, so that any run can be
+reproduced from MLflow alone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from dapo_core.config import ABLATION_LADDER, ABLATION_SWITCHES, Config
+from tasks.data.version import data_version
+from tasks.params import REPO_ROOT
+
+
+def git_commit(root: Path = REPO_ROOT) -> str:
+    """``git rev-parse HEAD`` of the repo, or ``unknown`` outside a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def git_dirty(root: Path = REPO_ROOT) -> str:
+    """``true`` when the working tree has uncommitted changes (the commit alone does not pin the
+    code then), ``false``, or ``unknown``."""
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return "unknown" if out.returncode else str(bool(out.stdout.strip())).lower()
+
+
+def prefect_flow_run_id() -> str | None:
+    """The id of the Prefect flow run we are in, if any (no Prefect import outside a flow)."""
+    if "prefect" not in sys.modules:
+        return None
+    try:
+        from prefect.runtime import flow_run
+
+        return str(flow_run.id) if flow_run.id else None
+    except Exception:  # noqa: BLE001 - a tag is not worth failing for
+        return None
+
+
+def variant_of(cfg: Config) -> str:
+    """The Table 1 variant whose switches ``cfg.algo`` has, or ``custom``."""
+    switches = {s: getattr(cfg.algo, s) for s in ABLATION_SWITCHES}
+    for name, ladder in ABLATION_LADDER.items():
+        if all(switches[s] == ladder[s] for s in ABLATION_SWITCHES):
+            return name
+    return "custom"
+
+
+def run_tags(cfg: Config, kind: str, variant: str | None = None, **extra: Any) -> dict[str, str]:
+    """The tags every run carries: code, data, orchestration and what was run."""
+    commit = git_commit()
+    tags = {
+        "git.commit": commit,
+        "git.dirty": git_dirty(),
+        "mlflow.source.git.commit": commit,
+        "data.version": data_version(),
+        "data.source": cfg.data.source,
+        "variant": variant or variant_of(cfg),
+        "seed": str(cfg.train.seed),
+        "dapo.flow": kind,
+    }
+    flow_run_id = prefect_flow_run_id()
+    if flow_run_id:
+        tags["prefect.flow_run_id"] = flow_run_id
+    tags.update({k: str(v) for k, v in extra.items() if v is not None})
+    return tags

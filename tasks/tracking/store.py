@@ -1,0 +1,202 @@
+"""Where runs are tracked, and reading them back: the MLflow store, its experiments, and the
+queries ``dapo reproduce`` and the tests make.
+
+The store is ``sqlite:///<repo>/mlflow/mlflow.db`` with artifacts in ``<repo>/mlflow/artifacts``
+(anchored at the repo root, never the cwd; MLflow's file store is in maintenance mode), unless
+``tracking.tracking_uri`` is set in the config or ``MLFLOW_TRACKING_URI`` in the environment (in
+that order). One experiment per flow kind: ``<tracking.experiment_prefix>-train``, ``-evaluate``,
+``-pipeline``, ``-ablate``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dapo_core.config import Config
+from tasks.params import REPO_ROOT
+
+KINDS = ("train", "evaluate", "pipeline", "ablate")
+STORE_DIR = REPO_ROOT / "mlflow"
+MAX_PARAM_LEN = 6000  # MLflow's limit on a param value
+
+
+def tracking_uri(cfg: Config | None = None) -> str:
+    """The tracking store: ``tracking.tracking_uri``, else ``MLFLOW_TRACKING_URI``, else the
+    project's SQLite store under ``<repo>/mlflow``."""
+    if cfg is not None and cfg.tracking.tracking_uri:
+        return cfg.tracking.tracking_uri
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{STORE_DIR / 'mlflow.db'}"
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (None for other stores)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri[len("sqlite:///") :].split("?", 1)[0])
+
+
+def artifact_root(uri: str) -> str | None:
+    """Where experiments created in ``uri`` keep their artifacts: ``artifacts/`` beside a SQLite
+    database (MLflow would otherwise use ``./mlruns`` of the cwd); the server's choice otherwise."""
+    db = sqlite_path(uri)
+    return (db.resolve().parent / "artifacts").as_uri() if db else None
+
+
+def experiment_name(cfg: Config, kind: str) -> str:
+    if kind not in KINDS:
+        raise ValueError(f"unknown flow kind {kind!r}; one of {KINDS}")
+    return f"{cfg.tracking.experiment_prefix}-{kind}"
+
+
+def flatten_config(cfg: Config | Mapping[str, Any]) -> dict[str, str]:
+    """``{"algo.eps_high": "0.28", ...}``: the resolved config as MLflow params (lists as JSON)."""
+    raw = cfg.to_dict() if isinstance(cfg, Config) else cfg
+    out: dict[str, str] = {}
+
+    def walk(node: Mapping[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            name = f"{prefix}{key}"
+            if isinstance(value, Mapping) and value:
+                walk(value, name + ".")
+            else:
+                text = value if isinstance(value, str) else json.dumps(value)
+                out[name] = text[:MAX_PARAM_LEN]
+
+    walk(raw, "")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading runs back (dapo reproduce)
+# ---------------------------------------------------------------------------------------------
+
+
+def read_run(run_id: str, uri: str | None = None) -> dict[str, Any]:
+    """A logged run: ``{"run_id", "experiment", "status", "tags", "params", "metrics",
+    "config"}``, the config from its ``config.json`` artifact (else rebuilt from its params).
+    Raises LookupError when the run is not in the store."""
+    from mlflow.exceptions import MlflowException
+
+    from mlflow import MlflowClient
+
+    uri = uri or tracking_uri()
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as e:
+        raise LookupError(f"run {run_id} is not in the tracking store {uri}: {e.message}") from None
+    exp = client.get_experiment(run.info.experiment_id)
+    config = None
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = client.download_artifacts(run_id, "config.json", tmp)
+            config = json.loads(Path(path).read_text())
+        except Exception:  # noqa: BLE001 - fall back on the params
+            config = unflatten_params(run.data.params)
+    return {
+        "run_id": run_id,
+        "experiment": exp.name if exp else run.info.experiment_id,
+        "status": run.info.status,
+        "tags": dict(run.data.tags),
+        "params": dict(run.data.params),
+        "metrics": dict(run.data.metrics),
+        "config": config,
+    }
+
+
+def unflatten_params(params: Mapping[str, str]) -> dict[str, Any]:
+    """The inverse of :func:`flatten_config` (values parsed as JSON where they are JSON)."""
+    out: dict[str, Any] = {}
+    for key, text in params.items():
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        section, *rest = key.split(".")
+        node = out.setdefault(section, {})
+        if rest[:1] == ["eval_sets"] and section == "data":  # its names may hold dots
+            node.setdefault("eval_sets", {})[".".join(rest[1:])] = text
+            continue
+        for part in rest[:-1]:
+            node = node.setdefault(part, {})
+        node[rest[-1]] = value
+    return out
+
+
+def search_runs(
+    cfg: Config, kind: str, filter_string: str = "", uri: str | None = None
+) -> list[dict[str, Any]]:
+    """Runs of one flow kind as plain dicts (run_id, name, status, tags, params, metrics)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri or tracking_uri(cfg))
+    exp = client.get_experiment_by_name(experiment_name(cfg, kind))
+    if exp is None:
+        return []
+    runs = client.search_runs([exp.experiment_id], filter_string=filter_string, max_results=1000)
+    return [
+        {
+            "run_id": r.info.run_id,
+            "name": r.info.run_name,
+            "status": r.info.status,
+            "tags": dict(r.data.tags),
+            "params": dict(r.data.params),
+            "metrics": dict(r.data.metrics),
+        }
+        for r in runs
+    ]
+
+
+def metric_history(run_id: str, key: str, uri: str | None = None) -> list[tuple[int, float]]:
+    """``[(step, value), ...]`` of one metric of a run."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri or tracking_uri())
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def list_artifacts(run_id: str, path: str | None = None, uri: str | None = None) -> list[str]:
+    """Artifact paths of a run (recursively)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri or tracking_uri())
+    out: list[str] = []
+
+    def walk(p: str | None) -> None:
+        for f in client.list_artifacts(run_id, p):
+            if f.is_dir:
+                walk(f.path)
+            else:
+                out.append(f.path)
+
+    walk(path)
+    return out
+
+
+def read_artifact_text(run_id: str, path: str, uri: str | None = None) -> str:
+    """The text of one artifact of a run."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri or tracking_uri())
+    with tempfile.TemporaryDirectory() as tmp:
+        return Path(client.download_artifacts(run_id, path, tmp)).read_text()
+
+
+def ui_command(uri: str, port: int = 5000, host: str = "127.0.0.1") -> list[str]:
+    """The ``mlflow ui`` command line for a store (run by ``dapo ui``)."""
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri]
+    root = artifact_root(uri)
+    if root:  # for experiments created by MLflow itself (ours set their own location)
+        cmd += ["--default-artifact-root", root]
+    return [*cmd, "--host", host, "--port", str(port)]
+
+
+def mlflow_env() -> dict[str, str]:
+    """Environment for MLflow subprocesses: telemetry off (DESIGN section 6)."""
+    return {**os.environ, "DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true"}

@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-# Offline and quiet: no telemetry, no hub access in tests (DESIGN section 6).
+# Offline and quiet: no telemetry, no hub access in tests.
 export DO_NOT_TRACK := true
 export MLFLOW_DISABLE_TELEMETRY := true
 export PREFECT_SERVER_ANALYTICS_ENABLED := false

@@ -10,7 +10,7 @@ import torch
 
 from dapo_core.problem import Problem
 from dapo_core.synthetic import arith_problems
-from tasks.models.loading import build_tiny_model
+from tasks.models.tiny import build_tiny_model
 from tasks.params import load_params
 
 DEFAULT_SHAPES = ["16x8x16", "8x8x64"]

@@ -28,7 +28,8 @@ import torch
 
 from bench import common
 from tasks.data.splits import splits
-from tasks.models.loading import load_policy, resolve_model_path
+from tasks.models.loading import load_policy
+from tasks.models.resolve import resolve_model_path
 from tasks.params import load_params
 from tasks.training.run import make_generator
 from tasks.training.trainer import DAPOTrainer

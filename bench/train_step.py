@@ -25,7 +25,8 @@ import torch
 from bench import common
 from dapo_core.loss import policy_loss
 from tasks.data.splits import splits
-from tasks.models.loading import load_policy, resolve_model_path
+from tasks.models.loading import load_policy
+from tasks.models.resolve import resolve_model_path
 from tasks.params import load_params
 from tasks.rollout.generators import HFGenerator
 from tasks.training.trainer import DAPOTrainer, Group, new_rollout_log

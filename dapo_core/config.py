@@ -5,22 +5,13 @@ key and the file, so a typo is an error, not a silent default (the nanoGPT rule)
 defaulted here; `params.yaml` at the repository root is the one source of values, and paper-scale
 presets are overlay files that change a subset of keys.
 
-Overrides use DVC's dotted convention: ``-S algo.eps_high=0.3`` (the value is parsed as JSON, so
-``1e-6`` is a float and ``true``/``null`` work; anything else is taken as a string). Reading
-files is the caller's job (``tasks/params.py``): this module only validates nested mappings.
-
-The Table 1 ladder of the paper (naive GRPO -> +overlong filtering -> +clip-higher -> +soft
-overlong punishment -> +token-level loss -> +dynamic sampling) is defined once, in
-:data:`ABLATION_LADDER`, as the cumulative switch settings of each variant.
+Building a validated ``Config`` from nested mappings (merging presets, applying overrides) is
+``dapo_core.config_loader``'s job; the Table 1 variants are ``dapo_core.ablation``'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import types
-import typing
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -36,7 +27,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class SyntheticConfig:
-    """The embedded synthetic integer-answer task (DESIGN section 4); no download needed."""
+    """The embedded synthetic integer-answer task; no download needed."""
 
     seed: int
     """Seed of the generator; the same seed gives the same problems."""
@@ -52,7 +43,7 @@ class SyntheticConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Data curation (DAPO section 3.1 dataset; DESIGN section 3)."""
+    """Data curation (the DAPO-Math-17K dataset, DAPO section 3.5)."""
 
     source: str
     """Training source: a parquet/jsonl path, a Hugging Face dataset id, or ``synthetic:arith``."""
@@ -82,7 +73,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TinyModelConfig:
-    """The embedded default model: a tiny Qwen2 built from a config (DESIGN section 4)."""
+    """The embedded default model: a tiny Qwen2 built from a config."""
 
     path: str
     """Model directory (relative to the repo root) the tiny model is built into."""
@@ -206,7 +197,7 @@ class TrainConfig:
     """DeepSpeed ZeRO stage (1, 2 or 3) when launched on several ranks; ignored on one process."""
     cpu_threads: int
     """torch threads on CPU (0 = torch's default). Tiny models run fastest on 1 thread when the
-    cores are shared: measured 12x faster than 2 OpenMP threads competing with another process."""
+    cores are shared: OpenMP threads that compete with another process stall each other."""
 
 
 @dataclass(frozen=True)
@@ -235,7 +226,7 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class TrackingConfig:
-    """MLflow tracking (DESIGN section 1 and 6)."""
+    """MLflow tracking: where runs go and what they log."""
 
     tracking_uri: str
     """MLflow URI; empty = sqlite store in mlflow/ at the repo root. MLFLOW_TRACKING_URI wins."""
@@ -272,242 +263,3 @@ class LossConfig:
     clip_higher: bool
     token_level_loss: bool
     dual_clip_c: float | None = None  # off unless a caller asks; the loader always passes it
-
-
-# --------------------------------------------------------------------------------------------
-# The Table 1 ladder (cumulative), defined once
-# --------------------------------------------------------------------------------------------
-
-ABLATION_SWITCHES: tuple[str, ...] = (
-    "overlong_filtering",
-    "clip_higher",
-    "overlong_shaping",
-    "token_level_loss",
-    "dynamic_sampling",
-)
-"""The five paper components in the order Table 1 adds them."""
-
-ABLATION_LADDER: dict[str, dict[str, bool]] = {
-    name: {s: i < rung for i, s in enumerate(ABLATION_SWITCHES)}
-    for rung, name in enumerate(
-        [
-            "grpo",
-            "+overlong_filtering",
-            "+clip_higher",
-            "+overlong_shaping",
-            "+token_level_loss",
-            "+dynamic_sampling",
-        ]
-    )
-}
-"""Variant name -> algo switch values; each rung adds one component to the previous one."""
-
-PAPER_TABLE1_AIME24: dict[str, float] = {
-    "grpo": 30.0,
-    "+overlong_filtering": 36.0,
-    "+clip_higher": 38.0,
-    "+overlong_shaping": 41.0,
-    "+token_level_loss": 42.0,
-    "+dynamic_sampling": 50.0,
-}
-"""AIME 2024 avg@32 of Qwen2.5-32B per variant, from DAPO Table 1."""
-
-
-def apply_variant(cfg: Config, variant: str) -> Config:
-    """The config of one Table 1 variant: the ladder's switches replace the algo switches."""
-    if variant not in ABLATION_LADDER:
-        raise ConfigError(f"unknown variant {variant!r}; choose one of {list(ABLATION_LADDER)}")
-    algo = dataclasses.replace(cfg.algo, **ABLATION_LADDER[variant])
-    return dataclasses.replace(cfg, algo=algo)
-
-
-# --------------------------------------------------------------------------------------------
-# Loading and validation
-# --------------------------------------------------------------------------------------------
-
-
-def resolve(
-    base: Mapping[str, Any],
-    overlays: typing.Sequence[tuple[str, Mapping[str, Any]]] = (),
-    overrides: typing.Sequence[str] = (),
-    source: str = "params.yaml",
-) -> Config:
-    """Merge overlays (``(name, mapping)``, each a subset of keys), apply ``a.b=value`` overrides,
-    then validate. ``base`` is not modified."""
-    raw = json.loads(json.dumps(base))  # a deep copy that also rejects non-plain values
-    for name, overlay in overlays:
-        _merge(raw, overlay, source=name)
-    for item in overrides:
-        _apply_override(raw, item)
-    return from_dict(raw, source=source)
-
-
-def from_dict(raw: Mapping[str, Any], source: str = "<dict>") -> Config:
-    """Build and validate a :class:`Config` from nested mappings (e.g. a logged config)."""
-    cfg = _build(Config, raw, prefix="", source=source)
-    _check_values(cfg, source)
-    return cfg
-
-
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """``algo.eps_high=0.3`` -> (["algo", "eps_high"], 0.3); the value is JSON, else a str."""
-    key, sep, value = item.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError(f"override {item!r} must look like section.key=value")
-    value = value.strip()
-    try:
-        parsed = json.loads(value)
-    except ValueError:
-        parsed = value
-    return key.strip().split("."), parsed
-
-
-def _merge(base: dict[str, Any], overlay: Mapping[str, Any], source: str, prefix: str = "") -> None:
-    for key, value in overlay.items():
-        if key not in base:
-            raise ConfigError(f"{source}: unknown key '{prefix}{key}' (not in the base config)")
-        if isinstance(value, Mapping) and isinstance(base[key], dict) and _is_section(base[key]):
-            _merge(base[key], value, source, prefix=f"{prefix}{key}.")
-        else:
-            base[key] = value
-
-
-def _is_section(value: dict[str, Any]) -> bool:
-    # eval_sets is a free-form mapping that an overlay replaces whole; sections are merged.
-    return not all(isinstance(v, str) for v in value.values())
-
-
-def _apply_override(raw: dict[str, Any], item: str) -> None:
-    keys, value = parse_override(item)
-    node: Any = raw
-    for i, k in enumerate(keys[:-1]):
-        if not isinstance(node, dict) or k not in node:
-            raise ConfigError(f"override {item!r}: unknown key '{'.'.join(keys[: i + 1])}'")
-        node = node[k]
-    if not isinstance(node, dict) or keys[-1] not in node:
-        raise ConfigError(f"override {item!r}: unknown key '{'.'.join(keys)}'")
-    node[keys[-1]] = value
-
-
-def _build(cls: type, raw: Any, prefix: str, source: str) -> Any:
-    if not isinstance(raw, Mapping):
-        where = prefix.rstrip(".") or "the top level"
-        raise ConfigError(f"{source}: '{where}' must be a mapping, got {raw!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(raw) - set(names))
-    if unknown:
-        raise ConfigError(
-            f"{source}: unknown key '{prefix}{unknown[0]}'"
-            + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "")
-            + f"; valid keys here: {', '.join(names)}"
-        )
-    missing = [n for n in names if n not in raw]
-    if missing:
-        raise ConfigError(f"{source}: missing key '{prefix}{missing[0]}'")
-    values = {}
-    for name in names:
-        hint = hints[name]
-        if dataclasses.is_dataclass(hint):
-            values[name] = _build(hint, raw[name], f"{prefix}{name}.", source)
-        else:
-            values[name] = _coerce(raw[name], hint, f"{prefix}{name}", source)
-    return cls(**values)
-
-
-def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
-    """Check ``value`` against a type hint; ints are accepted where floats are expected."""
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    bad = ConfigError(f"{source}: '{key}' must be {_describe(hint)}, got {value!r}")
-    if origin in (typing.Union, types.UnionType):
-        for arm in args:
-            try:
-                return _coerce(value, arm, key, source)
-            except ConfigError:
-                continue
-        raise bad
-    if hint is type(None):
-        if value is None:
-            return None
-        raise bad
-    if origin is Literal:
-        if value in args:
-            return value
-        raise bad
-    if origin is list:
-        if not isinstance(value, list):
-            raise bad
-        return [_coerce(v, args[0], f"{key}[{i}]", source) for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise bad
-        return {
-            _coerce(k, args[0], key, source): _coerce(v, args[1], f"{key}.{k}", source)
-            for k, v in value.items()
-        }
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise bad
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise bad
-    if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads `1e-6` (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                raise bad from None
-        raise bad
-    if hint is str:
-        if isinstance(value, str):
-            return value
-        raise bad
-    raise ConfigError(f"{source}: '{key}' has an unsupported type {hint!r}")  # schema bug
-
-
-def _describe(hint: Any) -> str:
-    origin = typing.get_origin(hint)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(a) for a in typing.get_args(hint))
-    if hint is type(None):
-        return "null"
-    return getattr(hint, "__name__", str(hint))
-
-
-def _check_values(cfg: Config, source: str) -> None:
-    """Cross-field rules that types cannot express."""
-
-    def need(ok: bool, msg: str) -> None:
-        if not ok:
-            raise ConfigError(f"{source}: {msg}")
-
-    a, t, r, e = cfg.algo, cfg.train, cfg.rollout, cfg.eval
-    need(0 < a.eps_low < 1, f"algo.eps_low must be in (0, 1), got {a.eps_low}")
-    need(a.eps_high > 0, f"algo.eps_high must be > 0, got {a.eps_high}")
-    need(a.dual_clip_c is None or a.dual_clip_c > 1, "algo.dual_clip_c must be > 1 or null")
-    need(0 <= a.cache_len < r.max_response_len, "algo.cache_len must be in [0, max_response_len)")
-    need(a.max_gen_batches >= 1, "algo.max_gen_batches must be >= 1")
-    need(r.group_size >= 2, "rollout.group_size must be >= 2 (advantages need a group)")
-    need(0 < r.top_p <= 1, "rollout.top_p must be in (0, 1]")
-    need(0 < r.vllm_gpu_memory <= 1, "rollout.vllm_gpu_memory must be in (0, 1]")
-    need(r.temperature > 0, "rollout.temperature must be > 0")
-    need(t.prompt_batch >= 1 and t.gen_batch >= 1, "train.prompt_batch, gen_batch must be >= 1")
-    need(t.mini_batch >= 1, "train.mini_batch must be >= 1")
-    need(
-        t.prompt_batch % t.mini_batch == 0,
-        f"train.prompt_batch ({t.prompt_batch}) must be a multiple of train.mini_batch "
-        f"({t.mini_batch})",
-    )
-    need(t.warmup_steps >= 0 and t.lr > 0, "train.lr must be > 0 and warmup_steps >= 0")
-    need(t.keep_checkpoints >= 1, "train.keep_checkpoints must be >= 1")
-    need(t.zero_stage in (1, 2, 3), "train.zero_stage must be 1, 2 or 3")
-    need(e.n_samples >= 1, "eval.n_samples must be >= 1")
-    need(0 < e.top_p <= 1, "eval.top_p must be in (0, 1]")
-    need(all(k >= 1 for k in e.pass_ks), "eval.pass_ks must be positive")

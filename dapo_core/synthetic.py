@@ -1,4 +1,4 @@
-"""The embedded synthetic task: integer arithmetic in the DAPO prompt format (DESIGN section 4).
+"""The embedded synthetic task: integer arithmetic in the DAPO prompt format.
 
 It lets the whole pipeline run with no download: problems such as "Compute 12 + 7." with integer
 answers, train and test disjoint, reproducible from a seed. ``max_operand`` and ``num_terms`` are

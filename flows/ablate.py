@@ -19,13 +19,9 @@ import numpy as np
 import pandas as pd
 from prefect import flow
 
-from dapo_core.config import (
-    ABLATION_LADDER,
-    PAPER_TABLE1_AIME24,
-    ConfigError,
-    apply_variant,
-    resolve,
-)
+from dapo_core.ablation import ABLATION_LADDER, PAPER_TABLE1_AIME24, apply_variant
+from dapo_core.config import ConfigError
+from dapo_core.config_loader import resolve
 from dapo_core.errors import PipelineError
 from dapo_core.metrics import bootstrap_ci
 from flows.pipeline import default_run_name, load_config, run_dir_for

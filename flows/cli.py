@@ -17,8 +17,10 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from dapo_core.config import ABLATION_LADDER, ConfigError, apply_variant
+from dapo_core.ablation import ABLATION_LADDER, apply_variant
+from dapo_core.config import ConfigError
 from dapo_core.errors import PipelineError
+from flows.report import report_ablation, report_pipeline
 
 app = typer.Typer(
     help="DAPO (arXiv 2503.14476) training pipeline: curate, train, evaluate, ablate.",
@@ -93,7 +95,7 @@ def variants() -> None:
     """List the Table 1 ablation ladder: each variant's algorithm switches."""
     from rich.table import Table
 
-    from dapo_core.config import ABLATION_SWITCHES, PAPER_TABLE1_AIME24
+    from dapo_core.ablation import ABLATION_SWITCHES, PAPER_TABLE1_AIME24
 
     table = Table(title="DAPO Table 1 ladder (cumulative)")
     table.add_column("variant")
@@ -302,6 +304,7 @@ def curate(
 @user_errors
 def demo() -> None:
     """The embedded default end to end (what `make demo` runs)."""
+    _orchestration_env()
     from flows.demo import run_demo
 
     run_demo()
@@ -328,7 +331,7 @@ CurateOpt = Annotated[
 
 
 def _orchestration_env() -> None:
-    """Defaults for Prefect and MLflow, as `make` exports them (DESIGN section 6): telemetry off,
+    """Defaults for Prefect and MLflow, as `make` exports them: telemetry off,
     and time for the embedded Prefect server to start on a busy machine. Set before Prefect is
     imported; a value already in the environment wins."""
     import os
@@ -393,14 +396,7 @@ def pipeline(
         max_steps=max_steps,
         curate=curate,
     )
-    t, e = out["train"], out["evaluate"]
-    m = e.metrics
-    console.print(
-        f"[green]done[/]: {t.steps} steps in {t.wall_time_s:.0f}s; {e.eval_set} "
-        f"avg@{int(m['eval/n_samples'])} {m['eval/avg_at_k']:.4f} "
-        f"(95% CI {m['eval/avg_at_k_ci_low']:.4f}-{m['eval/avg_at_k_ci_high']:.4f}); "
-        f"run {t.run_dir}; MLflow run {t.mlflow_run_id} (browse with `dapo ui`)"
-    )
+    report_pipeline(out)
 
 
 @app.command("ablate")
@@ -430,8 +426,6 @@ def ablate(
     One parent MLflow run holds a nested run per variant/seed and the ablation table (markdown,
     CSV and a bar chart, ours beside the paper's numbers)."""
     _orchestration_env()
-    from rich.table import Table
-
     from flows.ablate import ablate_flow, ordered_variants
 
     names = ordered_variants(_split(variants))
@@ -445,19 +439,7 @@ def ablate(
         run_name=run_name,
         curate=curate,
     )
-    view = Table(title="Ablation (DAPO Table 1 order)")
-    for col in ("variant", "avg@k", "95% CI", "steps", "train s", "paper AIME24"):
-        view.add_column(col)
-    for r in table.itertuples(index=False):
-        view.add_row(
-            r.variant,
-            f"{r.avg_at_k:.4f}",
-            f"{r.ci_low:.4f}-{r.ci_high:.4f}",
-            str(r.steps),
-            f"{r.train_wall_s:.0f}",
-            f"{r.paper_aime24:.0f}",
-        )
-    Console().print(view)
+    report_ablation(table)
 
 
 @app.command("schedule")

@@ -19,7 +19,9 @@ ABLATION_STEPS = 20  # per variant: a short ladder that still shows the rungs ap
 
 
 def run_demo() -> None:
-    from flows.cli import ablate, pipeline
+    from flows.ablate import ablate_flow
+    from flows.pipeline import pipeline_flow
+    from flows.report import report_ablation, report_pipeline
     from tasks.params import load_params, repo_path
 
     console = Console()
@@ -28,14 +30,15 @@ def run_demo() -> None:
     out = repo_path(load_params().train.out_dir)
 
     console.rule("1/2  dapo pipeline: curate -> train -> evaluate (embedded default)")
-    pipeline(run_name=f"demo-pipeline-{stamp}")
+    report_pipeline(pipeline_flow(run_name=f"demo-pipeline-{stamp}"))
 
     console.rule(f"2/2  dapo ablate: the Table 1 ladder, {ABLATION_STEPS} steps per variant")
-    ablate(
-        set_=[f"train.steps={ABLATION_STEPS}", "eval.every_n_steps=0"],
+    table = ablate_flow(
+        overrides=[f"train.steps={ABLATION_STEPS}", "eval.every_n_steps=0"],
         run_name=f"demo-ablate-{stamp}",
         curate=False,  # the pipeline just ran the data stages
     )
+    report_ablation(table)
 
     console.rule("where to look")
     console.print(f"training run:     {out / f'demo-pipeline-{stamp}'} (metrics.jsonl, final/)")

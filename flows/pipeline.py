@@ -17,7 +17,8 @@ from pathlib import Path
 
 from prefect import flow
 
-from dapo_core.config import Config, apply_variant
+from dapo_core.ablation import apply_variant
+from dapo_core.config import Config
 from tasks.data.stage import curate_task
 from tasks.evaluation.task import EvalSummary, evaluate_task
 from tasks.params import load_params, repo_path

@@ -12,7 +12,7 @@ import json
 import time
 from typing import Any
 
-from dapo_core.config import from_dict
+from dapo_core.config_loader import from_dict
 from dapo_core.errors import PipelineError
 from tasks.params import repo_path
 

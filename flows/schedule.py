@@ -5,7 +5,7 @@ weekly ``ablate`` sweep, served as Prefect deployments (``dapo schedule``).
 prints them); ``serve_deployments`` registers them with the Prefect API and runs them in this
 process when their schedule fires (it blocks). The scheduler is a service of a real Prefect server
 (``prefect server start``; the embedded ephemeral one creates no scheduled runs), and it needs
-SQLAlchemy < 2.1 (DESIGN section 6; constrained in pyproject.toml).
+SQLAlchemy < 2.1 (constrained in pyproject.toml).
 """
 
 from __future__ import annotations

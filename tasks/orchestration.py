@@ -1,8 +1,8 @@
 """What every Prefect task of the pipeline shares: which errors are worth a retry, and a logger.
 
-A Prefect task costs 12-33 ms here (DESIGN section 6), so each task is a whole stage (the DVC data
-stages, a training run, an evaluation), never a training step. Errors a retry cannot fix (a bad
-config, missing data, a run stopped on purpose) are not retried.
+A Prefect task has a fixed cost of its own (API calls, state changes), so each task is a whole
+stage (the DVC data stages, a training run, an evaluation), never a training step. Errors a
+retry cannot fix (a bad config, missing data, a run stopped on purpose) are not retried.
 """
 
 from __future__ import annotations

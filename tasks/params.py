@@ -12,7 +12,8 @@ from typing import Any
 
 import yaml
 
-from dapo_core.config import Config, ConfigError, resolve
+from dapo_core.config import Config, ConfigError
+from dapo_core.config_loader import resolve
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PARAMS = REPO_ROOT / "params.yaml"

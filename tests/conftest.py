@@ -37,7 +37,7 @@ TINY_OVERRIDES = [
 @pytest.fixture(scope="session")
 def tiny_cfg(tmp_path_factory):
     """A config whose embedded model is built (with a short warm start) in a temp dir."""
-    from tasks.models.loading import resolve_model_path
+    from tasks.models.resolve import resolve_model_path
     from tasks.params import load_params
 
     torch.set_num_threads(1)

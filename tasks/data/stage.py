@@ -1,6 +1,6 @@
 """The Prefect task of the data stage: ``dvc repro`` of the stages in ``dvc.yaml``.
 
-DVC owns the data (DESIGN section 1): the task runs its stages, so DVC's cache and skip logic apply,
+DVC owns the data: the task runs its stages, so DVC's cache and skip logic apply,
 and reports the data version of the resulting ``dvc.lock``.
 """
 

@@ -42,7 +42,8 @@ def evaluate_model(
 ) -> tuple[str, EvalResult]:
     """Load a model (default: the configured policy) and evaluate it on an eval set."""
     from tasks.data.splits import eval_problems
-    from tasks.models.loading import load_policy, resolve_model_path
+    from tasks.models.loading import load_policy
+    from tasks.models.resolve import resolve_model_path
     from tasks.runtime import configure_torch
     from tasks.training.run import make_generator
 

@@ -1,45 +1,19 @@
-"""Policy models: loading any Hugging Face causal LM, and building the embedded tiny default.
-
-The tiny model is a Qwen2-architecture network built from a config, with a byte-level BPE
-tokenizer trained on the synthetic corpus, saved as an ordinary model directory: the trainer and
-evaluator load it with ``from_pretrained`` exactly as they load Qwen2.5-7B. The vocabulary is
-byte-level (space as ``Ġ``) with Qwen2's pre-tokenization, because transformers rebuilds a
-``Qwen2Tokenizer`` for any ``model_type: qwen2`` directory; a save/reload round trip is then
-identical (tests check it).
+"""Loading a policy: any Hugging Face causal LM directory or hub id, with its tokenizer set up
+for generation (left padding, a pad token), and the chat prompt the policy is sampled with.
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
-
-from dapo_core.config import Config, TinyModelConfig
-from dapo_core.curation import apply_template
-from dapo_core.problem import Problem
-from dapo_core.synthetic import solution
-from tasks.data.splits import splits
-from tasks.params import repo_path
-
-TINY = "tiny"
-PAD, BOS, EOS = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
-# Qwen2's pre-tokenizer split pattern (digits one by one, words with their leading space).
-QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 class ModelNotFound(FileNotFoundError):
     """A model path that is neither a directory with a config.json nor a reachable hub id."""
 
 
-def _transformers():
+def transformers_quietly():
     import transformers
 
     from tasks.runtime import quiet_transformers
@@ -48,88 +22,10 @@ def _transformers():
     return transformers
 
 
-def build_tokenizer(corpus: list[str], vocab_size: int):
-    """A byte-level BPE tokenizer trained on ``corpus``, with a ChatML chat template."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    PreTrainedTokenizerFast = _transformers().PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[PAD, BOS, EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus, trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=EOS, pad_token=PAD, chat_template=CHAT_TEMPLATE
-    )
-
-
 def chat_prompt(tokenizer, prompt: str) -> str:
     """The user message (e.g. the DAPO template around a problem) in the model's chat template."""
     messages = [{"role": "user", "content": prompt}]
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-
-
-def build_tiny_model(tiny: TinyModelConfig, train: list[Problem], out_dir: Path, seed: int) -> Path:
-    """Build (untrained) the tiny Qwen2 and its tokenizer into ``out_dir``, atomically."""
-    transformers = _transformers()
-    Qwen2Config, Qwen2ForCausalLM = transformers.Qwen2Config, transformers.Qwen2ForCausalLM
-
-    # The tokenizer must see the chat roles, the DAPO template and the answers.
-    # (plus the DAPO template, so curated problems tokenize sensibly too).
-    corpus = [f"user\n{p.prompt}\nassistant\n{solution(p)}" for p in train]
-    corpus.append(apply_template(""))
-    tokenizer = build_tokenizer(corpus, tiny.vocab_size)
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=tiny.hidden_size,
-        intermediate_size=tiny.intermediate_size,
-        num_hidden_layers=tiny.num_layers,
-        num_attention_heads=tiny.num_heads,
-        num_key_value_heads=tiny.num_kv_heads,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.convert_tokens_to_ids(BOS),
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    model = Qwen2ForCausalLM(config)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
-    return out_dir
-
-
-def resolve_model_path(cfg: Config) -> str:
-    """``model.name_or_path`` as a loadable path or hub id; ``tiny`` builds the embedded model
-    (tokenizer, random init, supervised warm start) on first use.
-
-    The tokenizer and the warm start see the training split only (``tasks.data.splits``): a
-    validation or test problem learned here would inflate every later score on it."""
-    if cfg.model.name_or_path != TINY:
-        return cfg.model.name_or_path
-    path = repo_path(cfg.tiny.path)
-    if not (path / "config.json").exists():
-        from tasks.models.warm_start import warm_start
-
-        train = splits(cfg).train
-        build_tiny_model(cfg.tiny, train, path, cfg.train.seed)
-        warm_start(cfg, path, train)
-    return str(path)
 
 
 def torch_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -140,7 +36,7 @@ def torch_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def load_policy(name_or_path: str, dtype: str = "auto", device: str | torch.device = "cpu"):
     """(model, tokenizer) from a model directory or hub id; a clear error when it is missing."""
-    transformers = _transformers()
+    transformers = transformers_quietly()
     AutoModelForCausalLM, AutoTokenizer = (
         transformers.AutoModelForCausalLM,
         transformers.AutoTokenizer,

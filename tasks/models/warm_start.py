@@ -19,12 +19,11 @@ from rich.progress import Progress
 from dapo_core.config import Config
 from dapo_core.problem import Problem
 from dapo_core.synthetic import solution
+from tasks.models.loading import chat_prompt
 
 
 def sft_batch(tokenizer, problems: list[Problem]) -> dict[str, torch.Tensor]:
     """Right-padded input ids with labels = -100 outside the response (prompt and padding)."""
-    from tasks.models.loading import chat_prompt
-
     rows, labels = [], []
     for p in problems:
         prompt = tokenizer(chat_prompt(tokenizer, p.prompt), add_special_tokens=False)["input_ids"]

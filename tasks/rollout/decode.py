@@ -3,10 +3,7 @@
 Why: on a small model the generic transformers forward spends more time in bookkeeping and
 operator dispatch than in arithmetic. Each call rebuilds the attention mask and the rotary table,
 goes through the cache object and the output wrappers, and copies the key/value heads for
-grouped-query attention. On the 2-core CPU machine, with 64 sequences x 64 tokens of the embedded
-model, the generic forward took 0.29 s per rollout, the first version of this step 0.20 s, and
-this one (fused on CPU) 0.11 s (medians of interleaved runs; ``bench/rl_step.py`` has the
-end-to-end figure).
+grouped-query attention (``python -m bench.generation`` measures the difference).
 
 It does the same arithmetic as the model's forward, with the model's own weights and modules:
 - the rotary table is computed once per rollout by the model's rotary module;

@@ -1,6 +1,6 @@
 """PNG plots of a run and of the ablation table, rendered with matplotlib's Agg backend.
 
-DVC's HTML plots need a CDN (blank offline, DESIGN section 6), so the pipeline renders its own:
+DVC's HTML plots need a CDN (blank offline), so the pipeline renders its own:
 the training curves DAPO's section 3 discusses (reward/accuracy, entropy, response length, clip
 fractions), the evaluation curve (in-training validation and the final evaluation, with the 95% CI)
 and the Table 1 bar chart (ours beside the paper's). Figures are built without pyplot (no global

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dapo_core.config import ABLATION_LADDER, ABLATION_SWITCHES, Config
+from dapo_core.ablation import ABLATION_LADDER, ABLATION_SWITCHES
+from dapo_core.config import Config
 from tasks.data.version import data_version
 from tasks.params import REPO_ROOT
 

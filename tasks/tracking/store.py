@@ -198,5 +198,5 @@ def ui_command(uri: str, port: int = 5000, host: str = "127.0.0.1") -> list[str]
 
 
 def mlflow_env() -> dict[str, str]:
-    """Environment for MLflow subprocesses: telemetry off (DESIGN section 6)."""
+    """Environment for MLflow subprocesses: telemetry off."""
     return {**os.environ, "DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true"}

@@ -3,17 +3,15 @@
 1. RMSNorm with a hand-written backward, installed on the model's norm modules.
 2. On CPU, SDPA attention with grouped-query heads broadcast by the kernel (``enable_gqa``)
    instead of copied. transformers copies them whenever there is a mask, because CUDA kernels
-   fall back to the slow path with both. The CPU flash kernel does not: forward plus backward at
-   our training shapes took 19.5 ms instead of 25.7 ms (64 x 63 queries over 81 keys) and 5.2 ms
-   instead of 10.3 ms (128 x 15 over 33).
+   fall back to the slow path with both. The CPU flash kernel does not, and skips the copies
+   (BENCHMARKS.md has the measured gain).
 
 RMSNorm details:
 
 transformers' RMSNorm is written as six tensor operations, and autograd differentiates each one:
 about a dozen operations in backward, with the intermediates saved. The closed-form gradient
-needs five, and saves only the normalised input and the inverse RMS. On the 2-core CPU machine,
-for a (64, 63, 128) activation, forward plus backward took 7.1 ms the generic way and 3.4 ms this
-way. A training forward has 2 norms per layer plus the final one. The arithmetic is the model's:
+needs five, and saves only the normalised input and the inverse RMS. A training forward has 2
+norms per layer plus the final one. The arithmetic is the model's:
 statistics in float32, the normalised input cast back to the input dtype, then scaled by the
 weight. A test holds outputs and gradients to the original module.
 

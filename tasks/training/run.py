@@ -16,7 +16,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dapo_core.config import Config
 from tasks.data.splits import splits
-from tasks.models.loading import load_policy, resolve_model_path
+from tasks.models.loading import load_policy
+from tasks.models.resolve import resolve_model_path
 from tasks.rollout.generators import HFGenerator, VLLMGenerator
 from tasks.rundir import ResumePoint, RunDir
 from tasks.runtime import configure_torch

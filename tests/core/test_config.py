@@ -2,15 +2,9 @@ import dataclasses
 
 import pytest
 
-from dapo_core.config import (
-    ABLATION_LADDER,
-    ABLATION_SWITCHES,
-    ConfigError,
-    apply_variant,
-    from_dict,
-    parse_override,
-    resolve,
-)
+from dapo_core.ablation import ABLATION_LADDER, ABLATION_SWITCHES, apply_variant
+from dapo_core.config import ConfigError
+from dapo_core.config_loader import from_dict, parse_override, resolve
 from tasks.params import DEFAULT_PARAMS, load_params, read_yaml
 
 

@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from dapo_core.config import resolve
+from dapo_core.config_loader import resolve
 
-# Telemetry off, offline (DESIGN section 6); set before Prefect or MLflow are imported.
+# Telemetry off, offline; set before Prefect or MLflow are imported.
 for _k, _v in {
     "DO_NOT_TRACK": "true",
     "MLFLOW_DISABLE_TELEMETRY": "true",

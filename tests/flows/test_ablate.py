@@ -8,7 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dapo_core.config import ABLATION_LADDER, PAPER_TABLE1_AIME24, ConfigError, resolve
+from dapo_core.ablation import ABLATION_LADDER, PAPER_TABLE1_AIME24
+from dapo_core.config import ConfigError
+from dapo_core.config_loader import resolve
 from flows.ablate import ablation_table, ordered_variants
 from tasks.tracking import store
 

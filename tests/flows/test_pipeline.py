@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dapo_core.config import resolve
+from dapo_core.config_loader import resolve
 from tasks.data import version
 from tasks.tracking import store
 

@@ -3,7 +3,8 @@
 import pytest
 from typer.testing import CliRunner
 
-from dapo_core.config import ABLATION_LADDER, ConfigError
+from dapo_core.ablation import ABLATION_LADDER
+from dapo_core.config import ConfigError
 from flows.cli import app
 from flows.schedule import build_deployments, schedule_specs
 

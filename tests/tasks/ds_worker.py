@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from dapo_core.config import resolve
+from dapo_core.config_loader import resolve
 from tasks.data.splits import splits
 from tasks.models.loading import load_policy
 from tasks.rollout.generators import HFGenerator

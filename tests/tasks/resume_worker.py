@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from dapo_core.config import resolve
+from dapo_core.config_loader import resolve
 from tasks.rundir import RunDir
 from tasks.training.run import run_training
 

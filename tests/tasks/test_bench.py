@@ -4,7 +4,8 @@ import pytest
 
 from bench import dynamic_sampling, generation
 from dapo_core.synthetic import arith_problems
-from tasks.models.loading import load_policy, resolve_model_path
+from tasks.models.loading import load_policy
+from tasks.models.resolve import resolve_model_path
 
 
 def test_generation_sides_produce_the_same_number_of_tokens(tiny_cfg):

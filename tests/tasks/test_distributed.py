@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dapo_core.config import resolve
+from dapo_core.config_loader import resolve
 
 WORKER = Path(__file__).with_name("ds_worker.py")
 ROOT = WORKER.parents[2]

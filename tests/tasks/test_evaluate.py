@@ -2,10 +2,11 @@
 
 import pytest
 
-from dapo_core.config import resolve
+from dapo_core.config_loader import resolve
 from dapo_core.problem import Problem
 from tasks.evaluation.evaluate import evaluate_policy, summarize
-from tasks.models.loading import load_policy, resolve_model_path
+from tasks.models.loading import load_policy
+from tasks.models.resolve import resolve_model_path
 from tasks.rollout.generators import HFGenerator, Rollouts
 
 

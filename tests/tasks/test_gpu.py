@@ -4,7 +4,7 @@ vLLM weight-sync logic runs everywhere against a stand-in engine."""
 import pytest
 import torch
 
-from dapo_core.config import resolve
+from dapo_core.config_loader import resolve
 from tasks.rundir import RunDir
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -29,7 +29,8 @@ def test_sampling_logprobs_equal_the_trainers_forward_on_gpu(tiny_cfg, tmp_path,
     and training uses the hand-written RMSNorm backward: rollout log-probs still equal the
     trainer's (fp32)."""
     from tasks.data.splits import splits
-    from tasks.models.loading import chat_prompt, load_policy, resolve_model_path
+    from tasks.models.loading import chat_prompt, load_policy
+    from tasks.models.resolve import resolve_model_path
     from tasks.rollout.generators import HFGenerator
     from tasks.training.trainer import DAPOTrainer, Sample
 
@@ -51,7 +52,8 @@ def test_sampling_logprobs_equal_the_trainers_forward_on_gpu(tiny_cfg, tmp_path,
 @cuda
 def test_vllm_backend_matches_interface(tiny_cfg):
     pytest.importorskip("vllm")
-    from tasks.models.loading import chat_prompt, load_policy, resolve_model_path
+    from tasks.models.loading import chat_prompt, load_policy
+    from tasks.models.resolve import resolve_model_path
     from tasks.rollout.generators import VLLMGenerator
 
     path = resolve_model_path(tiny_cfg)
@@ -83,7 +85,8 @@ def test_vllm_weight_sync_loads_every_parameter_then_resets_the_prefix_cache(tin
     computed with the old weights, dropped."""
     from types import SimpleNamespace
 
-    from tasks.models.loading import load_policy, resolve_model_path
+    from tasks.models.loading import load_policy
+    from tasks.models.resolve import resolve_model_path
     from tasks.rollout.generators import VLLMGenerator
 
     events = []

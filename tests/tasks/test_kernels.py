@@ -50,7 +50,8 @@ def test_only_known_norm_classes_are_changed():
 def test_cpu_sdpa_matches_transformers_sdpa(tiny_cfg):
     """Grouped-query attention broadcast by the kernel: same logits and gradients as transformers'
     SDPA path (which repeats the key/value heads), with left padding and without a mask."""
-    from tasks.models.loading import load_policy, resolve_model_path
+    from tasks.models.loading import load_policy
+    from tasks.models.resolve import resolve_model_path
     from tasks.training.kernels import CPU_SDPA, use_cpu_sdpa
 
     path = resolve_model_path(tiny_cfg)

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from tasks.models.loading import ModelNotFound, chat_prompt, load_policy, resolve_model_path
+from tasks.models.loading import ModelNotFound, chat_prompt, load_policy
+from tasks.models.resolve import resolve_model_path
 from tasks.rollout.generators import HFGenerator, split_response
 
 
@@ -52,7 +53,7 @@ def test_sampling_logprobs_equal_the_trainers_forward(tiny_cfg, tmp_path, decode
     left padding) equal what the trainer computes for the same tokens (right padding), with the
     lean decode step (fused projections as on CPU, or separate as on GPU) and with the generic
     transformers forward."""
-    from dapo_core.config import resolve
+    from dapo_core.config_loader import resolve
     from tasks.data.splits import splits
     from tasks.rollout.decode import LeanDecoder
     from tasks.training.trainer import DAPOTrainer, Sample
@@ -143,16 +144,16 @@ def test_warm_start_sees_only_the_training_split(tiny_cfg, tmp_path, monkeypatch
     """The embedded model learns no validation or test problem before it is scored on them: its
     tokenizer corpus and warm-start list are ``splits(cfg).train``, and every warm-start batch
     draws from that list only."""
-    import tasks.models.loading as loading
+    import tasks.models.tiny as tiny
     import tasks.models.warm_start as warm
-    from dapo_core.config import resolve
+    from dapo_core.config_loader import resolve
     from tasks.data.splits import splits
 
     cfg = resolve(
         tiny_cfg.to_dict(), overrides=[f"tiny.path={tmp_path / 'model'}", "tiny.warm_start_steps=4"]
     )
     corpus, lists, batches = [], [], []
-    build, start, batch = loading.build_tiny_model, warm.warm_start, warm.sft_batch
+    build, start, batch = tiny.build_tiny_model, warm.warm_start, warm.sft_batch
 
     def record_build(tiny, train, out_dir, seed):
         corpus.append(list(train))
@@ -166,7 +167,7 @@ def test_warm_start_sees_only_the_training_split(tiny_cfg, tmp_path, monkeypatch
         batches.append(list(problems))
         return batch(tokenizer, problems)
 
-    monkeypatch.setattr(loading, "build_tiny_model", record_build)
+    monkeypatch.setattr(tiny, "build_tiny_model", record_build)
     monkeypatch.setattr(warm, "warm_start", record_start)
     monkeypatch.setattr(warm, "sft_batch", record_batch)
     assert resolve_model_path(cfg) == str(tmp_path / "model")

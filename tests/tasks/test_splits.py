@@ -89,7 +89,7 @@ def test_curated_splits_read_the_parquet_files(curated):
 
 
 def test_curated_val_follows_val_size(curated):
-    from dapo_core.config import resolve
+    from dapo_core.config_loader import resolve
 
     smaller = resolve(curated.to_dict(), overrides=["data.val_size=2"])
     assert [p.id for p in splits(smaller).val] == ["v0", "v1"]
@@ -98,7 +98,7 @@ def test_curated_val_follows_val_size(curated):
 
 def test_a_missing_eval_set_does_not_stop_training(curated, tmp_path, monkeypatch):
     """Test is read on first access only: train and val need no eval set."""
-    from dapo_core.config import resolve
+    from dapo_core.config_loader import resolve
 
     monkeypatch.setattr(tasks.data.eval_sets, "repo_path", lambda p: tmp_path / p)
     cfg = resolve(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dapo_core.config import from_dict, resolve
+from dapo_core.config_loader import from_dict, resolve
 from tasks.data import version
 from tasks.params import REPO_ROOT
 from tasks.rundir import RunDir
@@ -97,7 +97,7 @@ def test_git_commit_outside_a_repo(tmp_path):
 
 
 def test_tags_name_variant_seed_and_flow(tiny_cfg):
-    from dapo_core.config import apply_variant
+    from dapo_core.ablation import apply_variant
 
     tags = provenance.run_tags(apply_variant(tiny_cfg, "grpo"), "train", run_dir="/x")
     assert tags["variant"] == "grpo" and tags["seed"] == str(tiny_cfg.train.seed)
@@ -350,7 +350,7 @@ def test_real_store_round_trip(tiny_cfg, store, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_log_batch_is_much_faster_than_per_value_calls(tiny_cfg, store):
-    """The measurement behind batching (DESIGN section 6): 200 values, both ways."""
+    """The measurement behind batching: 200 values, both ways."""
     import time
 
     from mlflow import MlflowClient

@@ -9,8 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
-from dapo_core.config import apply_variant, resolve
-from tasks.models.loading import load_policy, resolve_model_path
+from dapo_core.ablation import apply_variant
+from dapo_core.config_loader import resolve
+from tasks.models.loading import load_policy
+from tasks.models.resolve import resolve_model_path
 from tasks.rundir import RunDir
 from tasks.training.batches import ProblemStream, micro_batches
 from tasks.training.checkpoint import save_checkpoint

@@ -1,0 +1,110 @@
+"""The embedded default model: a tiny Qwen2 built from a config, with its own tokenizer.
+
+The tiny model is a Qwen2-architecture network with a byte-level BPE tokenizer trained on the
+synthetic corpus, saved as an ordinary model directory: the trainer and evaluator load it with
+``from_pretrained`` exactly as they load Qwen2.5-7B. The vocabulary is byte-level (space as ``Ġ``)
+with Qwen2's pre-tokenization, because transformers rebuilds a ``Qwen2Tokenizer`` for any
+``model_type: qwen2`` directory; a save/reload round trip is then identical (tests check it).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from dapo_core.config import Config, TinyModelConfig
+from dapo_core.curation import apply_template
+from dapo_core.problem import Problem
+from dapo_core.synthetic import solution
+from tasks.data.splits import splits
+from tasks.models import warm_start
+from tasks.models.loading import transformers_quietly
+from tasks.params import repo_path
+
+TINY = "tiny"
+PAD, BOS, EOS = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+# Qwen2's pre-tokenizer split pattern (digits one by one, words with their leading space).
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_tokenizer(corpus: list[str], vocab_size: int):
+    """A byte-level BPE tokenizer trained on ``corpus``, with a ChatML chat template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    PreTrainedTokenizerFast = transformers_quietly().PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD, BOS, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS, pad_token=PAD, chat_template=CHAT_TEMPLATE
+    )
+
+
+def build_tiny_model(tiny: TinyModelConfig, train: list[Problem], out_dir: Path, seed: int) -> Path:
+    """Build (untrained) the tiny Qwen2 and its tokenizer into ``out_dir``, atomically."""
+    transformers = transformers_quietly()
+    Qwen2Config, Qwen2ForCausalLM = transformers.Qwen2Config, transformers.Qwen2ForCausalLM
+
+    # The tokenizer must see the chat roles, the DAPO template and the answers.
+    # (plus the DAPO template, so curated problems tokenize sensibly too).
+    corpus = [f"user\n{p.prompt}\nassistant\n{solution(p)}" for p in train]
+    corpus.append(apply_template(""))
+    tokenizer = build_tokenizer(corpus, tiny.vocab_size)
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=tiny.hidden_size,
+        intermediate_size=tiny.intermediate_size,
+        num_hidden_layers=tiny.num_layers,
+        num_attention_heads=tiny.num_heads,
+        num_key_value_heads=tiny.num_kv_heads,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.convert_tokens_to_ids(BOS),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = Qwen2ForCausalLM(config)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def ensure_tiny_model(cfg: Config) -> Path:
+    """The embedded model's directory, built (tokenizer, random init, supervised warm start) on
+    first use.
+
+    The tokenizer and the warm start see the training split only (``tasks.data.splits``): a
+    validation or test problem learned here would inflate every later score on it."""
+    path = repo_path(cfg.tiny.path)
+    if not (path / "config.json").exists():
+        train = splits(cfg).train
+        build_tiny_model(cfg.tiny, train, path, cfg.train.seed)
+        warm_start.warm_start(cfg, path, train)
+    return path

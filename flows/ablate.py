@@ -25,7 +25,7 @@ from dapo_core.config_loader import resolve
 from dapo_core.errors import PipelineError
 from dapo_core.metrics import bootstrap_ci
 from flows.pipeline import default_run_name, load_config, run_dir_for
-from tasks.data.stage import curate_task
+from tasks.data.task import curate_task
 from tasks.evaluation.task import evaluate_task
 from tasks.orchestration import run_logger
 from tasks.rundir import RunDir

@@ -19,7 +19,7 @@ from prefect import flow
 
 from dapo_core.ablation import apply_variant
 from dapo_core.config import Config
-from tasks.data.stage import curate_task
+from tasks.data.task import curate_task
 from tasks.evaluation.task import EvalSummary, evaluate_task
 from tasks.params import load_params, repo_path
 from tasks.rundir import RunDir

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from prefect import get_run_logger
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 from dapo_core.config import ConfigError
 from dapo_core.errors import PipelineError
@@ -30,3 +31,17 @@ def run_logger() -> Any:
         return get_run_logger()
     except Exception:  # noqa: BLE001 - no Prefect run context
         return logging.getLogger("dapo")
+
+
+def stage_task(name: str, retries: int, retry_delay_seconds: float) -> Any:
+    """The Prefect ``task`` decorator as every stage uses it: retried unless the error is the
+    user's, never cached (a stage's inputs are files a config names, not its arguments), and
+    no result persisted (results are in the run directory and MLflow)."""
+    return task(
+        name=name,
+        retries=retries,
+        retry_delay_seconds=retry_delay_seconds,
+        retry_condition_fn=retry_unless_user_error,
+        cache_policy=NO_CACHE,
+        persist_result=False,
+    )

@@ -11,12 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from dapo_core.config import Config
 from tasks.evaluation.evaluate import evaluate_model
-from tasks.orchestration import retry_unless_user_error, run_logger
+from tasks.orchestration import run_logger, stage_task
 from tasks.rundir import RunDir
 from tasks.tracking.plots import eval_curve, save_figures
 from tasks.tracking.provenance import run_tags
@@ -32,14 +29,7 @@ class EvalSummary:
     mlflow_run_id: str | None
 
 
-@task(
-    name="evaluate",
-    retries=1,
-    retry_delay_seconds=2,
-    retry_condition_fn=retry_unless_user_error,
-    cache_policy=NO_CACHE,
-    persist_result=False,
-)
+@stage_task("evaluate", retries=1, retry_delay_seconds=2)
 def evaluate_task(
     cfg: Config,
     model_path: str | None = None,

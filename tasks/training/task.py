@@ -12,13 +12,10 @@ import dataclasses
 import time
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from dapo_core.config import Config
 from tasks.data.splits import splits
 from tasks.evaluation.evaluate import evaluate_policy
-from tasks.orchestration import retry_unless_user_error, run_logger
+from tasks.orchestration import run_logger, stage_task
 from tasks.rundir import RunDir
 from tasks.tracking.plots import eval_curve, save_figures, training_figures
 from tasks.tracking.provenance import run_tags
@@ -76,14 +73,7 @@ class TrainingMonitor:
         return metrics
 
 
-@task(
-    name="train",
-    retries=1,
-    retry_delay_seconds=2,
-    retry_condition_fn=retry_unless_user_error,
-    cache_policy=NO_CACHE,
-    persist_result=False,
-)
+@stage_task("train", retries=1, retry_delay_seconds=2)
 def train_task(
     cfg: Config,
     run_dir: str,

@@ -141,7 +141,7 @@ def test_evaluate_flow_opens_its_own_run(flows_env, flow_params, flow_cfg, pipel
 
 
 def test_curate_skips_without_dvc_yaml(flow_cfg, tmp_path, caplog):
-    from tasks.data.stage import curate_task
+    from tasks.data.task import curate_task
 
     synthetic = curate_task.fn(flow_cfg, root=str(tmp_path))
     assert synthetic["status"] == "skipped" and synthetic["reason"] == "synthetic source"
@@ -156,7 +156,7 @@ def test_curate_runs_dvc_stages_and_reports_the_data_version(flow_cfg, tmp_path)
     import subprocess
     import sys
 
-    from tasks.data.stage import curate_task
+    from tasks.data.task import curate_task
 
     subprocess.run(
         [sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True

@@ -12,24 +12,15 @@ import sys
 import time
 from pathlib import Path
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from dapo_core.config import Config
 from dapo_core.errors import PipelineError
-from tasks.orchestration import retry_unless_user_error, run_logger
+from tasks.orchestration import run_logger, stage_task
 from tasks.params import REPO_ROOT, load_params
 from tasks.data.version import data_version
 
 
-@task(
-    name="curate",
-    retries=2,
-    retry_delay_seconds=10,
-    retry_condition_fn=retry_unless_user_error,
-    cache_policy=NO_CACHE,
-    persist_result=False,
-)
+@stage_task("curate", retries=2, retry_delay_seconds=10)
 def curate_task(cfg: Config, stages: list[str] | None = None, root: str | None = None) -> dict:
     """Run the DVC data stages (``dvc repro``), so DVC's cache and skip logic apply.
 

@@ -9,6 +9,7 @@ with Qwen2's pre-tokenization, because transformers rebuilds a ``Qwen2Tokenizer`
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -96,15 +97,33 @@ def build_tiny_model(tiny: TinyModelConfig, train: list[Problem], out_dir: Path,
     return out_dir
 
 
+BUILD_RECORD = "dapo_build.json"  # what the directory was built from
+BUILD_VERSION = 2  # raise when the build itself changes (2: the warm start sees train only)
+
+
+def build_spec(cfg: Config) -> dict:
+    """Everything the embedded model's build depends on: a directory built from anything else
+    is stale (another task, another split, an older build) and is rebuilt."""
+    return {
+        "version": BUILD_VERSION,
+        "tiny": {k: v for k, v in cfg.to_dict()["tiny"].items() if k != "path"},
+        "synthetic": cfg.to_dict()["synthetic"],
+        "val_size": cfg.data.val_size,
+    }  # not train.seed: RL seeds share one warm start (the first run's seed builds it)
+
+
 def ensure_tiny_model(cfg: Config) -> Path:
     """The embedded model's directory, built (tokenizer, random init, supervised warm start) on
-    first use.
+    first use, and again whenever what it was built from changed.
 
     The tokenizer and the warm start see the training split only (``tasks.data.splits``): a
     validation or test problem learned here would inflate every later score on it."""
     path = repo_path(cfg.tiny.path)
-    if not (path / "config.json").exists():
-        train = splits(cfg).train
-        build_tiny_model(cfg.tiny, train, path, cfg.train.seed)
-        warm_start.warm_start(cfg, path, train)
+    record, spec = path / BUILD_RECORD, build_spec(cfg)
+    if record.exists() and json.loads(record.read_text()) == spec:
+        return path
+    train = splits(cfg).train
+    build_tiny_model(cfg.tiny, train, path, cfg.train.seed)
+    warm_start.warm_start(cfg, path, train)
+    record.write_text(json.dumps(spec, indent=2))  # last: a build cut short is redone
     return path

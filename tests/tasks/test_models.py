@@ -1,5 +1,7 @@
 """The embedded model directory: tokenizer round trip, loading errors, rollout invariants."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -180,3 +182,20 @@ def test_warm_start_sees_only_the_training_split(tiny_cfg, tmp_path, monkeypatch
     assert len(batches) == cfg.tiny.warm_start_steps
     drawn = {p.id for b in batches for p in b}
     assert drawn <= train and not drawn & held_out
+
+
+def test_embedded_model_is_rebuilt_when_what_it_was_built_from_changes(tiny_cfg, tmp_path):
+    """A model directory built for another task or split is stale, not silently reused."""
+    from dapo_core.config_loader import resolve
+    from tasks.models.tiny import BUILD_RECORD
+
+    cfg = resolve(
+        tiny_cfg.to_dict(), overrides=[f"tiny.path={tmp_path}", "tiny.warm_start_steps=1"]
+    )
+    path = Path(resolve_model_path(cfg))
+    built = (path / BUILD_RECORD).stat().st_mtime_ns
+    assert resolve_model_path(cfg) == str(path)
+    assert (path / BUILD_RECORD).stat().st_mtime_ns == built  # same spec: reused
+    other = resolve(cfg.to_dict(), overrides=["synthetic.num_train=50"])
+    assert resolve_model_path(other) == str(path)
+    assert (path / BUILD_RECORD).stat().st_mtime_ns != built  # another task: rebuilt

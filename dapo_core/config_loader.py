@@ -174,6 +174,71 @@ def _describe(hint: Any) -> str:
     return getattr(hint, "__name__", str(hint))
 
 
+# Counts, sizes and rates: the least value each may take (a run with train.steps=0 trains nothing
+# and then fails late, far from the typo). Rules between keys are in _check_values.
+AT_LEAST: dict[str, float] = {
+    **dict.fromkeys(
+        [
+            "synthetic.num_train",
+            "synthetic.num_test",
+            "synthetic.max_operand",
+            "synthetic.num_terms",
+            "data.decontam_ngram",
+            "tiny.vocab_size",
+            "tiny.hidden_size",
+            "tiny.intermediate_size",
+            "tiny.num_layers",
+            "tiny.num_heads",
+            "tiny.num_kv_heads",
+            "tiny.warm_start_batch",
+            "rollout.max_prompt_len",
+            "rollout.max_response_len",
+            "algo.max_gen_batches",
+            "train.steps",
+            "train.prompt_batch",
+            "train.gen_batch",
+            "train.mini_batch",
+            "train.micro_batch_tokens",
+            "train.max_bad_steps",
+            "train.keep_checkpoints",
+            "eval.n_samples",
+            "eval.max_response_len",
+            "eval.bootstrap_samples",
+        ],
+        1,
+    ),
+    **dict.fromkeys(
+        [
+            "data.val_size",
+            "tiny.warm_start_steps",
+            "algo.overlong_penalty_factor",
+            "train.warmup_steps",
+            "train.weight_decay",
+            "train.checkpoint_every",
+            "train.cpu_threads",
+            "eval.every_n_steps",
+            "tracking.log_samples",
+        ],
+        0,
+    ),
+}
+POSITIVE = ["tiny.warm_start_lr", "train.lr", "train.grad_clip", "eval.temperature"]
+
+
+def _value(cfg: Config, key: str) -> Any:
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def _check_bounds(cfg: Config, need: typing.Callable[[bool, str], None]) -> None:
+    for key, least in AT_LEAST.items():
+        value = _value(cfg, key)
+        need(value >= least, f"{key} must be >= {least:g}, got {value}")
+    for key in POSITIVE:
+        value = _value(cfg, key)
+        need(value > 0, f"{key} must be > 0, got {value}")
+
+
 def _check_values(cfg: Config, source: str) -> None:
     """Cross-field rules that types cannot express."""
 
@@ -181,26 +246,30 @@ def _check_values(cfg: Config, source: str) -> None:
         if not ok:
             raise ConfigError(f"{source}: {msg}")
 
-    a, t, r, e = cfg.algo, cfg.train, cfg.rollout, cfg.eval
+    _check_bounds(cfg, need)
+    a, t, r, e, d = cfg.algo, cfg.train, cfg.rollout, cfg.eval, cfg.data
     need(0 < a.eps_low < 1, f"algo.eps_low must be in (0, 1), got {a.eps_low}")
     need(a.eps_high > 0, f"algo.eps_high must be > 0, got {a.eps_high}")
     need(a.dual_clip_c is None or a.dual_clip_c > 1, "algo.dual_clip_c must be > 1 or null")
     need(0 <= a.cache_len < r.max_response_len, "algo.cache_len must be in [0, max_response_len)")
-    need(a.max_gen_batches >= 1, "algo.max_gen_batches must be >= 1")
     need(r.group_size >= 2, "rollout.group_size must be >= 2 (advantages need a group)")
     need(0 < r.top_p <= 1, "rollout.top_p must be in (0, 1]")
     need(0 < r.vllm_gpu_memory <= 1, "rollout.vllm_gpu_memory must be in (0, 1]")
     need(r.temperature > 0, "rollout.temperature must be > 0")
-    need(t.prompt_batch >= 1 and t.gen_batch >= 1, "train.prompt_batch, gen_batch must be >= 1")
-    need(t.mini_batch >= 1, "train.mini_batch must be >= 1")
     need(
         t.prompt_batch % t.mini_batch == 0,
         f"train.prompt_batch ({t.prompt_batch}) must be a multiple of train.mini_batch "
         f"({t.mini_batch})",
     )
-    need(t.warmup_steps >= 0 and t.lr > 0, "train.lr must be > 0 and warmup_steps >= 0")
-    need(t.keep_checkpoints >= 1, "train.keep_checkpoints must be >= 1")
     need(t.zero_stage in (1, 2, 3), "train.zero_stage must be 1, 2 or 3")
-    need(e.n_samples >= 1, "eval.n_samples must be >= 1")
+    need(0 < d.decontam_threshold <= 1, "data.decontam_threshold must be in (0, 1]")
+    need(
+        cfg.tiny.num_heads % cfg.tiny.num_kv_heads == 0,
+        "tiny.num_heads must be a multiple of tiny.num_kv_heads",
+    )
+    need(
+        cfg.tiny.hidden_size % cfg.tiny.num_heads == 0,
+        "tiny.hidden_size must be a multiple of tiny.num_heads",
+    )
     need(0 < e.top_p <= 1, "eval.top_p must be in (0, 1]")
     need(all(k >= 1 for k in e.pass_ks), "eval.pass_ks must be positive")

@@ -65,6 +65,34 @@ def test_cross_field_checks(base):
         resolve(base, overrides=["algo.cache_len=9999"])
 
 
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.steps=0", "train.steps must be >= 1, got 0"),
+        ("train.steps=-3", "train.steps must be >= 1, got -3"),
+        ("eval.n_samples=0", "eval.n_samples must be >= 1"),
+        ("data.val_size=-1", "data.val_size must be >= 0"),
+        ("train.checkpoint_every=-2", "train.checkpoint_every must be >= 0"),
+        ("train.lr=0", "train.lr must be > 0, got 0"),
+        ("rollout.max_response_len=0", "rollout.max_response_len must be >= 1"),
+        ("data.decontam_threshold=1.5", "data.decontam_threshold must be in"),
+        ("tiny.num_kv_heads=3", "multiple of tiny.num_kv_heads"),
+    ],
+)
+def test_counts_sizes_and_rates_are_bounded(base, override, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        resolve(base, overrides=[override])
+
+
+def test_every_bounded_key_exists(base):
+    """The bounds table names real keys (a renamed key would silently escape its check)."""
+    from dapo_core.config_loader import AT_LEAST, POSITIVE
+
+    for key in [*AT_LEAST, *POSITIVE]:
+        section, name = key.split(".")
+        assert name in base[section], key
+
+
 def test_missing_file():
     with pytest.raises(ConfigError, match="does not exist"):
         load_params("/nonexistent/params.yaml")

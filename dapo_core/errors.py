@@ -3,3 +3,7 @@
 
 class PipelineError(RuntimeError):
     """Base of the errors a user can act on (a cap reached, a run that cannot continue, ...)."""
+
+
+class TrainingInterrupted(PipelineError):
+    """Ctrl-C or SIGTERM stopped a run; the message says where it stands and how to continue."""

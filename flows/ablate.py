@@ -22,7 +22,7 @@ from prefect import flow
 from dapo_core.ablation import ABLATION_LADDER, PAPER_TABLE1_AIME24, apply_variant
 from dapo_core.config import ConfigError
 from dapo_core.config_loader import resolve
-from dapo_core.errors import PipelineError
+from dapo_core.errors import PipelineError, TrainingInterrupted
 from dapo_core.metrics import bootstrap_ci
 from flows.pipeline import default_run_name, load_config, run_dir_for
 from tasks.data.task import curate_task
@@ -155,6 +155,9 @@ def ablate_flow(
                     run_dir=trained.run_dir,
                     progress=progress,
                 )
+            except TrainingInterrupted:  # Ctrl-C stops the sweep, not just this variant
+                parent.end("KILLED")
+                raise
             except Exception as e:  # noqa: BLE001 - one failed variant does not stop the sweep
                 log.error("ablate: %s seed %d failed: %s", variant, seed, e)
                 res["status"] = f"failed: {type(e).__name__}: {str(e)[:200]}"

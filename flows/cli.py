@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,7 @@ from rich.console import Console
 
 from dapo_core.ablation import ABLATION_LADDER, apply_variant
 from dapo_core.config import ConfigError
-from dapo_core.errors import PipelineError
+from dapo_core.errors import PipelineError, TrainingInterrupted
 from flows.report import report_ablation, report_pipeline
 
 app = typer.Typer(
@@ -49,16 +50,31 @@ ParamsOpt = Annotated[
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _terminate(signum: int, frame: Any) -> None:
+    """SIGTERM stops a command as Ctrl-C does, so its clean-up runs (MLflow run ended, servers
+    stopped). Inside a flow run Prefect installs its own handler for the same purpose."""
+    raise KeyboardInterrupt
+
+
 def user_errors(fn: F) -> F:
     """Print expected errors as one actionable line and exit 2, rather than a traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        previous = signal.signal(signal.SIGTERM, _terminate)
         try:
             return fn(*args, **kwargs)
-        except (ConfigError, FileNotFoundError, FileExistsError, PipelineError) as e:
+        except TrainingInterrupted as e:
+            console.print(f"[bold yellow]interrupted:[/] {e}")
+            raise typer.Exit(130) from None
+        except (ConfigError, PipelineError, OSError) as e:  # FileNotFoundError is an OSError
             console.print(f"[bold red]error:[/] {e}")
             raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            console.print("[bold yellow]interrupted[/]")
+            raise typer.Exit(130) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
     return wrapper  # type: ignore[return-value]
 
@@ -344,6 +360,9 @@ def _orchestration_env() -> None:
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
     }.items():
         os.environ.setdefault(key, value)
+    from tasks.orchestration import quiet_user_error_tracebacks
+
+    quiet_user_error_tracebacks()
 
 
 def _flow_args(params: Path | None, config: list[Path] | None, set_: list[str] | None) -> dict:

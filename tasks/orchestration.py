@@ -25,6 +25,25 @@ def retry_unless_user_error(task: Any, task_run: Any, state: Any) -> bool:
     return not isinstance(exc, USER_ERRORS)
 
 
+class _NoTracebackForUserErrors(logging.Filter):
+    """Prefect logs a failed task or flow with its traceback; for an error the user can act on
+    (a bad config, an unwritable directory) the message is the whole story, and the command
+    prints it once more as its last line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], USER_ERRORS):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_user_error_tracebacks() -> None:
+    """Install the filter on Prefect's run loggers (idempotent)."""
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoTracebackForUserErrors) for f in logger.filters):
+            logger.addFilter(_NoTracebackForUserErrors())
+
+
 def run_logger() -> Any:
     """The Prefect run logger inside a flow or task; a plain logger when called outside one."""
     try:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dapo_core.errors import PipelineError
+
 CHECKPOINT_PREFIX = "step_"
 COMPLETE = "COMPLETE"  # written last into a checkpoint: a directory without it is half-written
 
@@ -80,6 +82,30 @@ class RunDir:
                 f"{self.path} already holds a run: continue it with --resume {self.path}, "
                 "or pick another --run-dir"
             )
+
+    def check_writable(self) -> None:
+        """A one-line error now, rather than a traceback after a run has been opened."""
+        probe = self.path / ".write-test"
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            probe.write_text("")
+            probe.unlink()
+        except OSError as e:
+            raise PipelineError(
+                f"cannot write to the run directory {self.path} ({e.strerror or e}); pick a "
+                "writable one with --run-dir, or set train.out_dir"
+            ) from None
+
+    def describe_stop(self, steps: int, resume_hint: str) -> str:
+        """Where a stopped run stands and how to continue it."""
+        ckpt = self.latest_checkpoint()
+        done = max((row["step"] for row in self.read_metrics()), default=0)
+        saved = f"step {checkpoint_step(ckpt)} ({ckpt})" if ckpt else "none yet"
+        redo = f"; steps after {checkpoint_step(ckpt) if ckpt else 0} are redone" if done else ""
+        return (
+            f"stopped after step {done} of {steps}; last checkpoint: {saved}. "
+            f"Continue with: {resume_hint}{redo}"
+        )
 
     def write_config(self, config: dict[str, Any]) -> None:
         self.path.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,10 @@ import dataclasses
 import time
 from typing import Any
 
+from prefect.exceptions import TerminationSignal
+
 from dapo_core.config import Config
+from dapo_core.errors import TrainingInterrupted
 from tasks.data.splits import splits
 from tasks.evaluation.evaluate import evaluate_policy
 from tasks.orchestration import run_logger, stage_task
@@ -23,6 +26,15 @@ from tasks.tracking.tracker import Tracker
 from tasks.training.run import run_training
 
 MAX_SAMPLE_ROWS = 2000  # sample generations kept for the run's table
+
+
+def resume_hint(kind: str, rd: RunDir) -> str:
+    """The command that continues a stopped run of this kind."""
+    if kind == "pipeline":
+        return f"dapo pipeline --run-name {rd.name}"
+    if kind == "ablate":
+        return "dapo ablate with the same --run-name (finished variants are kept)"
+    return f"dapo train --resume {rd}"
 
 
 @dataclasses.dataclass
@@ -94,6 +106,7 @@ def train_task(
     log = run_logger()
     rd = RunDir(run_dir)
     rd.refuse_unless(resume)  # before an MLflow run is opened
+    rd.check_writable()
     start = rd.resume_point()
     if start.checkpoint:
         redo = start.logged_through - start.step
@@ -101,14 +114,14 @@ def train_task(
             "train: continuing %s from its checkpoint at step %d%s",
             rd,
             start.step,
-            f"; the {redo} step(s) logged after it are redone" if redo > 0 else "",
+            f"; steps {start.step + 1}-{start.logged_through} are redone" if redo > 0 else "",
         )
     tracker = Tracker(cfg, kind)
     tags = {**run_tags(cfg, kind, variant, run_dir=str(rd)), **(extra_tags or {})}
-    if track:
-        tracker.start_or_resume(rd, run_name or rd.name, tags, parent_run_id)
-    monitor = TrainingMonitor(cfg, tracker, rd, start.logged_through)
-    try:
+    try:  # every way out of here ends the MLflow run: FINISHED, KILLED or FAILED
+        if track:
+            tracker.start_or_resume(rd, run_name or rd.name, tags, parent_run_id)
+        monitor = TrainingMonitor(cfg, tracker, rd, start.logged_through)
         result = run_training(
             cfg,
             rd,
@@ -118,22 +131,29 @@ def train_task(
             progress=progress,
             on_step=monitor,
         )
+        complete = result.steps >= cfg.train.steps
+        _log_run_artifacts(tracker, rd, result.history, monitor.samples)
+        tracker.set_tags(
+            {"train.steps_done": result.steps, "train.complete": str(complete).lower()}
+        )
+    except (KeyboardInterrupt, TerminationSignal):
+        tracker.end("KILLED")
+        raise TrainingInterrupted(
+            rd.describe_stop(cfg.train.steps, resume_hint(kind, rd))
+        ) from None
     except BaseException:
         tracker.end("FAILED")
         raise
-    complete = result.steps >= cfg.train.steps
-    _log_run_artifacts(tracker, rd, result.history, monitor.samples)
-    tracker.set_tags({"train.steps_done": result.steps, "train.complete": str(complete).lower()})
     tracker.end("FINISHED")
     model = rd.final if complete else rd.latest_checkpoint() / "model"
     last = {k: v for k, v in (result.history[-1] if result.history else {}).items() if k != "step"}
     log.info(
-        "train: %d steps in %.1fs (%s); model %s; MLflow run %s",
+        "train: %d steps in %.1fs (%s); model %s%s",
         result.steps,
         result.wall_time_s,
         "complete" if complete else f"{cfg.train.steps - result.steps} to go",
         model,
-        tracker.run_id,
+        f"; MLflow run {tracker.run_id}" if tracker.run_id else " (not tracked)",
     )
     return TrainSummary(
         str(rd),

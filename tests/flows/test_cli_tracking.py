@@ -5,6 +5,7 @@ import re
 from typer.testing import CliRunner
 
 from flows.cli import app
+from tasks.params import REPO_ROOT as ROOT
 from tasks.tracking.store import metric_history, search_runs
 
 
@@ -43,3 +44,52 @@ def test_cli_train_and_evaluate_are_tracked(flows_env, flow_cfg, flow_params, tm
     assert quiet.exit_code == 0, quiet.output
     assert "MLflow run" not in quiet.output
     assert len(search_runs(flow_cfg, "train", uri=mlflow_uri)) == before
+
+
+def test_unwritable_run_dir_is_one_line_and_opens_no_run(
+    flows_env, flow_cfg, flow_params, tmp_path
+):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # a run directory under a file cannot be created (even by root)
+    before = len(search_runs(flow_cfg, "train", uri=flows_env))
+    out = CliRunner().invoke(
+        app, ["train", "--params", flow_params, "--run-dir", str(blocker / "run")]
+    )
+    assert out.exit_code == 2, out.output
+    assert "cannot write to the run directory" in out.output
+    for layer in ("flows", "tasks", "dapo_core"):  # no traceback through the project's code
+        assert f'File "{ROOT / layer}' not in out.output
+    assert len(search_runs(flow_cfg, "train", uri=flows_env)) == before
+
+
+def test_interrupted_training_says_how_to_continue_and_ends_the_run_killed(
+    flows_env, flow_cfg, tmp_path, monkeypatch
+):
+    """Ctrl-C (KeyboardInterrupt) in the middle of a run: exit 130, the step reached, the last
+    checkpoint and the exact resume command; the MLflow run is KILLED, not left RUNNING."""
+    import json
+
+    from dapo_core.config_loader import resolve
+    from tasks.training.trainer import DAPOTrainer
+
+    cfg = resolve(flow_cfg.to_dict(), overrides=["train.steps=6", "train.checkpoint_every=2"])
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps(cfg.to_dict()))
+    original = DAPOTrainer.train_step
+
+    def interrupted_at_step_3(self):
+        if self.step == 3:
+            raise KeyboardInterrupt
+        return original(self)
+
+    monkeypatch.setattr(DAPOTrainer, "train_step", interrupted_at_step_3)
+    run_dir = tmp_path / "stopped"
+    out = CliRunner().invoke(app, ["train", "--params", str(params), "--run-dir", str(run_dir)])
+    assert out.exit_code == 130, out.output
+    text = " ".join(out.output.split())
+    assert "stopped after step 3 of 6" in text and "last checkpoint: step 2" in text
+    assert f"dapo train --resume {run_dir}" in text
+    run_id = json.loads((run_dir / "mlflow_run.json").read_text())["run_id"]
+    from tasks.tracking.store import read_run
+
+    assert read_run(run_id, flows_env)["status"] == "KILLED"

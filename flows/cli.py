@@ -555,9 +555,8 @@ def ui(
     """Start the MLflow UI on the project's tracking store and print its URL."""
     _orchestration_env()
     import shlex
-    import subprocess
 
-    from tasks.tracking.store import mlflow_env, sqlite_path, tracking_uri, ui_command
+    from tasks.tracking.store import serve_ui, sqlite_path, tracking_uri, ui_command
 
     uri = tracking_uri(_load(params, config, set_))
     db = sqlite_path(uri)
@@ -570,10 +569,7 @@ def ui(
         sys.stdout.write(" ".join(shlex.quote(c) for c in cmd) + "\n")
         return
     console.print(f"MLflow UI on store {uri}; Ctrl-C stops it.")
-    try:
-        rc = subprocess.call(cmd, env=mlflow_env())
-    except KeyboardInterrupt:
-        rc = 0
+    rc = serve_ui(cmd)
     if rc:
         console.print(f"[bold red]error:[/] mlflow ui exited with {rc} (is port {port} in use?)")
         raise typer.Exit(rc)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -195,6 +197,36 @@ def ui_command(uri: str, port: int = 5000, host: str = "127.0.0.1") -> list[str]
     if root:  # for experiments created by MLflow itself (ours set their own location)
         cmd += ["--default-artifact-root", root]
     return [*cmd, "--host", host, "--port", str(port)]
+
+
+def serve_ui(cmd: list[str], grace_s: float = 10.0) -> int:
+    """Run the MLflow UI until it exits or this process is stopped (Ctrl-C, or SIGTERM turned
+    into KeyboardInterrupt by the CLI); then stop the server and every worker it started.
+
+    The server runs in its own process group: ``mlflow ui`` forks a pool of workers, and
+    stopping only the process we started would leave them holding the port."""
+    proc = subprocess.Popen(cmd, env=mlflow_env(), start_new_session=True)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        _stop_group(proc, grace_s)
+        return 0
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+            # The leader is gone; workers of the group may still be exiting.
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def mlflow_env() -> dict[str, str]:

@@ -151,3 +151,45 @@ def test_reproduce_reruns_from_the_logged_config(pipeline_run, flow_cfg):
     # the embedded default is deterministic: the same evaluation result
     before = pipeline_run["evaluate"].metrics["eval/avg_at_k"]
     assert out["result"]["evaluate"].metrics["eval/avg_at_k"] == before
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+@pytest.mark.slow
+def test_dapo_ui_stops_its_server_and_workers_on_sigterm(flows_env, tmp_path):
+    """SIGTERM to `dapo ui` takes the MLflow server and all its workers down: the port is free
+    again, and nothing of the server's process group is left."""
+    port = _free_port()
+    log = (tmp_path / "ui.log").open("w")
+    cmd = [sys.executable, "-m", "flows.cli", "ui", "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/health"
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    try:
+        while not _answers(url):
+            assert proc.poll() is None, (tmp_path / "ui.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "dapo ui did not start"
+            time.sleep(0.5)
+        children = subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
+        ).stdout.split()
+        assert children  # the server, in a process group of its own
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        group = int(children[0])
+        for _ in range(20):  # workers may take a moment to exit after the leader
+            if subprocess.run(["pgrep", "-g", str(group)], capture_output=True).returncode:
+                break
+            time.sleep(0.5)
+        assert subprocess.run(["pgrep", "-g", str(group)], capture_output=True).returncode == 1
+        assert not _answers(url)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()

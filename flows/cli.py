@@ -273,7 +273,10 @@ def curate(
     ] = None,
     eval_dir: Annotated[
         Path | None,
-        typer.Option(help="Where prepared eval sets go (default: data/eval, read by evaluate)."),
+        typer.Option(
+            help="Where prepared eval sets go (default: data/eval, read by evaluate; OUT/eval "
+            "with --out, so that --out writes nothing in the repository)."
+        ),
     ] = None,
     step: Annotated[
         str, typer.Option(help="all, eval (only the eval sets) or train (only the source).")

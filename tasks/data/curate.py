@@ -73,34 +73,44 @@ def curate(
         raise ConfigError(f"--step must be one of {', '.join(STEPS)}; got {step!r}")
     required = set(eval_sets or ())
     specs = dict(eval_sets) if eval_sets is not None else dict(cfg.data.eval_sets)
-    edir = Path(eval_dir) if eval_dir is not None else default_eval_dir()
+    # With --out, nothing is written in the repository: the eval sets go beside the output.
+    if eval_dir is not None:
+        edir = Path(eval_dir)
+    else:
+        edir = Path(out) / "eval" if out is not None else default_eval_dir()
+    # The source first: a wrong path is reported before any eval set is fetched.
+    loaded = open_source(cfg, source) if step != "eval" else None
     manifest: dict[str, Any] = {}
     if step in ("all", "eval"):
         manifest = prepare_eval_sets(specs, edir, required, progress)
-    if step == "eval":
+    if loaded is None:
         return CurateSummary(None, edir, None, manifest)
     out_dir = Path(out) if out is not None else repo_path(cfg.data.out_dir)
-    report = curate_source(cfg, source, out_dir, specs, edir, required, progress)
+    report = curate_source(cfg, loaded, out_dir, specs, edir, required, progress)
     return CurateSummary(out_dir, edir, report, manifest)
+
+
+def open_source(cfg: Config, source: str | None) -> Loaded:
+    """The source to curate (default ``data.source``), opened; a clear error if it cannot be."""
+    return load_source(
+        source or cfg.data.source,
+        cfg,
+        "to use a local file, pass `dapo curate --source PATH` or set data.source in "
+        "params.yaml to its path (a parquet/jsonl file in the DAPO or {problem, answer} schema).",
+    )
 
 
 def curate_source(
     cfg: Config,
-    source: str | None,
+    loaded: Loaded,
     out_dir: Path,
     specs: dict[str, str],
     eval_dir: Path,
     required: set[str],
     progress: bool,
 ) -> dict[str, Any]:
-    """Curate ``source`` (default ``data.source``) into ``out_dir``; returns the report."""
+    """Curate an opened source into ``out_dir``; returns the report."""
     d = cfg.data
-    loaded = load_source(
-        source or d.source,
-        cfg,
-        "to use a local file, pass `dapo curate --source PATH` or set data.source in "
-        "params.yaml to its path (a parquet/jsonl file in the DAPO or {problem, answer} schema).",
-    )
     ready, missing = eval_sets_for_decontamination(specs, eval_dir, required)
     label = f"curate {loaded.source.name}"
     result = read_and_curate(loaded, label, ready, d.decontam_ngram, d.decontam_threshold, progress)

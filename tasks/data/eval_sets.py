@@ -155,7 +155,10 @@ def prepare_eval_sets(
             if name in required:
                 raise
             manifest[name] = {"spec": spec, "status": "unavailable", "reason": str(e)}
-            console.print(f"[yellow]warning:[/] eval set {name} not prepared: {e}")
+            console.print(
+                f"[yellow]warning:[/] eval set {name} not prepared ({_headline(e)}); how to "
+                f"prepare it: {eval_dir / MANIFEST}"
+            )
             continue
         write_parquet(rows, TRAIN_SCHEMA, eval_dir / entry["file"])
         manifest[name] = entry
@@ -184,11 +187,7 @@ def eval_sets_for_decontamination(
             ready[name] = rows_to_problems(pq.read_table(prepared).to_pylist())
             continue
         if same and entry.get("status") == "unavailable" and name not in required:
-            missing[name] = str(entry.get("reason"))
-            console.print(
-                f"[yellow]warning:[/] not decontaminating against eval set {name}: "
-                f"unavailable ({eval_dir / MANIFEST})"
-            )
+            missing[name] = str(entry.get("reason"))  # warned when it was prepared
             continue
         try:
             rows, _ = prepare_eval_set(name, spec)
@@ -197,8 +196,18 @@ def eval_sets_for_decontamination(
             if name in required:
                 raise
             missing[name] = str(e)
-            console.print(f"[yellow]warning:[/] not decontaminating against eval set {name}: {e}")
+            console.print(
+                f"[yellow]warning:[/] not decontaminating against eval set {name} "
+                f"({_headline(e)}); the report lists why"
+            )
     return ready, missing
+
+
+def _headline(error: Exception) -> str:
+    """The first sentence of an error, for a one-line warning (the whole text is recorded)."""
+    text = str(error)
+    cut = min((i for i in (text.find(". "), text.find(" (")) if i > 0), default=len(text))
+    return text[:cut]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -144,12 +145,23 @@ def sha256_files(files: Iterable[Path]) -> str:
     return digest.hexdigest()
 
 
+def _parquet(f: Path) -> pq.ParquetFile:
+    """An open parquet file, or a one-line error for a corrupt or truncated one."""
+    try:
+        return pq.ParquetFile(f)
+    except (pa.ArrowException, OSError) as e:
+        raise SourceUnavailable(
+            f"{f} is not a readable parquet file ({str(e).split('. ')[0]}); replace it with a "
+            "good copy (re-download or re-export it)"
+        ) from None
+
+
 def count_rows(files: list[Path]) -> int:
     """Input rows of the files (a blank jsonl line is not a row; a .json file counts as one)."""
     total = 0
     for f in files:
         if f.suffix == ".parquet":
-            total += pq.ParquetFile(f).metadata.num_rows
+            total += _parquet(f).metadata.num_rows
         elif f.suffix == ".jsonl":
             with open(f, "rb") as fh:
                 total += sum(1 for line in fh if line.strip())
@@ -174,7 +186,7 @@ def iter_file_records(files: list[Path]) -> Iterator[Any]:
     Blank jsonl lines are not rows."""
     for f in files:
         if f.suffix == ".parquet":
-            for batch in pq.ParquetFile(f).iter_batches(batch_size=8192):
+            for batch in _parquet(f).iter_batches(batch_size=8192):
                 yield from batch.to_pylist()
         elif f.suffix == ".jsonl":
             yield from _jsonl_records(f)

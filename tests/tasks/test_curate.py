@@ -503,3 +503,25 @@ def test_synthetic_splits_are_disjoint_and_training_never_sees_validation():
     ids = [{p.id for p in s} for s in (train, val, test)]
     assert not (ids[0] & ids[1]) and not (ids[0] & ids[2]) and not (ids[1] & ids[2])
     assert {p.id for p in splits(cfg).train} == ids[0]
+
+
+def test_corrupt_parquet_source_is_one_line_and_writes_nothing(tmp_path):
+    bad = tmp_path / "x.parquet"
+    bad.write_bytes(b"not a parquet file" * 10)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["curate", "--source", str(bad), "--out", str(out)])
+    assert result.exit_code == 2
+    assert "is not a readable parquet file" in result.output and "Traceback" not in result.output
+    assert not out.exists()
+
+
+def test_curate_with_out_leaves_the_repository_alone(tmp_path):
+    """--out puts the eval sets beside the output; the repo's data/eval is not rewritten."""
+    repo_eval = REPO_ROOT / "data" / "eval"
+    before = {p: p.stat().st_mtime_ns for p in repo_eval.rglob("*")} if repo_eval.exists() else {}
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["curate", "--source", "synthetic:arith", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (out / "train.parquet").exists() and (out / "eval" / "manifest.json").exists()
+    after = {p: p.stat().st_mtime_ns for p in repo_eval.rglob("*")} if repo_eval.exists() else {}
+    assert after == before

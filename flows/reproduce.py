@@ -33,6 +33,7 @@ def reproduce_checks(info: dict[str, Any]) -> tuple[list[str], list[str]]:
             "the result may differ. To train on the run's data: "
             f"`git checkout {then_commit} -- dvc.lock && dvc checkout` (or `dvc repro`)."
         )
+    mismatches += _problem_mismatches(info)
     if then_commit != now_commit:
         mismatches.append(
             f"code differs: the run was made at commit {then_commit}, this checkout is at "
@@ -44,6 +45,38 @@ def reproduce_checks(info: dict[str, Any]) -> tuple[list[str], list[str]]:
             "not in git."
         )
     return mismatches, notes
+
+
+def _problem_mismatches(info: dict[str, Any]) -> list[str]:
+    """The problems the run trained, validated and was evaluated on, against what its config
+    reads here now (the content digests; the lock alone does not pin them)."""
+    from tasks.data.splits import eval_problems, splits
+    from tasks.data.version import problems_digest
+
+    tags = info["tags"]
+    cfg = from_dict(info["config"], source="the run's config")
+    keys = ("data.train_digest", "data.val_digest", "data.eval_digest")
+    wanted = {k: tags.get(k) for k in keys}
+    if not any(wanted.values()):
+        return []  # a run from before digests were recorded: nothing to compare
+    try:
+        parts = splits(cfg)
+        now = {
+            "data.train_digest": problems_digest(parts.train),
+            "data.val_digest": problems_digest(parts.val),
+        }
+        if tags.get("eval.set"):
+            now["data.eval_digest"] = problems_digest(eval_problems(cfg, tags["eval.set"])[1])
+    except (FileNotFoundError, PipelineError) as e:
+        return [f"the run's problems cannot be read here ({e})."]
+    what = {"data.train_digest": "training", "data.val_digest": "validation"}
+    what["data.eval_digest"] = f"evaluation ({tags.get('eval.set')})"
+    return [
+        f"the {what[k]} problems differ from the run's (digest {wanted[k]}, now {now[k]}): "
+        "the data or the config that selects it changed."
+        for k in now
+        if wanted.get(k) and wanted[k] != now[k]
+    ]
 
 
 def reproduce_run(

@@ -3,17 +3,24 @@
 DVC owns the data (the stages of ``dvc.yaml`` write ``data/eval`` and the curated data of DAPO
 section 3.5, arXiv 2503.14476); ``dvc.lock`` records the md5 of every stage output. The data
 version derived from those md5s is what every MLflow run records (tag ``data.version``) and what
-the curate task reports, so a run can be matched to the exact data it trained on.
+the curate task reports.
+
+The lock names what DVC produced, not what a run read: ``-S synthetic.num_train=200`` trains on
+other problems under the same lock. So each run also records a digest of the problems it actually
+trained, validated and was evaluated on (``problems_digest``: ids and answers), and ``dapo
+reproduce`` compares those.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 import yaml
 
+from dapo_core.problem import Problem
 from tasks.params import REPO_ROOT
 
 log = logging.getLogger(__name__)
@@ -48,3 +55,15 @@ def data_version(lock: Path | None = None) -> str:
         return next(iter(outs.values()))
     joined = "\n".join(f"{p}:{m}" for p, m in sorted(outs.items()))
     return hashlib.md5(joined.encode()).hexdigest()
+
+
+def problems_digest(problems: Iterable[Problem]) -> str:
+    """A content hash of a problem set: the sha256 (16 hex digits) of its sorted ids and answers.
+    Order-free, so the same set read in another order has the same digest."""
+    return pairs_digest((p.id, p.answer) for p in problems)
+
+
+def pairs_digest(pairs: Iterable[tuple[str, str]]) -> str:
+    """``problems_digest`` of (id, answer) pairs (e.g. the columns of a per-problem table)."""
+    lines = sorted(f"{i}\t{a}" for i, a in pairs)
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_core.config import Config
+from tasks.data.version import pairs_digest
 from tasks.evaluation.evaluate import evaluate_model
 from tasks.orchestration import run_logger, stage_task
 from tasks.rundir import RunDir
@@ -55,7 +56,15 @@ def evaluate_task(
         tracker.start_run(f"eval {name} {model_name}", run_tags(cfg, kind))
     with tracker:
         model_tag = model_path or cfg.model.name_or_path
-        tracker.set_tags({"eval.set": name, "eval.model": model_tag, **(extra_tags or {})})
+        pp = result.per_problem
+        tracker.set_tags(
+            {
+                "eval.set": name,
+                "eval.model": model_tag,
+                "data.eval_digest": pairs_digest(zip(pp["problem_id"], pp["answer"], strict=True)),
+                **(extra_tags or {}),
+            }
+        )
         tracker.log_metrics({**result.metrics, "perf/eval_time_s": wall}, step)
         tracker.log_frame(result.per_problem, f"eval/{name}/per_problem.csv")
         tracker.log_table(result.samples, f"eval/{name}/samples.json")

@@ -17,6 +17,7 @@ from prefect.exceptions import TerminationSignal
 from dapo_core.config import Config
 from dapo_core.errors import TrainingInterrupted
 from tasks.data.splits import splits
+from tasks.data.version import problems_digest
 from tasks.evaluation.evaluate import evaluate_policy
 from tasks.orchestration import run_logger, stage_task
 from tasks.rundir import RunDir
@@ -117,7 +118,12 @@ def train_task(
             f"; steps {start.step + 1}-{start.logged_through} are redone" if redo > 0 else "",
         )
     tracker = Tracker(cfg, kind)
-    tags = {**run_tags(cfg, kind, variant, run_dir=str(rd)), **(extra_tags or {})}
+    data = splits(cfg)
+    digests = {
+        "data.train_digest": problems_digest(data.train),
+        "data.val_digest": problems_digest(data.val),
+    }
+    tags = {**run_tags(cfg, kind, variant, run_dir=str(rd)), **digests, **(extra_tags or {})}
     try:  # every way out of here ends the MLflow run: FINISHED, KILLED or FAILED
         if track:
             tracker.start_or_resume(rd, run_name or rd.name, tags, parent_run_id)

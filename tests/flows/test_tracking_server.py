@@ -133,6 +133,22 @@ def test_reproduce_check_warns_on_data_version_mismatch(pipeline_run, monkeypatc
     assert "data version differs" in changed.output and "dvc checkout" in changed.output
     strict = CliRunner().invoke(app, ["reproduce", run_id, "--strict"])
     assert strict.exit_code == 2 and "not reproducible" in strict.output
+    # The lock can match while the problems do not (a config that selects other problems).
+    import dataclasses
+
+    from tasks.data import splits as splits_module
+
+    monkeypatch.setattr(version, "data_version", lambda lock=None: original["tags"]["data.version"])
+    assert original["tags"]["data.train_digest"] and original["tags"]["data.val_digest"]
+    real = splits_module.splits
+
+    def one_fewer(cfg):
+        parts = real(cfg)
+        return dataclasses.replace(parts, train=parts.train[:-1])
+
+    monkeypatch.setattr(splits_module, "splits", one_fewer)
+    fewer = CliRunner().invoke(app, ["reproduce", run_id, "--check-only"])
+    assert fewer.exit_code == 1 and "training problems differ" in " ".join(fewer.output.split())
     missing = CliRunner().invoke(app, ["reproduce", "0123456789abcdef", "--check-only"])
     assert missing.exit_code == 2 and "not in the tracking store" in missing.output
 

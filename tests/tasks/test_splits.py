@@ -118,3 +118,16 @@ def test_test_is_read_once():
     calls = []
     s = Splits([], [], lambda: calls.append(1) or ["x"])
     assert s.test == ["x"] and s.test == ["x"] and calls == [1]
+
+
+def test_problems_digest_is_order_free_and_sees_ids_and_answers():
+    from dapo_core.problem import Problem
+    from tasks.data.version import pairs_digest, problems_digest
+
+    a = Problem("1", "1+1", "2", "1+1", "s")
+    b = Problem("2", "2+2", "4", "2+2", "s")
+    assert (
+        problems_digest([a, b]) == problems_digest([b, a]) == pairs_digest([("2", "4"), ("1", "2")])
+    )
+    assert problems_digest([a, b]) != problems_digest([a])
+    assert problems_digest([a, b]) != problems_digest([a, Problem("2", "2+2", "5", "2+2", "s")])

@@ -1,6 +1,8 @@
 """The demo that `make demo` runs: the pipeline, then a short Table 1 ablation (embedded default).
 
-1. ``dapo pipeline``: the DVC data stages, the tiny model built and warm-started on first use, DAPO
+0. the DVC data stages (``dvc repro``), so that ``dvc status`` is clean afterwards (the pipeline
+   itself skips them for the synthetic source, whose problems it generates);
+1. ``dapo pipeline``: the tiny model built and warm-started on first use, DAPO
    training with validation every ``eval.every_n_steps`` steps, and the final evaluation, all in one
    MLflow run of the ``dapo-pipeline`` experiment;
 2. ``dapo ablate`` with fewer steps per variant: the paper's ladder (naive GRPO -> ... -> DAPO), a
@@ -20,7 +22,7 @@ ABLATION_STEPS = 20  # per variant: a short ladder that still shows the rungs ap
 
 def run_demo() -> None:
     from flows.ablate import ablate_flow
-    from flows.pipeline import pipeline_flow
+    from flows.pipeline import curate_flow, pipeline_flow
     from flows.report import report_ablation, report_pipeline
     from tasks.params import load_params, repo_path
 
@@ -28,6 +30,9 @@ def run_demo() -> None:
     t0 = time.perf_counter()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = repo_path(load_params().train.out_dir)
+
+    console.rule("0/2  the DVC data stages (dvc repro): eval sets and the curated task")
+    curate_flow(stages=["eval_sets", "curate"])  # the pipeline skips them for a synthetic source
 
     console.rule("1/2  dapo pipeline: curate -> train -> evaluate (embedded default)")
     report_pipeline(pipeline_flow(run_name=f"demo-pipeline-{stamp}"))

@@ -34,7 +34,9 @@ def curate_task(cfg: Config, stages: list[str] | None = None, root: str | None =
     )
     if not needs_data and not stages:
         log.info(
-            "curate: skipped; the source is %s (generated, no curation needed)", cfg.data.source
+            "curate: skipped; the source is %s: its problems are generated from synthetic.* (the "
+            "ones `dvc repro` writes to data/curated), and runs record their digest",
+            cfg.data.source,
         )
         return {
             "status": "skipped",

@@ -197,14 +197,24 @@ def _peel(s: str) -> str | None:
 
 
 def _unwrap_boxed(s: str) -> str | None:
-    """The single boxed value in ``s``; None if a box is broken or boxes disagree (a hedge)."""
-    contents = set()
-    for m in _BOXED_RE.finditer(s):
-        content = brace_group(s, m.end())
-        if content is None:
+    """The single boxed value in ``s``; None if a box is broken or boxes disagree (a hedge).
+    Boxes inside a box are unwrapped too (``\\boxed{\\boxed{5}}`` is 5)."""
+    for _ in range(MAX_DEPTH):
+        contents, outer_end = set(), -1
+        for m in _BOXED_RE.finditer(s):
+            if m.start() < outer_end:
+                continue  # inside the previous box: unwrapped with it
+            content = brace_group(s, m.end())
+            if content is None:
+                return None
+            contents.add(content.strip())
+            outer_end = s.index("{", m.end()) + len(content) + 2
+        if len(contents) != 1:
             return None
-        contents.add(content.strip())
-    return contents.pop() if len(contents) == 1 else None
+        s = contents.pop()
+        if not _BOXED_RE.search(s):
+            return s
+    return None
 
 
 def _unwrap_text_macros(s: str) -> str | None:

@@ -10,6 +10,7 @@ the wrong type are errors that name the key and the file. Reading files is the c
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import types
 import typing
@@ -28,18 +29,31 @@ def resolve(
     """Merge overlays (``(name, mapping)``, each a subset of keys), apply ``a.b=value`` overrides,
     then validate. ``base`` is not modified."""
     raw = json.loads(json.dumps(base))  # a deep copy that also rejects non-plain values
+    origins: dict[str, str] = {}  # key -> where its value came from, for error messages
     for name, overlay in overlays:
-        _merge(raw, overlay, source=name)
+        _merge(raw, overlay, source=name, origins=origins)
     for item in overrides:
-        _apply_override(raw, item)
-    return from_dict(raw, source=source)
+        origins[_apply_override(raw, item)] = f"override -S {item}"
+    return from_dict(raw, source=source, origins=origins)
 
 
-def from_dict(raw: Mapping[str, Any], source: str = "<dict>") -> Config:
-    """Build and validate a :class:`Config` from nested mappings (e.g. a logged config)."""
-    cfg = _build(Config, raw, prefix="", source=source)
-    _check_values(cfg, source)
+def from_dict(
+    raw: Mapping[str, Any], source: str = "<dict>", origins: Mapping[str, str] | None = None
+) -> Config:
+    """Build and validate a :class:`Config` from nested mappings (e.g. a logged config).
+    ``origins`` names where a key's value came from when not from ``source`` (an overlay, -S)."""
+
+    def where(key: str) -> str:
+        return (origins or {}).get(key, source)
+
+    cfg = _build(Config, raw, prefix="", where=where)
+    _check_values(cfg, source, where)
     return cfg
+
+
+def _did_you_mean(name: str, candidates: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -55,14 +69,24 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.strip().split("."), parsed
 
 
-def _merge(base: dict[str, Any], overlay: Mapping[str, Any], source: str, prefix: str = "") -> None:
+def _merge(
+    base: dict[str, Any],
+    overlay: Mapping[str, Any],
+    source: str,
+    origins: dict[str, str],
+    prefix: str = "",
+) -> None:
     for key, value in overlay.items():
         if key not in base:
-            raise ConfigError(f"{source}: unknown key '{prefix}{key}' (not in the base config)")
+            hint = _did_you_mean(f"{prefix}{key}", [f"{prefix}{k}" for k in base])
+            raise ConfigError(
+                f"{source}: unknown key '{prefix}{key}' (not in the base config){hint}"
+            )
         if isinstance(value, Mapping) and isinstance(base[key], dict) and _is_section(base[key]):
-            _merge(base[key], value, source, prefix=f"{prefix}{key}.")
+            _merge(base[key], value, source, origins, prefix=f"{prefix}{key}.")
         else:
             base[key] = value
+            origins[f"{prefix}{key}"] = source
 
 
 def _is_section(value: dict[str, Any]) -> bool:
@@ -70,41 +94,49 @@ def _is_section(value: dict[str, Any]) -> bool:
     return not all(isinstance(v, str) for v in value.values())
 
 
-def _apply_override(raw: dict[str, Any], item: str) -> None:
+def _apply_override(raw: dict[str, Any], item: str) -> str:
+    """Set the value an override names; returns its dotted key."""
     keys, value = parse_override(item)
     node: Any = raw
-    for i, k in enumerate(keys[:-1]):
+    for i, k in enumerate(keys):
+        last = i == len(keys) - 1
         if not isinstance(node, dict) or k not in node:
-            raise ConfigError(f"override {item!r}: unknown key '{'.'.join(keys[: i + 1])}'")
-        node = node[k]
-    if not isinstance(node, dict) or keys[-1] not in node:
-        raise ConfigError(f"override {item!r}: unknown key '{'.'.join(keys)}'")
-    node[keys[-1]] = value
+            known = [".".join([*keys[:i], c]) for c in node] if isinstance(node, dict) else []
+            hint = _did_you_mean(".".join(keys[: i + 1]), known)
+            raise ConfigError(f"override {item!r}: unknown key '{'.'.join(keys[: i + 1])}'{hint}")
+        if last:
+            node[k] = value
+        else:
+            node = node[k]
+    return ".".join(keys)
 
 
-def _build(cls: type, raw: Any, prefix: str, source: str) -> Any:
+def _build(cls: type, raw: Any, prefix: str, where: typing.Callable[[str], str]) -> Any:
     if not isinstance(raw, Mapping):
-        where = prefix.rstrip(".") or "the top level"
-        raise ConfigError(f"{source}: '{where}' must be a mapping, got {raw!r}")
+        section = prefix.rstrip(".") or "the top level"
+        raise ConfigError(f"{where(section)}: '{section}' must be a mapping, got {raw!r}")
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(raw) - set(names))
     if unknown:
         raise ConfigError(
-            f"{source}: unknown key '{prefix}{unknown[0]}'"
+            f"{where(prefix + unknown[0])}: unknown key '{prefix}{unknown[0]}'"
             + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "")
-            + f"; valid keys here: {', '.join(names)}"
+            + (
+                _did_you_mean(unknown[0], names).replace(" '", f" '{prefix}", 1)
+                or f"; valid keys here: {', '.join(names)}"
+            )
         )
     missing = [n for n in names if n not in raw]
     if missing:
-        raise ConfigError(f"{source}: missing key '{prefix}{missing[0]}'")
+        raise ConfigError(f"{where(prefix + missing[0])}: missing key '{prefix}{missing[0]}'")
     values = {}
     for name in names:
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
-            values[name] = _build(hint, raw[name], f"{prefix}{name}.", source)
+            values[name] = _build(hint, raw[name], f"{prefix}{name}.", where)
         else:
-            values[name] = _coerce(raw[name], hint, f"{prefix}{name}", source)
+            values[name] = _coerce(raw[name], hint, f"{prefix}{name}", where(f"{prefix}{name}"))
     return cls(**values)
 
 
@@ -230,23 +262,25 @@ def _value(cfg: Config, key: str) -> Any:
     return getattr(getattr(cfg, section), name)
 
 
-def _check_bounds(cfg: Config, need: typing.Callable[[bool, str], None]) -> None:
+def _check_bounds(cfg: Config, where: typing.Callable[[str], str]) -> None:
     for key, least in AT_LEAST.items():
         value = _value(cfg, key)
-        need(value >= least, f"{key} must be >= {least:g}, got {value}")
+        if not value >= least:
+            raise ConfigError(f"{where(key)}: {key} must be >= {least:g}, got {value}")
     for key in POSITIVE:
         value = _value(cfg, key)
-        need(value > 0, f"{key} must be > 0, got {value}")
+        if not value > 0:
+            raise ConfigError(f"{where(key)}: {key} must be > 0, got {value}")
 
 
-def _check_values(cfg: Config, source: str) -> None:
+def _check_values(cfg: Config, source: str, where: typing.Callable[[str], str]) -> None:
     """Cross-field rules that types cannot express."""
 
     def need(ok: bool, msg: str) -> None:
         if not ok:
             raise ConfigError(f"{source}: {msg}")
 
-    _check_bounds(cfg, need)
+    _check_bounds(cfg, where)
     a, t, r, e, d = cfg.algo, cfg.train, cfg.rollout, cfg.eval, cfg.data
     need(0 < a.eps_low < 1, f"algo.eps_low must be in (0, 1), got {a.eps_low}")
     need(a.eps_high > 0, f"algo.eps_high must be > 0, got {a.eps_high}")

@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -62,13 +63,24 @@ class Answer:
     instruction: str  # appended to the problem ("" for integers)
 
 
+# A problem that asks for a rounded value: its decimal answer is not an exact fraction.
+_ASKS_ROUNDING = re.compile(r"\bround|\bnearest\b|decimal places?|significant figures?", re.I)
+
+
+def asks_rounding(problem: str) -> bool:
+    return bool(_ASKS_ROUNDING.search(problem))
+
+
 @functools.lru_cache(maxsize=1 << 16)
-def normalize_answer(raw: str) -> Answer | None:
-    """Canonical integer, else the integer form of ``integerize``, else None (no integer form)."""
+def normalize_answer(raw: str, rounded: bool = False) -> Answer | None:
+    """Canonical integer, else the integer form of ``integerize``, else None (no integer form).
+
+    A terminating decimal is an exact fraction (``0.75`` is 3/4, reported as m+n) unless the
+    problem asked for a rounded value (``rounded``): then its exact value is unknown."""
     canonical = canonical_integer(raw)
     if canonical is not None:
         return Answer(canonical, "integer", "")
-    found = integerize(raw)
+    found = integerize(raw, decimals_as_fractions=not rounded)
     if found is None:
         return None
     if found.form == "integer":  # "\boxed{5}", "10\%", "x=5": an integer in disguise
@@ -149,7 +161,7 @@ def _group_copies(records: Iterable[Any], out: Curated, track: Track | None) -> 
         if isinstance(row, Malformed):
             out.reject(index, row.reason, row.detail, record=_record_json(rec))
             continue
-        answer = normalize_answer(row.answer)
+        answer = normalize_answer(row.answer, rounded=asks_rounding(row.problem))
         # Copies agree when their normalised answers do ("023" == "23", "1/2" == "\frac12").
         agree_key = f"{answer.value}|{answer.instruction}" if answer else f"raw|{row.answer}"
         key = dedupe_key(row.problem)

@@ -34,6 +34,19 @@ def torch_dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
+def _looks_local(name_or_path: str) -> bool:
+    """A path, not a hub id (``owner/name`` or a bare name): absolute, relative with ./ or ~,
+    existing, deeper than owner/name, or under a directory that exists here."""
+    path = Path(name_or_path)
+    return (
+        path.is_absolute()
+        or name_or_path.startswith((".", "~"))
+        or path.exists()
+        or name_or_path.count("/") > 1
+        or (name_or_path.count("/") == 1 and path.parent.is_dir())
+    )
+
+
 def load_policy(name_or_path: str, dtype: str = "auto", device: str | torch.device = "cpu"):
     """(model, tokenizer) from a model directory or hub id; a clear error when it is missing."""
     transformers = transformers_quietly()
@@ -44,8 +57,12 @@ def load_policy(name_or_path: str, dtype: str = "auto", device: str | torch.devi
 
     device = torch.device(device)
     local = Path(name_or_path)
-    looks_local = local.is_absolute() or name_or_path.startswith((".", "~")) or local.exists()
-    if looks_local and not (local / "config.json").exists():
+    if _looks_local(name_or_path) and not local.exists():
+        raise ModelNotFound(
+            f"no such model directory: {name_or_path}; pass a Hugging Face model directory, a hub "
+            "id (e.g. Qwen/Qwen2.5-7B), or -S model.name_or_path=tiny for the embedded model"
+        )
+    if _looks_local(name_or_path) and not (local / "config.json").exists():
         raise ModelNotFound(
             f"model path {name_or_path} has no config.json; pass a Hugging Face model directory, "
             "a hub id (e.g. Qwen/Qwen2.5-7B), or -S model.name_or_path=tiny for the embedded model"

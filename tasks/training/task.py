@@ -55,10 +55,12 @@ class TrainingMonitor:
     (logged at the training step as ``val/...``), the sample generations of each step, and a
     flush of buffered metrics at each checkpoint (so MLflow is never behind a checkpoint)."""
 
-    def __init__(self, cfg: Config, tracker: Tracker, run_dir: RunDir, logged_through: int):
+    def __init__(
+        self, cfg: Config, tracker: Tracker, run_dir: RunDir, logged_through: int, problems: list
+    ):
         self.cfg, self.tracker, self.run_dir = cfg, tracker, run_dir
         self.logged_through = logged_through
-        self.problems = splits(cfg).val
+        self.problems = problems  # the validation split
         self.samples: list[dict[str, Any]] = []
 
     def __call__(self, trainer: Any, result: Any) -> None:
@@ -127,7 +129,7 @@ def train_task(
     try:  # every way out of here ends the MLflow run: FINISHED, KILLED or FAILED
         if track:
             tracker.start_or_resume(rd, run_name or rd.name, tags, parent_run_id)
-        monitor = TrainingMonitor(cfg, tracker, rd, start.logged_through)
+        monitor = TrainingMonitor(cfg, tracker, rd, start.logged_through, data.val)
         result = run_training(
             cfg,
             rd,

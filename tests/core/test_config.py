@@ -84,6 +84,20 @@ def test_counts_sizes_and_rates_are_bounded(base, override, message):
         resolve(base, overrides=[override])
 
 
+def test_errors_name_where_the_value_came_from_and_suggest_keys(base, tmp_path):
+    with pytest.raises(ConfigError, match=r"^override -S train\.lr=abc: 'train\.lr' must be float"):
+        resolve(base, overrides=["train.lr=abc"])
+    with pytest.raises(ConfigError, match=r"^preset\.yaml: train\.steps must be >= 1"):
+        resolve(base, overlays=[("preset.yaml", {"train": {"steps": 0}})])
+    with pytest.raises(ConfigError, match=r"did you mean 'algo\.eps_high'\?"):
+        resolve(base, overrides=["algo.eps_hihg=0.3"])
+    with pytest.raises(ConfigError, match=r"did you mean 'algo\.eps_high'\?"):
+        resolve(base, overlays=[("p.yaml", {"algo": {"eps_hihg": 0.3}})])
+    broken = {**base, "algo": {**base["algo"], "eps_hihg": 0.3}}
+    with pytest.raises(ConfigError, match=r"did you mean 'algo\.eps_high'\?"):
+        resolve(broken)
+
+
 def test_every_bounded_key_exists(base):
     """The bounds table names real keys (a renamed key would silently escape its check)."""
     from dapo_core.config_loader import AT_LEAST, POSITIVE

@@ -10,6 +10,7 @@ import pytest
 from dapo_core.curation import apply_template
 from dapo_core.curation_pass import (
     Answer,
+    asks_rounding,
     curate_records,
     normalize_answer,
     problem_id,
@@ -18,6 +19,17 @@ from dapo_core.curation_pass import (
 )
 from dapo_core.errors import PipelineError
 from dapo_core.problem import Problem
+
+
+def test_terminating_decimals_are_exact_fractions_unless_rounding_was_asked():
+    three_quarters = normalize_answer("0.75")
+    assert three_quarters is not None and three_quarters.form == "m/n"
+    assert three_quarters.value == "7"  # 3/4 in lowest terms: m + n = 7
+    assert normalize_answer("3.21", rounded=True) is None
+    assert normalize_answer("-1.5").value == "5"  # -3/2: the sign is in the stated form
+    assert asks_rounding("Round your answer to the nearest hundredth.")
+    assert asks_rounding("Express it to two decimal places.")
+    assert not asks_rounding("What is 3/4 as a decimal?")
 
 
 def test_normalize_answer():

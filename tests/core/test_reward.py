@@ -52,6 +52,8 @@ CORRECT = [
     ("Answer: \\boxed{540}", "540"),
     ("Answer: $\\boxed{540}$", "540"),
     ("Answer: \\boxed {540}", "540"),
+    ("Answer: \\boxed{\\boxed{540}}", "540"),  # boxed twice
+    ("Answer: $\\boxed{\\fbox{540}}$", "540"),
     ("Answer: \\fbox{540}", "540"),
     ("Answer: 540 degrees", "540"),
     ("Answer: 540^\\circ", "540"),

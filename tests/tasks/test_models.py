@@ -25,8 +25,12 @@ def test_tokenizer_round_trip_through_from_pretrained(tiny_cfg, tmp_path):
 
 
 def test_missing_model_path_is_a_clear_error(tmp_path):
-    with pytest.raises(ModelNotFound, match="no config.json"):
+    with pytest.raises(ModelNotFound, match="no such model directory"):
         load_policy(str(tmp_path / "nope"))
+    with pytest.raises(ModelNotFound, match="no such model directory"):
+        load_policy("runs/no-such-run/final")  # relative, deeper than a hub id's owner/name
+    with pytest.raises(ModelNotFound, match="no config.json"):
+        load_policy(str(tmp_path))  # a directory, but not a model
 
 
 def test_split_response():

@@ -136,16 +136,17 @@ def ablate_flow(
             vcfg = apply_variant(resolve(cfg.to_dict(), overrides=[f"train.seed={seed}"]), variant)
             res: dict[str, Any] = {"variant": variant, "seed": seed}
             try:
-                trained = train_task(
+                label = f"{variant} seed{seed}"
+                trained = train_task.with_options(task_run_name=f"train {label}")(
                     vcfg,
                     str(root / slug(variant) / f"seed{seed}"),
                     kind="ablate",
-                    run_name=f"{variant} seed{seed}",
+                    run_name=label,
                     variant=variant,
                     parent_run_id=parent.run_id,
                     progress=progress,
                 )
-                evaluated = evaluate_task(
+                evaluated = evaluate_task.with_options(task_run_name=f"evaluate {label}")(
                     vcfg,
                     trained.model_path,
                     eval_set,

@@ -350,12 +350,16 @@ CurateOpt = Annotated[
 
 
 def _orchestration_env() -> None:
-    """Defaults for Prefect and MLflow, as `make` exports them: telemetry off,
-    and time for the embedded Prefect server to start on a busy machine. Set before Prefect is
+    """Defaults for Prefect and MLflow, as `make` exports them: telemetry off, time for the
+    embedded Prefect server to start on a busy machine, and a Prefect home of this project's own
+    (``.prefect/``: its flow runs, not every clone's in ``~/.prefect``). Set before Prefect is
     imported; a value already in the environment wins."""
     import os
 
+    from tasks.params import REPO_ROOT
+
     for key, value in {
+        "PREFECT_HOME": str(REPO_ROOT / ".prefect"),
         "DO_NOT_TRACK": "true",
         "MLFLOW_DISABLE_TELEMETRY": "true",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",

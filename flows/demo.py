@@ -50,4 +50,6 @@ def run_demo() -> None:
     console.print(f"ablation table:   {out / f'demo-ablate-{stamp}' / 'ablation.md'} (and .csv)")
     console.print("MLflow UI:        .venv/bin/dapo ui   -> http://127.0.0.1:5000")
     console.print("                  experiments dapo-pipeline and dapo-ablate (plots, tables)")
+    console.print("Prefect UI:       PREFECT_HOME=.prefect .venv/bin/prefect server start")
+    console.print("                  -> http://127.0.0.1:4200 (this project's flow runs)")
     console.print(f"demo finished in {time.perf_counter() - t0:.0f}s")

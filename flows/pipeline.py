@@ -131,12 +131,16 @@ def pipeline_flow(
     curate: bool = True,
     progress: bool = True,
     tags: dict[str, str] | None = None,
+    baseline: bool = True,
 ) -> dict:
-    """curate -> train -> evaluate, all in one MLflow run of the ``-pipeline`` experiment."""
+    """curate -> train -> evaluate, all in one MLflow run of the ``-pipeline`` experiment.
+
+    ``baseline``: a run that starts from scratch also evaluates the starting policy on the same
+    set, logged at step 0 of the same run, so ``eval/avg_at_k`` charts the lift."""
     cfg = load_config(params, config, overrides, variant)
     data = curate_task(cfg) if curate else {"status": "not requested"}
     name = run_name or default_run_name("pipeline")
-    trained = train_task(
+    trained = train_task.with_options(task_run_name=f"train {name}")(
         cfg,
         str(run_dir_for(cfg, name)),
         kind="pipeline",
@@ -146,7 +150,19 @@ def pipeline_flow(
         progress=progress,
         extra_tags=tags,
     )
-    evaluated = evaluate_task(
+    before = None
+    if baseline and trained.resumed_from == 0:
+        before = evaluate_task.with_options(task_run_name=f"evaluate {name} at step 0")(
+            cfg,
+            None,  # the configured policy, before any RL step
+            eval_set,
+            kind="pipeline",
+            run_id=trained.mlflow_run_id,
+            step=0,
+            progress=progress,
+            artifact_dir="eval-step0",
+        )
+    evaluated = evaluate_task.with_options(task_run_name=f"evaluate {name}")(
         cfg,
         trained.model_path,
         eval_set,
@@ -157,4 +173,4 @@ def pipeline_flow(
         progress=progress,
         extra_tags=tags,
     )
-    return {"curate": data, "train": trained, "evaluate": evaluated}
+    return {"curate": data, "train": trained, "evaluate": evaluated, "baseline": before}

@@ -42,6 +42,7 @@ def evaluate_task(
     progress: bool = True,
     extra_tags: dict[str, str] | None = None,
     track: bool = True,
+    artifact_dir: str = "eval",
 ) -> EvalSummary:
     """Evaluate a model and log metrics (at ``step``), the per-problem table, sample responses and
     the evaluation curve: to run ``run_id`` (the training run it belongs to) or to a new run."""
@@ -66,8 +67,8 @@ def evaluate_task(
             }
         )
         tracker.log_metrics({**result.metrics, "perf/eval_time_s": wall}, step)
-        tracker.log_frame(result.per_problem, f"eval/{name}/per_problem.csv")
-        tracker.log_table(result.samples, f"eval/{name}/samples.json")
+        tracker.log_frame(result.per_problem, f"{artifact_dir}/{name}/per_problem.csv")
+        tracker.log_table(result.samples, f"{artifact_dir}/{name}/samples.json")
         rd = RunDir(run_dir) if run_dir else None
         figure = eval_curve(rd.read_validation() if rd else [], {"step": step, **result.metrics})
         if rd:

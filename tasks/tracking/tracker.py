@@ -39,6 +39,8 @@ from tasks.tracking.store import (
 log = logging.getLogger(__name__)
 
 MAX_TAG_LEN = 5000
+# MLflow 3 opens an experiment in its GenAI view unless told it holds model training runs.
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 PARAMS_PER_BATCH = 100  # MLflow's log_batch limits
 METRICS_PER_BATCH = 1000
 MAX_BUFFER = 100_000  # metrics held while the store is unreachable; the oldest go first
@@ -130,11 +132,19 @@ class Tracker:
     def _experiment_id(self) -> str:
         exp = self.client.get_experiment_by_name(self.experiment)
         if exp is not None:
+            if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+                self.client.set_experiment_tag(
+                    exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND
+                )
             return exp.experiment_id
         root = artifact_root(self.uri)
         location = f"{root}/{self.experiment}" if root else None
         try:
-            return self.client.create_experiment(self.experiment, artifact_location=location)
+            return self.client.create_experiment(
+                self.experiment,
+                artifact_location=location,
+                tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
+            )
         except Exception:  # created meanwhile by another process
             exp = self.client.get_experiment_by_name(self.experiment)
             if exp is None:

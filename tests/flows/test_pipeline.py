@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dapo_core.config_loader import resolve
+from mlflow import MlflowClient
 from tasks.data import version
 from tasks.tracking import store
 
@@ -49,9 +50,16 @@ def test_pipeline_logs_train_and_eval_to_one_run(pipeline_run, flow_cfg):
     history = store.metric_history(run["run_id"], "train/acc_mean")
     assert [s for s, _ in history] == [1, 2]
     assert [s for s, _ in store.metric_history(run["run_id"], "val/avg_at_k")] == [1, 2]
+    # the starting policy at step 0 and the trained one at the end: the lift is one chart
+    base = pipeline_run["baseline"]
+    assert base.mlflow_run_id == train.mlflow_run_id and base.eval_set == ev.eval_set
     assert store.metric_history(run["run_id"], "eval/avg_at_k") == [
-        (2, ev.metrics["eval/avg_at_k"])
+        (0, base.metrics["eval/avg_at_k"]),
+        (2, ev.metrics["eval/avg_at_k"]),
     ]
+    assert "eval-step0/synthetic-test/per_problem.csv" in set(store.list_artifacts(run["run_id"]))
+    exp = MlflowClient(store.tracking_uri()).get_experiment_by_name("dapo-pipeline")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # the training view
     # artifacts: config, plots, per-problem table, sample generations
     arts = set(store.list_artifacts(run["run_id"]))
     assert arts >= PLOTS

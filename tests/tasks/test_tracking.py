@@ -142,7 +142,10 @@ class RecordingClient:
 
     def get_experiment_by_name(self, name):
         self._record("get_experiment_by_name", experiment=name)
-        return type("E", (), {"experiment_id": "1"})()
+        return type("E", (), {"experiment_id": "1", "tags": {}})()
+
+    def set_experiment_tag(self, experiment_id, key, value):
+        self._record("set_experiment_tag", key=key, value=value)
 
     def create_run(self, experiment_id, run_name=None, tags=None):
         self._record("create_run", tags=tags)

@@ -178,9 +178,15 @@ def ablate_flow(
                 {f"avg_at_k/{slug(variant)}/seed{seed}": evaluated.metrics["eval/avg_at_k"]}, 0
             )
     table = ablation_table(results, cfg)
+    # One series over the ladder (step = the rung's index in Table 1), so the parent run charts
+    # the whole ladder as one line with its CI band, rather than one bar chart per variant.
     for row in table.itertuples(index=False):
         if row.status == "ok":
+            rung = list(ABLATION_LADDER).index(row.variant)
+            ladder = {"avg_at_k": row.avg_at_k, "ci_low": row.ci_low, "ci_high": row.ci_high}
+            parent.log_metrics({f"ladder/{k}": v for k, v in ladder.items()}, rung)
             parent.log_metrics({f"avg_at_k/{slug(row.variant)}": row.avg_at_k}, 0)
+    parent.log_table(table.to_dict("records"), "ablation/table.json")  # a table in the UI
     figure = ablation_chart(table[table["status"] == "ok"])
     root.mkdir(parents=True, exist_ok=True)
     table.to_csv(root / "ablation.csv", index=False)

@@ -84,8 +84,17 @@ def test_ablate_flow_parent_with_six_children(flows_env, flow_cfg, tmp_path):
         assert c["params"]["algo.clip_higher"] == json.dumps(
             ABLATION_LADDER[c["tags"]["variant"]]["clip_higher"]
         )
+    # the ladder as one series over the rungs (step = Table 1 index), with its CI
+    ladder = store.metric_history(parent["run_id"], "ladder/avg_at_k")
+    assert [s for s, _ in ladder] == list(range(len(ABLATION_LADDER)))
+    assert [v for _, v in ladder] == pytest.approx(list(table["avg_at_k"]))
+    lows = [v for _, v in store.metric_history(parent["run_id"], "ladder/ci_low")]
+    assert all(lo <= v for lo, (_, v) in zip(lows, ladder, strict=True))
+    children_names = sorted(c["name"] for c in children)
+    assert children_names == sorted(f"{v} seed{cfg.train.seed}" for v in ABLATION_LADDER)
     arts = set(store.list_artifacts(parent["run_id"]))
     assert {"ablation/table.csv", "ablation/table.md", "ablation/table.png"} <= arts
+    assert "ablation/table.json" in arts
     csv = store.read_artifact_text(parent["run_id"], "ablation/table.csv")
     logged = pd.read_csv(io.StringIO(csv))
     assert list(logged["variant"]) == list(ABLATION_LADDER)

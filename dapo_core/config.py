@@ -187,6 +187,10 @@ class TrainConfig:
     """Gradient-norm clipping threshold (paper: 1.0)."""
     max_bad_steps: int
     """Consecutive non-finite losses/gradients tolerated (each skips its update) before stopping."""
+    max_stalled_steps: int
+    """Consecutive steps with nothing to learn from (not one group of mixed correctness, or not
+    one parseable answer: the gradient is zero, Eq. 9 and 11) before stopping; each is warned
+    about. 0 never stops."""
     checkpoint_every: int
     """Save a checkpoint every this many steps (0 = only at the end)."""
     keep_checkpoints: int

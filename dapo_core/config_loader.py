@@ -247,6 +247,7 @@ AT_LEAST: dict[str, float] = {
             "train.warmup_steps",
             "train.weight_decay",
             "train.checkpoint_every",
+            "train.max_stalled_steps",
             "train.cpu_threads",
             "eval.every_n_steps",
             "tracking.log_samples",

@@ -7,3 +7,7 @@ class PipelineError(RuntimeError):
 
 class TrainingInterrupted(PipelineError):
     """Ctrl-C or SIGTERM stopped a run; the message says where it stands and how to continue."""
+
+
+class TrainingStopped(PipelineError):
+    """The run cannot go on (e.g. too many non-finite updates in a row); the message says why."""

@@ -23,6 +23,7 @@ from tasks.data.task import curate_task
 from tasks.evaluation.task import EvalSummary, evaluate_task
 from tasks.params import load_params, repo_path
 from tasks.rundir import RunDir
+from tasks.training.distributed import shutdown_distributed
 from tasks.training.run import TrainResult, run_training
 from tasks.training.task import TrainSummary, train_task
 
@@ -97,7 +98,9 @@ def train_on_ranks(cfg: Config, run_dir: str, resume: bool) -> TrainResult:
     """Training under a multi-rank launcher (deepspeed, torchrun): every rank runs this, without
     Prefect or MLflow (one flow run per rank would be N runs); rank 0 writes the run directory.
     ``dapo pipeline`` is the tracked path."""
-    return run_training(cfg, RunDir(run_dir), resume=resume)
+    result = run_training(cfg, RunDir(run_dir), resume=resume)
+    shutdown_distributed()  # on success only: after an error the other ranks may never arrive
+    return result
 
 
 @flow(name="evaluate")

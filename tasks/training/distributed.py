@@ -38,6 +38,14 @@ def init_distributed(device: str) -> tuple[int, int]:
     return 0, 1
 
 
+def shutdown_distributed() -> None:
+    """Leave the process group together: without it a rank that exits while another still holds
+    gloo's threads can abort the whole job ("terminate called without an active exception")."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def all_gather_objects(obj: Any, world: int) -> list[Any]:
     if world == 1:
         return [obj]

@@ -3,6 +3,7 @@ statistics and its updates. Names are the ones the README documents."""
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -10,8 +11,12 @@ import numpy as np
 import torch
 
 from dapo_core.config import Config
+from dapo_core.errors import TrainingStopped
 from dapo_core.overlong import shaped_rewards
 from dapo_core.sampling import BatchStats
+from dapo_core.signal import diagnose, group_signal
+
+log = logging.getLogger(__name__)
 
 
 def rollout_metrics(gen_log: dict[str, Any], cfg: Config) -> dict[str, float]:
@@ -28,12 +33,25 @@ def rollout_metrics(gen_log: dict[str, Any], cfg: Config) -> dict[str, float]:
         cache_len=a.cache_len,
         factor=a.overlong_penalty_factor,
     )
+    signal = group_signal(*group_tensors(gen_log, cfg.rollout.group_size))
     return {
         "train/reward_mean": rewards.mean().item(),
         "train/acc_mean": acc.float().mean().item(),
         "train/response_len_mean": lengths.float().mean().item(),
         "train/truncated_frac": (~finished).float().mean().item(),
+        "train/mixed_group_frac": signal.mixed_group_frac,
+        "train/parsed_frac": signal.parsed_frac,
     }
+
+
+def group_tensors(
+    gen_log: dict[str, Any], group_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(P, G) correctness, answer-found and finished flags of every group the step generated."""
+    return tuple(
+        torch.tensor(gen_log[k], dtype=torch.bool).view(-1, group_size)
+        for k in ("acc", "parsed", "finished")
+    )
 
 
 def dynamic_sampling_metrics(ds: BatchStats) -> dict[str, float]:
@@ -66,3 +84,27 @@ def update_metrics(updates: list[dict[str, float]], lr: float) -> dict[str, floa
         "train/lr": lr,
         "train/skipped_updates": float(sum(not u["finite"] for u in updates)),
     }
+
+
+class StallWatch:
+    """Counts steps in a row whose groups carry no learning signal (not one mixed group, or not
+    one parseable answer): each is warned about, and ``limit`` of them stop the run (0: never)."""
+
+    def __init__(self, limit: int, group_size: int):
+        self.limit, self.group_size = limit, group_size
+        self.count = 0
+
+    def observe(self, gen_log: dict[str, Any], step: int) -> None:
+        signal = group_signal(*group_tensors(gen_log, self.group_size))
+        why = diagnose(signal, min_mixed=1e-9)  # below any real share: not one mixed group
+        if why is None and signal.parsed_frac > 0:
+            self.count = 0
+            return
+        self.count += 1
+        why = why or "no response had a parseable answer"
+        log.warning("step %d: nothing to learn from (%d in a row): %s", step, self.count, why)
+        if self.limit and self.count >= self.limit:
+            raise TrainingStopped(
+                f"{self.count} steps in a row had nothing to learn from: {why} "
+                "(train.max_stalled_steps sets how many such steps a run tolerates)"
+            )

@@ -38,12 +38,12 @@ import torch
 
 from dapo_core.advantages import group_advantages
 from dapo_core.config import Config
-from dapo_core.errors import PipelineError
+from dapo_core.errors import TrainingStopped
 from dapo_core.loss import policy_loss
 from dapo_core.metrics import masked_mean
 from dapo_core.overlong import overlong_filter_mask, shaped_rewards
 from dapo_core.problem import Problem
-from dapo_core.reward import score
+from dapo_core.reward import extract_answer, score
 from dapo_core.sampling import BatchStats, GroupAccumulator, fill_batch
 from tasks.models.loading import chat_prompt
 from tasks.rollout.generators import Generator
@@ -57,13 +57,14 @@ from tasks.training.distributed import (
 )
 from tasks.training.forward import PolicyForward
 from tasks.training.kernels import install_rms_norm, use_cpu_sdpa
-from tasks.training.step_metrics import dynamic_sampling_metrics, rollout_metrics, update_metrics
+from tasks.training.step_metrics import (
+    StallWatch,
+    dynamic_sampling_metrics,
+    rollout_metrics,
+    update_metrics,
+)
 
 MetricsSink = Callable[[dict[str, float], int], None]
-
-
-class TrainingStopped(PipelineError):
-    """The run cannot go on (e.g. too many non-finite updates in a row); the message says why."""
 
 
 def seed_everything(seed: int) -> None:
@@ -79,7 +80,14 @@ def warmup_lambda(warmup_steps: int) -> Callable[[int], float]:
 
 def new_rollout_log() -> dict[str, Any]:
     """What ``DAPOTrainer._generate_groups`` accumulates over one step's generation batches."""
-    return {"gen_time": 0.0, "prompts_truncated": 0, "acc": [], "lengths": [], "finished": []}
+    return {
+        "gen_time": 0.0,
+        "prompts_truncated": 0,
+        "acc": [],
+        "lengths": [],
+        "finished": [],
+        "parsed": [],
+    }
 
 
 @dataclass
@@ -107,6 +115,7 @@ class DAPOTrainer:
         self.buffer = GroupAccumulator()
         self.step = 0
         self.bad_steps = 0
+        self.stall = StallWatch(cfg.train.max_stalled_steps, cfg.rollout.group_size)
         self.device = next(model.parameters()).device
         self.autocast = self.device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16")
         self.rank, self.world = init_distributed(self.device.type)
@@ -174,6 +183,7 @@ class DAPOTrainer:
                 f"{self.bad_steps} steps in a row had a non-finite loss or gradient (updates "
                 "skipped). Lower train.lr, check the model's dtype, or raise train.max_bad_steps."
             )
+        self.stall.observe(gen_log, self.step)
         return StepResult(metrics, self._sample_rows(groups))
 
     def _rollout(self, gen_log: dict[str, Any]) -> tuple[list[Group], BatchStats]:
@@ -245,6 +255,7 @@ class DAPOTrainer:
         gen_log["acc"] += [a for row in accs for a in row]
         gen_log["lengths"] += [len(r) for g in groups for r in g.response_ids]
         gen_log["finished"] += [f for g in groups for f in g.finished]
+        gen_log["parsed"] += [extract_answer(t) is not None for g in groups for t in g.texts]
         return groups, torch.tensor(accs, dtype=torch.bool)
 
     # -- loss inputs ---------------------------------------------------------------------------
@@ -378,6 +389,7 @@ class DAPOTrainer:
         return {
             "step": self.step,
             "bad_steps": self.bad_steps,
+            "stalled_steps": self.stall.count,
             "world": self.world,
             "stream": self.stream.state_dict(),
             "buffer": self.buffer.state_dict(),
@@ -390,6 +402,7 @@ class DAPOTrainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.bad_steps = state["step"], state["bad_steps"]
+        self.stall.count = state.get("stalled_steps", 0)  # absent in older checkpoints
         self.stream.load_state_dict(state["stream"])
         self.buffer.load_state_dict(state["buffer"])
         random.setstate(state["rng"]["python"])

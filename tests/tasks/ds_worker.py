@@ -11,6 +11,7 @@ from dapo_core.config_loader import resolve
 from tasks.data.splits import splits
 from tasks.models.loading import load_policy
 from tasks.rollout.generators import HFGenerator
+from tasks.training.distributed import shutdown_distributed
 from tasks.training.trainer import DAPOTrainer, Group, new_rollout_log
 
 
@@ -66,6 +67,7 @@ def main(params_json: str, out: str) -> None:
             },
             out,
         )
+    shutdown_distributed()
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from dapo_core.config_loader import resolve
 from tasks.rundir import RunDir
+from tasks.training.distributed import shutdown_distributed
 from tasks.training.run import run_training
 
 
@@ -19,6 +20,7 @@ def main(params_json: str, out: str) -> None:
     run_training(cfg, RunDir(root / "full"), progress=False)
     run_training(cfg, RunDir(root / "cut"), progress=False, max_steps=2)
     run_training(cfg, RunDir(root / "cut"), resume=True, progress=False)
+    shutdown_distributed()
 
 
 if __name__ == "__main__":

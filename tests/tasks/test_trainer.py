@@ -11,8 +11,10 @@ from safetensors.torch import load_file
 
 from dapo_core.ablation import apply_variant
 from dapo_core.config_loader import resolve
+from tasks.data.splits import splits
 from tasks.models.loading import load_policy
 from tasks.models.resolve import resolve_model_path
+from tasks.rollout.generators import HFGenerator
 from tasks.rundir import RunDir
 from tasks.training.batches import ProblemStream, micro_batches
 from tasks.training.checkpoint import save_checkpoint
@@ -171,6 +173,7 @@ def test_non_finite_updates_are_skipped_then_stop(tiny_cfg, tmp_path):
         log["acc"] += [a for g in mixed[:n] for a in g.acc]
         log["lengths"] += [len(r) for g in mixed[:n] for r in g.response_ids]
         log["finished"] += [f for g in mixed[:n] for f in g.finished]
+        log["parsed"] += [True for g in mixed[:n] for _ in g.texts]
         return mixed[:n], torch.tensor([g.acc for g in mixed[:n]])
 
     t._generate_groups = fake_generate
@@ -222,6 +225,25 @@ def test_metrics_have_the_documented_names(tiny_cfg, tmp_path):
     assert not missing
     assert all(math.isfinite(m[k]) for k in required)
     assert m["train/lr"] == pytest.approx(tiny_cfg.train.lr / tiny_cfg.train.warmup_steps)
+
+
+@pytest.mark.slow
+def test_a_run_with_nothing_to_learn_warns_then_stops(tiny_cfg, tmp_path, caplog):
+    """Every group all wrong: no gradient. Each such step is warned about, and
+    train.max_stalled_steps of them in a row stop the run with the cause and the remedy."""
+    cfg = resolve(
+        tiny_cfg.to_dict(),
+        overrides=["train.max_stalled_steps=2", "algo.dynamic_sampling=false"],
+    )
+    model, tok = load_policy(resolve_model_path(cfg), "float32")
+    gen = HFGenerator(model, tok, cfg.rollout.max_prompt_len)
+    never = DAPOTrainer(cfg, model, tok, gen, splits(cfg).train, reward_fn=lambda r, a: False)
+    with caplog.at_level("WARNING"):
+        m = never.train_step().metrics
+        assert m["train/mixed_group_frac"] == 0.0 and never.stall.count == 1
+        assert "nothing to learn from" in caplog.text
+        with pytest.raises(TrainingStopped, match="2 steps in a row had nothing to learn"):
+            never.train_step()
 
 
 def test_engine_weights_are_synced_before_each_rollout(tiny_cfg, tmp_path):

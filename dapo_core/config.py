@@ -191,6 +191,12 @@ class TrainConfig:
     """Consecutive steps with nothing to learn from (not one group of mixed correctness, or not
     one parseable answer: the gradient is zero, Eq. 9 and 11) before stopping; each is warned
     about. 0 never stops."""
+    preflight_prompts: int
+    """Training prompts the preflight samples (G responses each) before a run starts from
+    scratch, to report whether there is anything to learn from; 0 skips it."""
+    preflight_min_mixed: float
+    """Least share of groups with mixed correctness (what dynamic sampling keeps, Eq. 11) the
+    preflight accepts without a warning (``dapo preflight --strict``: an error)."""
     checkpoint_every: int
     """Save a checkpoint every this many steps (0 = only at the end)."""
     keep_checkpoints: int

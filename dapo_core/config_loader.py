@@ -248,6 +248,7 @@ AT_LEAST: dict[str, float] = {
             "train.weight_decay",
             "train.checkpoint_every",
             "train.max_stalled_steps",
+            "train.preflight_prompts",
             "train.cpu_threads",
             "eval.every_n_steps",
             "tracking.log_samples",
@@ -298,6 +299,7 @@ def _check_values(cfg: Config, source: str, where: typing.Callable[[str], str]) 
     )
     need(t.zero_stage in (1, 2, 3), "train.zero_stage must be 1, 2 or 3")
     need(0 < d.decontam_threshold <= 1, "data.decontam_threshold must be in (0, 1]")
+    need(0 <= t.preflight_min_mixed <= 1, "train.preflight_min_mixed must be in [0, 1]")
     need(
         cfg.tiny.num_heads % cfg.tiny.num_kv_heads == 0,
         "tiny.num_heads must be a multiple of tiny.num_kv_heads",

@@ -201,6 +201,38 @@ def _report_training(
     )
 
 
+@app.command("preflight")
+@user_errors
+def preflight(
+    params: ParamsOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    prompts: Annotated[
+        int | None,
+        typer.Option(help="Training prompts to sample (default: train.preflight_prompts)."),
+    ] = None,
+    strict: Annotated[
+        bool,
+        typer.Option("--strict", help="Too few groups of mixed correctness is an error (exit 2)."),
+    ] = False,
+) -> None:
+    """Before training: sample the policy on a few training prompts and report whether DAPO has
+    anything to learn from (mixed groups, parseable answers, truncation)."""
+    _orchestration_env()
+    from flows.pipeline import preflight_flow
+    from tasks.training.preflight import describe
+
+    _load(params, config, set_)
+    result = preflight_flow(**_flow_args(params, config, set_), prompts=prompts, strict=strict)
+    console.print(describe(result))
+    for row in result.samples[:3]:
+        console.print(f"  answer {row['answer']}: {row['response'][-120:]!r}")
+    if result.problem:
+        console.print(f"[bold yellow]warning:[/] {result.problem}")
+    else:
+        console.print("[green]ok[/]: enough groups of mixed correctness to learn from")
+
+
 @app.command("evaluate")
 @user_errors
 def evaluate(

@@ -24,6 +24,7 @@ from tasks.evaluation.task import EvalSummary, evaluate_task
 from tasks.params import load_params, repo_path
 from tasks.rundir import RunDir
 from tasks.training.distributed import shutdown_distributed
+from tasks.training.preflight import PreflightResult, preflight_task
 from tasks.training.run import TrainResult, run_training
 from tasks.training.task import TrainSummary, train_task
 
@@ -81,9 +82,10 @@ def train_flow(
     ``track=False`` logs nothing to MLflow (the run directory still has every metric)."""
     cfg = load_config(params, config, overrides, variant)
     name = run_name or (Path(run_dir).name if run_dir else default_run_name("train"))
+    target = run_dir or str(run_dir_for(cfg, name))
     return train_task(
         cfg,
-        run_dir or str(run_dir_for(cfg, name)),
+        target,
         kind="train",
         run_name=name,
         variant=variant,
@@ -91,7 +93,28 @@ def train_flow(
         progress=progress,
         resume=resume,
         track=track,
+        preflight=preflight_if_new(cfg, target),
     )
+
+
+def preflight_if_new(cfg: Config, run_dir: str) -> PreflightResult | None:
+    """The preflight, for a run that starts from scratch (``train.preflight_prompts`` > 0): a
+    continued run has already shown what it can learn."""
+    if cfg.train.preflight_prompts == 0 or RunDir(run_dir).latest_checkpoint() is not None:
+        return None
+    return preflight_task(cfg)
+
+
+@flow(name="preflight")
+def preflight_flow(
+    params: str | None = None,
+    config: list[str] | None = None,
+    overrides: list[str] | None = None,
+    prompts: int | None = None,
+    strict: bool = False,
+) -> PreflightResult:
+    """Sample the starting policy on a few training prompts: is there anything to learn from?"""
+    return preflight_task(load_config(params, config, overrides), strict=strict, prompts=prompts)
 
 
 def train_on_ranks(cfg: Config, run_dir: str, resume: bool) -> TrainResult:
@@ -143,15 +166,18 @@ def pipeline_flow(
     cfg = load_config(params, config, overrides, variant)
     data = curate_task(cfg) if curate else {"status": "not requested"}
     name = run_name or default_run_name("pipeline")
+    target = str(run_dir_for(cfg, name))
+    checked = preflight_if_new(cfg, target)
     trained = train_task.with_options(task_run_name=f"train {name}")(
         cfg,
-        str(run_dir_for(cfg, name)),
+        target,
         kind="pipeline",
         run_name=name,
         variant=variant,
         max_steps=max_steps,
         progress=progress,
         extra_tags=tags,
+        preflight=checked,
     )
     before = None
     if baseline and trained.resumed_from == 0:

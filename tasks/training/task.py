@@ -24,6 +24,7 @@ from tasks.rundir import RunDir
 from tasks.tracking.plots import eval_curve, save_figures, training_figures
 from tasks.tracking.provenance import run_tags
 from tasks.tracking.tracker import Tracker
+from tasks.training.preflight import PreflightResult
 from tasks.training.run import run_training
 
 MAX_SAMPLE_ROWS = 2000  # sample generations kept for the run's table
@@ -101,6 +102,7 @@ def train_task(
     extra_tags: dict[str, str] | None = None,
     resume: bool = True,
     track: bool = True,
+    preflight: PreflightResult | None = None,
 ) -> TrainSummary:
     """Train in ``run_dir``, continuing from its last checkpoint if it has one (a retry, or a
     scheduled run that trains a few more steps each night), and track it in MLflow.
@@ -129,6 +131,11 @@ def train_task(
     try:  # every way out of here ends the MLflow run: FINISHED, KILLED or FAILED
         if track:
             tracker.start_or_resume(rd, run_name or rd.name, tags, parent_run_id)
+        if preflight is not None:  # what the starting policy could learn from, at step 0
+            tracker.log_metrics(preflight.metrics(), 0)
+            tracker.log_table(preflight.samples, "preflight/samples.json")
+            if preflight.problem:
+                tracker.set_tags({"preflight.warning": preflight.problem})
         monitor = TrainingMonitor(cfg, tracker, rd, start.logged_through, data.val)
         result = run_training(
             cfg,

@@ -50,6 +50,10 @@ def test_pipeline_logs_train_and_eval_to_one_run(pipeline_run, flow_cfg):
     history = store.metric_history(run["run_id"], "train/acc_mean")
     assert [s for s, _ in history] == [1, 2]
     assert [s for s, _ in store.metric_history(run["run_id"], "val/avg_at_k")] == [1, 2]
+    # the preflight of the starting policy, at step 0
+    pre = store.metric_history(run["run_id"], "preflight/mixed_group_frac")
+    assert [s for s, _ in pre] == [0] and 0.0 <= pre[0][1] <= 1.0
+    assert "preflight/samples.json" in set(store.list_artifacts(run["run_id"]))
     # the starting policy at step 0 and the trained one at the end: the lift is one chart
     base = pipeline_run["baseline"]
     assert base.mlflow_run_id == train.mlflow_run_id and base.eval_set == ev.eval_set

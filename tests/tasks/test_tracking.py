@@ -289,7 +289,8 @@ def test_training_survives_a_broken_tracker(tiny_cfg, tmp_path, caplog):
         result = run_training(cfg, RunDir(tmp_path / "run"), sink=t.log_metrics, progress=False)
         t.end()
     assert result.steps == 3 and (tmp_path / "run" / "final").exists()
-    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    warned = [r for r in caplog.records if r.name == "tasks.tracking.tracker"]
+    assert len([r for r in warned if r.levelno == logging.WARNING]) == 1  # once, not per call
     assert t.failures >= 3
 
 

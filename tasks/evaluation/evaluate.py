@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import torch
 from rich.progress import Progress
 
 from dapo_core.answers import parse_integer
@@ -26,8 +25,7 @@ from dapo_core.config import Config
 from dapo_core.metrics import avg_at_k, bootstrap_ci, maj_at_k, majority_vote, mean_pass_at_k
 from dapo_core.problem import Problem
 from dapo_core.reward import score
-from tasks.models.loading import chat_prompt
-from tasks.rollout.generators import Generator
+from tasks.rollout.generators import Generator, sample_problems
 
 
 @dataclass
@@ -69,23 +67,26 @@ def evaluate_policy(
         raise ValueError("the evaluation set is empty")
     e = cfg.eval
     n = e.n_samples
-    fork = torch.random.fork_rng(devices=[])  # evaluation must not shift the training RNG stream
-    with fork, Progress(transient=True, disable=not progress) as bar:
-        torch.manual_seed(e.seed)
+    with Progress(transient=True, disable=not progress) as bar:
         task = bar.add_task(f"evaluate ({n} samples/problem)", total=len(problems))
-        texts: list[str] = []
-        lengths: list[int] = []
-        finished: list[bool] = []
-        for start in range(0, len(problems), batch_prompts):
-            chunk = problems[start : start + batch_prompts]
-            prompts = [chat_prompt(tokenizer, p.prompt) for p in chunk]
-            out = generator.generate(prompts, n, e.temperature, e.top_p, e.max_response_len)
-            texts += out.texts
-            lengths += out.lengths
-            finished += out.finished
-            bar.update(task, advance=len(chunk))
+
+        def advance(done: int) -> None:
+            bar.update(task, completed=done)
             if on_batch:
-                on_batch(start + len(chunk))
+                on_batch(done)
+
+        texts, lengths, finished = sample_problems(
+            generator,
+            tokenizer,
+            problems,
+            n,
+            e.temperature,
+            e.top_p,
+            e.max_response_len,
+            seed=e.seed,  # evaluation must not shift the training RNG stream: forked
+            batch_prompts=batch_prompts,
+            on_batch=advance,
+        )
     return summarize(problems, texts, lengths, finished, cfg)
 
 

@@ -14,12 +14,15 @@ ended with EOS (else it was truncated at max length), and the decoded text.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from dapo_core.problem import Problem
+from tasks.models.loading import chat_prompt
 from tasks.rollout.decode import LeanDecoder
 
 
@@ -320,3 +323,35 @@ class VLLMGenerator:
                 finished.append(c.finish_reason == "stop")
                 texts.append(c.text)
         return Rollouts(n, prompt_ids, responses, finished, texts, n_trunc)
+
+
+def sample_problems(
+    generator: Generator,
+    tokenizer,
+    problems: list[Problem],
+    n: int,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    seed: int,
+    batch_prompts: int = 16,
+    on_batch: Callable[[int], None] | None = None,
+) -> tuple[list[str], list[int], list[bool]]:
+    """(texts, lengths, finished) of ``n`` responses per problem, in problem order, seeded with
+    ``seed`` and without shifting the caller's RNG stream (a training run's, say).
+    ``on_batch(done)`` is called after each batch of prompts (progress bars)."""
+    texts: list[str] = []
+    lengths: list[int] = []
+    finished: list[bool] = []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for start in range(0, len(problems), batch_prompts):
+            chunk = problems[start : start + batch_prompts]
+            prompts = [chat_prompt(tokenizer, p.prompt) for p in chunk]
+            out = generator.generate(prompts, n, temperature, top_p, max_new_tokens)
+            texts += out.texts
+            lengths += out.lengths
+            finished += out.finished
+            if on_batch:
+                on_batch(start + len(chunk))
+    return texts, lengths, finished

@@ -21,14 +21,14 @@ from dapo_core.problem import Problem
 from dapo_core.reward import extract_answer, score
 from dapo_core.signal import GroupSignal, diagnose, group_signal
 from tasks.data.splits import splits
-from tasks.models.loading import chat_prompt, load_policy
+from tasks.models.loading import load_policy
 from tasks.models.resolve import resolve_model_path
 from tasks.orchestration import run_logger, stage_task
+from tasks.rollout.generators import sample_problems
 from tasks.runtime import configure_torch
 from tasks.training.run import make_generator
 
 SAMPLE_ROWS = 8  # responses shown in the report
-PROMPTS_PER_BATCH = 16
 
 
 class NothingToLearn(PipelineError):
@@ -71,16 +71,16 @@ def run_preflight(
     model, tokenizer = load_policy(path, cfg.model.dtype, device)
     generator = make_generator(cfg, model, tokenizer, path)
     problems = preflight_problems(cfg, n)
-    texts: list[str] = []
-    finished: list[bool] = []
-    with torch.random.fork_rng(devices=[]):  # do not shift the training RNG stream
-        torch.manual_seed(cfg.train.seed)
-        for start in range(0, len(problems), PROMPTS_PER_BATCH):
-            chunk = problems[start : start + PROMPTS_PER_BATCH]
-            prompts = [chat_prompt(tokenizer, p.prompt) for p in chunk]
-            out = generator.generate(prompts, G, r.temperature, r.top_p, r.max_response_len)
-            texts += out.texts
-            finished += out.finished
+    texts, _, finished = sample_problems(
+        generator,
+        tokenizer,
+        problems,
+        G,
+        r.temperature,
+        r.top_p,
+        r.max_response_len,
+        cfg.train.seed,
+    )
     answers = [p.answer for p in problems for _ in range(G)]
     acc = [score(t, a).acc for t, a in zip(texts, answers, strict=True)]
     parsed = [extract_answer(t) is not None for t in texts]

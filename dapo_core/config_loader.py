@@ -223,6 +223,7 @@ AT_LEAST: dict[str, float] = {
             "tiny.num_heads",
             "tiny.num_kv_heads",
             "tiny.warm_start_batch",
+            "model.warm_start_batch",
             "rollout.max_prompt_len",
             "rollout.max_response_len",
             "algo.max_gen_batches",
@@ -243,6 +244,7 @@ AT_LEAST: dict[str, float] = {
         [
             "data.val_size",
             "tiny.warm_start_steps",
+            "model.warm_start_steps",
             "algo.overlong_penalty_factor",
             "train.warmup_steps",
             "train.weight_decay",
@@ -256,7 +258,13 @@ AT_LEAST: dict[str, float] = {
         0,
     ),
 }
-POSITIVE = ["tiny.warm_start_lr", "train.lr", "train.grad_clip", "eval.temperature"]
+POSITIVE = [
+    "model.warm_start_lr",
+    "tiny.warm_start_lr",
+    "train.lr",
+    "train.grad_clip",
+    "eval.temperature",
+]
 
 
 def _value(cfg: Config, key: str) -> Any:

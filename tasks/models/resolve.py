@@ -12,6 +12,7 @@ from pathlib import Path
 from dapo_core.config import Config
 from tasks.models.fetch import KNOWN, convert_gguf, fetch_model, gguf_model_dir
 from tasks.models.tiny import TINY, ensure_tiny_model
+from tasks.models.warm_start import ensure_warm_started
 
 
 def resolve_model_path(cfg: Config) -> str:
@@ -19,12 +20,15 @@ def resolve_model_path(cfg: Config) -> str:
     use); any other value (a directory, a hub id) as is."""
     name = cfg.model.name_or_path
     if name == TINY:
-        return str(ensure_tiny_model(cfg))
+        return str(ensure_tiny_model(cfg))  # its build includes its own warm start
+    base = name
     if name in KNOWN:
-        return str(fetch_model(name))
-    if name.endswith(".gguf"):
+        base = str(fetch_model(name))
+    elif name.endswith(".gguf"):
         out = gguf_model_dir(name)
         if not (out / "config.json").exists():
             convert_gguf(Path(name).expanduser(), out)
-        return str(out)
-    return name
+        base = str(out)
+    if cfg.model.warm_start_steps > 0:
+        return str(ensure_warm_started(cfg, base))
+    return base

@@ -9,7 +9,6 @@ with Qwen2's pre-tokenization, because transformers rebuilds a ``Qwen2Tokenizer`
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -97,7 +96,6 @@ def build_tiny_model(tiny: TinyModelConfig, train: list[Problem], out_dir: Path,
     return out_dir
 
 
-BUILD_RECORD = "dapo_build.json"  # what the directory was built from
 BUILD_VERSION = 2  # raise when the build itself changes (2: the warm start sees train only)
 
 
@@ -118,12 +116,12 @@ def ensure_tiny_model(cfg: Config) -> Path:
 
     The tokenizer and the warm start see the training split only (``tasks.data.splits``): a
     validation or test problem learned here would inflate every later score on it."""
-    path = repo_path(cfg.tiny.path)
-    record, spec = path / BUILD_RECORD, build_spec(cfg)
-    if record.exists() and json.loads(record.read_text()) == spec:
+    path, spec = repo_path(cfg.tiny.path), build_spec(cfg)
+    if warm_start.is_built(path, spec):
         return path
-    train = splits(cfg).train
-    build_tiny_model(cfg.tiny, train, path, cfg.train.seed)
-    warm_start.warm_start(cfg, path, train)
-    record.write_text(json.dumps(spec, indent=2))  # last: a build cut short is redone
+    train, t = splits(cfg).train, cfg.tiny
+    build_tiny_model(t, train, path, cfg.train.seed)
+    steps, lr, batch = t.warm_start_steps, t.warm_start_lr, t.warm_start_batch
+    warm_start.warm_start(path, train, steps, lr, batch, cfg.train.seed)
+    warm_start.record_build(path, spec)
     return path

@@ -51,10 +51,44 @@ def test_generator_shapes_and_truncation(tiny_cfg):
         assert fin == (ids[-1] == tok.eos_token_id)
 
 
+@pytest.fixture(scope="module")
+def llama_path(tiny_cfg, tmp_path_factory):
+    """A random tiny Llama (the architecture of SmolLM2) with the embedded model's tokenizer."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(tiny_cfg))
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    path = tmp_path_factory.mktemp("llama")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def _policy_path(arch, tiny_cfg, request):
+    return (
+        resolve_model_path(tiny_cfg) if arch == "qwen2" else request.getfixturevalue("llama_path")
+    )
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
 @pytest.mark.parametrize(
     "decode", ["lean-fused", "lean-unfused", "transformers"], ids=lambda d: f"{d}-decode"
 )
-def test_sampling_logprobs_equal_the_trainers_forward(tiny_cfg, tmp_path, decode, monkeypatch):
+def test_sampling_logprobs_equal_the_trainers_forward(
+    tiny_cfg, tmp_path, decode, monkeypatch, arch, request
+):
     """On-policy: the rollout's log-probs (prompt prefilled once, KV cache shared by the G samples,
     left padding) equal what the trainer computes for the same tokens (right padding), with the
     lean decode step (fused projections as on CPU, or separate as on GPU) and with the generic
@@ -68,8 +102,8 @@ def test_sampling_logprobs_equal_the_trainers_forward(tiny_cfg, tmp_path, decode
     if decode == "lean-unfused":
         monkeypatch.setattr(LeanDecoder, "FUSED_DEVICES", ())
     cfg = resolve(tiny_cfg.to_dict(), overrides=["rollout.temperature=0.7"])
-    model, tok = load_policy(resolve_model_path(cfg))
-    assert LeanDecoder.supports(model)  # the embedded Qwen2 takes the lean path when asked
+    model, tok = load_policy(_policy_path(arch, cfg, request))
+    assert LeanDecoder.supports(model)  # Qwen2 and Llama take the lean path when asked
     gen = HFGenerator(model, tok, max_prompt_len=64, lean=lean)
     trainer = DAPOTrainer(cfg, model, tok, gen, splits(cfg).train)
     torch.manual_seed(0)
@@ -104,15 +138,18 @@ def test_sample_next_follows_the_nucleus_distribution():
         torch.testing.assert_close(logp, probs.log()[tokens])
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["shared-prompt", "checkpointed"])
-def test_shared_prompt_forward_equals_whole_sequences(tiny_cfg, tmp_path, checkpointing):
+def test_shared_prompt_forward_equals_whole_sequences(
+    tiny_cfg, tmp_path, checkpointing, arch, request
+):
     """The trainer runs each distinct prompt once and lets its samples attend to the shared keys
     and values; log-probs and gradients equal those of every sample run whole on its own. Under
     gradient checkpointing (no KV cache in transformers) it runs whole sequences: same values."""
     from tasks.data.splits import splits
     from tasks.training.trainer import DAPOTrainer, Sample
 
-    model, tok = load_policy(resolve_model_path(tiny_cfg), "float32")
+    model, tok = load_policy(_policy_path(arch, tiny_cfg, request), "float32")
     if checkpointing:
         model.activation_checkpointing_enable()
     trainer = DAPOTrainer(tiny_cfg, model, tok, None, splits(tiny_cfg).train)
@@ -165,9 +202,9 @@ def test_warm_start_sees_only_the_training_split(tiny_cfg, tmp_path, monkeypatch
         corpus.append(list(train))
         return build(tiny, train, out_dir, seed)
 
-    def record_start(cfg, model_dir, train):
+    def record_start(model_dir, train, *args):
         lists.append(list(train))
-        return start(cfg, model_dir, train)
+        return start(model_dir, train, *args)
 
     def record_batch(tokenizer, problems):
         batches.append(list(problems))
@@ -191,7 +228,7 @@ def test_warm_start_sees_only_the_training_split(tiny_cfg, tmp_path, monkeypatch
 def test_embedded_model_is_rebuilt_when_what_it_was_built_from_changes(tiny_cfg, tmp_path):
     """A model directory built for another task or split is stale, not silently reused."""
     from dapo_core.config_loader import resolve
-    from tasks.models.tiny import BUILD_RECORD
+    from tasks.models.warm_start import BUILD_RECORD
 
     cfg = resolve(
         tiny_cfg.to_dict(), overrides=[f"tiny.path={tmp_path}", "tiny.warm_start_steps=1"]
@@ -203,3 +240,24 @@ def test_embedded_model_is_rebuilt_when_what_it_was_built_from_changes(tiny_cfg,
     other = resolve(cfg.to_dict(), overrides=["synthetic.num_train=50"])
     assert resolve_model_path(other) == str(path)
     assert (path / BUILD_RECORD).stat().st_mtime_ns != built  # another task: rebuilt
+
+
+def test_format_warm_start_of_a_pretrained_model(tiny_cfg, llama_path, tmp_path):
+    """Any model gets a supervised format warm start into its own directory, built once and
+    rebuilt when what it was built from changes; the base model is left as it was."""
+    from dapo_core.config_loader import resolve
+    from tasks.models.warm_start import BUILD_RECORD, ensure_warm_started
+
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["model.warm_start_steps=2"])
+    before = (Path(llama_path) / "model.safetensors").read_bytes()
+    out = ensure_warm_started(cfg, llama_path, root=tmp_path)
+    assert out == tmp_path / f"{Path(llama_path).name}-warm"
+    assert (out / "config.json").exists() and (out / BUILD_RECORD).exists()
+    assert (out / "model.safetensors").read_bytes() != before  # trained
+    assert (Path(llama_path) / "model.safetensors").read_bytes() == before  # base untouched
+    built = (out / BUILD_RECORD).stat().st_mtime_ns
+    assert ensure_warm_started(cfg, llama_path, root=tmp_path) == out
+    assert (out / BUILD_RECORD).stat().st_mtime_ns == built  # reused
+    more = resolve(cfg.to_dict(), overrides=["model.warm_start_steps=3"])
+    ensure_warm_started(more, llama_path, root=tmp_path)
+    assert (out / BUILD_RECORD).stat().st_mtime_ns != built  # rebuilt

@@ -102,7 +102,7 @@ def check_sha256(path: Path, expected: str) -> None:
 def convert_gguf(gguf: Path, out: Path) -> Path:
     """A GGUF file as an ordinary (dequantized, float32) Hugging Face model directory at
     ``out``. transformers loads GGUF weights but refuses to save the model it loaded, so the
-    weights are copied into a fresh model built from the same config."""
+    weights are copied into a fresh model built from the same config, less its quantization."""
     transformers = transformers_quietly()
     gguf = Path(gguf)
     if not gguf.is_file():
@@ -117,7 +117,10 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
         raise FetchFailed(
             f"could not read {gguf} as a GGUF model ({type(e).__name__}: {str(e)[:200]})"
         ) from None
-    model = transformers.AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):  # the weights are dequantized: plain float32 now
+        del config.quantization_config
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     staged = out.with_name(out.name + ".tmp")
     shutil.rmtree(staged, ignore_errors=True)

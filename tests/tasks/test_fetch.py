@@ -65,6 +65,8 @@ def test_smollm2_fetches_loads_and_samples(tmp_path):
         raise
     model, tok = load_policy(str(out), "float32")
     assert type(model).__name__ == "LlamaForCausalLM"
+    assert not hasattr(model.config, "quantization_config")  # a plain model: it saves again
+    model.save_pretrained(tmp_path / "again")
     assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
     rollouts = HFGenerator(model, tok, 128).generate(
         [chat_prompt(tok, "What is 2 + 3?")], 2, 1.0, 1.0, 8

@@ -97,9 +97,8 @@ def ensure_warm_started(cfg: Config, base: str, root: Path | None = None) -> Pat
         "steps": m.warm_start_steps,
         "lr": m.warm_start_lr,
         "batch": m.warm_start_batch,
-        "seed": cfg.train.seed,
         "train_digest": problems_digest(train),
-    }
+    }  # not train.seed: RL seeds share one warm start (the first run's seed builds it)
     out = (root or repo_path("data/models")) / f"{Path(base.rstrip('/')).name}-warm"
     if is_built(out, spec):
         return out
@@ -110,7 +109,9 @@ def ensure_warm_started(cfg: Config, base: str, root: Path | None = None) -> Pat
         staged
     )
     transformers.AutoTokenizer.from_pretrained(base).save_pretrained(staged)
-    warm_start(staged, train, m.warm_start_steps, m.warm_start_lr, m.warm_start_batch, spec["seed"])
+    warm_start(
+        staged, train, m.warm_start_steps, m.warm_start_lr, m.warm_start_batch, cfg.train.seed
+    )
     record_build(staged, spec)
     shutil.rmtree(out, ignore_errors=True)
     staged.rename(out)

@@ -11,7 +11,6 @@ converts the same way. A failure leaves nothing behind: the directory appears on
 from __future__ import annotations
 
 import hashlib
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from pathlib import Path
 import torch
 
 from dapo_core.errors import PipelineError
-from tasks.models.loading import transformers_quietly
+from tasks.models.loading import save_model_dir, transformers_quietly
 from tasks.params import repo_path
 
 MODELS_DIR = "data/models"
@@ -122,13 +121,7 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
         del config.quantization_config
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
-    staged = out.with_name(out.name + ".tmp")
-    shutil.rmtree(staged, ignore_errors=True)
-    model.save_pretrained(staged)
-    tokenizer.save_pretrained(staged)
-    shutil.rmtree(out, ignore_errors=True)
-    staged.rename(out)
-    return out
+    return save_model_dir(model, tokenizer, out)
 
 
 def gguf_model_dir(gguf: str) -> Path:

@@ -4,6 +4,7 @@ for generation (left padding, a pad token), and the chat prompt the policy is sa
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
@@ -81,3 +82,15 @@ def load_policy(name_or_path: str, dtype: str = "auto", device: str | torch.devi
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"  # generation appends on the right
     return model, tokenizer
+
+
+def save_model_dir(model, tokenizer, out: Path) -> Path:
+    """Save a model and its tokenizer as a Hugging Face directory, atomically: written beside
+    ``out`` and renamed into place, so an interrupted save leaves no half-written model."""
+    staged = out.with_name(out.name + ".tmp")
+    shutil.rmtree(staged, ignore_errors=True)
+    model.save_pretrained(staged)
+    tokenizer.save_pretrained(staged)
+    shutil.rmtree(out, ignore_errors=True)
+    staged.rename(out)
+    return out

@@ -9,7 +9,6 @@ with Qwen2's pre-tokenization, because transformers rebuilds a ``Qwen2Tokenizer`
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
@@ -20,7 +19,7 @@ from dapo_core.problem import Problem
 from dapo_core.synthetic import solution
 from tasks.data.splits import splits
 from tasks.models import warm_start
-from tasks.models.loading import transformers_quietly
+from tasks.models.loading import save_model_dir, transformers_quietly
 from tasks.params import repo_path
 
 TINY = "tiny"
@@ -86,14 +85,7 @@ def build_tiny_model(tiny: TinyModelConfig, train: list[Problem], out_dir: Path,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    model = Qwen2ForCausalLM(config)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
-    return out_dir
+    return save_model_dir(Qwen2ForCausalLM(config), tokenizer, out_dir)
 
 
 BUILD_VERSION = 2  # raise when the build itself changes (2: the warm start sees train only)

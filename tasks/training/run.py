@@ -15,6 +15,7 @@ from pathlib import Path
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dapo_core.config import Config
+from dapo_core.problem import Problem
 from tasks.data.splits import splits
 from tasks.models.loading import load_policy
 from tasks.models.resolve import resolve_model_path
@@ -73,12 +74,14 @@ def run_training(
     max_steps: int | None = None,
     progress: bool = True,
     on_step: Callable[[DAPOTrainer, StepResult], None] | None = None,
+    problems: list[Problem] | None = None,
 ) -> TrainResult:
     """Train for ``train.steps`` steps (or stop after ``max_steps`` more, e.g. nightly).
 
     ``sink(metrics, step)`` receives each step's metrics once (MLflow); ``on_step(trainer,
     result)`` runs after every step, after that step's checkpoint if any (validation, samples).
     ``resume``: continue the run already in ``run_dir``; without it a used directory is refused.
+    ``problems``: the training split, when the caller has read it already.
     """
     t0 = time.perf_counter()
     device = configure_torch(cfg.train.cpu_threads)
@@ -96,7 +99,8 @@ def run_training(
         model.activation_checkpointing_enable()
     generator = make_generator(cfg, model, tokenizer, model_path)
     record = recording_sink(run_dir, start.logged_through, sink)
-    trainer = DAPOTrainer(cfg, model, tokenizer, generator, splits(cfg).train, record)
+    train = problems if problems is not None else splits(cfg).train  # read once per task
+    trainer = DAPOTrainer(cfg, model, tokenizer, generator, train, record)
     if start.checkpoint:
         checkpoint.load_checkpoint(trainer, start.checkpoint)
     end = cfg.train.steps if max_steps is None else min(cfg.train.steps, trainer.step + max_steps)

@@ -145,6 +145,7 @@ def train_task(
             max_steps=max_steps,
             progress=progress,
             on_step=monitor,
+            problems=data.train,
         )
         complete = result.steps >= cfg.train.steps
         _log_run_artifacts(tracker, rd, result.history, monitor.samples)

@@ -38,7 +38,8 @@ class SyntheticConfig:
     max_operand: int
     """Operands are drawn from 0..max_operand: the difficulty knob."""
     num_terms: int
-    """Number of operands per problem (2 = a + b)."""
+    """Number of operands per problem (2 = a + b); for ``synthetic:chain``, the most (each problem
+    has 2..num_terms)."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,9 @@ class DataConfig:
     """Data curation (the DAPO-Math-17K dataset, DAPO section 3.5)."""
 
     source: str
-    """Training source: a parquet/jsonl path, a Hugging Face dataset id, or ``synthetic:arith``."""
+    """Training source: a parquet/jsonl path, a Hugging Face dataset id, or an embedded task,
+    ``synthetic:arith`` (bare sums) or ``synthetic:chain`` (worked running sums of varying length,
+    the ablation task; ``dapo_core.synthetic``)."""
     out_dir: str
     """Directory (relative to the repo root) the curated train/val/report files are written to."""
     val_size: int

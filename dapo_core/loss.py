@@ -20,6 +20,9 @@ over the whole mini-batch, and then the sum of micro-batch losses equals the ful
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
 from dapo_core.config import LossConfig
@@ -117,3 +120,17 @@ def policy_loss(
             "num_tokens": mask.sum(),
         }
     return loss, metrics
+
+
+def long_weight_share(lengths: Sequence[int], token_level: bool) -> float:
+    """Share of a batch's loss weight carried by its responses longer than the median length.
+
+    Under the token-level loss (Eq. 12) each token weighs the same, so a response weighs in
+    proportion to its length; under the sample-level loss (GRPO) each response weighs the same
+    whatever its length. 0.0 for an empty batch."""
+    n = np.asarray(lengths, dtype=np.float64)
+    n = n[n > 0]
+    if n.size == 0:
+        return 0.0
+    weight = n if token_level else np.ones_like(n)
+    return float(weight[n > np.median(n)].sum() / weight.sum())

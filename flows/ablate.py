@@ -1,49 +1,48 @@
-"""The ``ablate`` flow: DAPO's Table 1 ladder, each variant trained and evaluated (over seeds).
+"""The ``ablate`` flow: DAPO's Table 1 ladder, each variant trained and evaluated over seeds.
 
-One parent MLflow run (experiment ``<prefix>-ablate``) holds one nested run per variant and seed
-(training and its final evaluation in the same child run). The parent logs the ablation table in
-the paper's Table 1 order -- variant, avg@k with its 95% CI, steps, wall time, and the paper's AIME
-2024 number beside ours -- as ``ablation/table.md`` and ``ablation/table.csv``, and a bar chart
-``ablation/table.png``. The same files are written to the sweep's directory.
+Each (variant, seed) is its own flow run of ``ablate-run`` (train, then evaluate, in one MLflow
+run nested under the sweep's parent run):
 
-With several seeds, avg@k is the mean over seeds and the CI is a bootstrap over problems of the
-seed-averaged per-problem accuracy. A variant that fails is reported in the table (status) and the
-others still run; the flow then fails, naming the failed variants.
+- in this process, one after another (``pool=None``), or
+- submitted to a Prefect work pool (``pool``): workers pick the runs up, concurrently, on this
+  machine (``dapo ablate --workers N`` starts a local server and N workers, ``flows.cluster``) or
+  on others. A child whose training fails is retried (the train task, then, on a pool, the whole
+  flow run once more) and continues from its last checkpoint; a child that still fails is
+  reported in the table and does not stop the others.
+
+The parent gathers every child from MLflow as it finishes (so remote workers need only share the
+tracking server) and logs the ablation table (``tasks.evaluation.ablation``): avg@k with its CI per
+variant, each rung's paired difference to the one before, every mechanism's own signal, and the
+paper's numbers in their own column; plus a chart with separate panels. The same files are
+written to the sweep's directory.
 """
 
 from __future__ import annotations
 
+import io
+import time
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pandas as pd
 from prefect import flow
 
-from dapo_core.ablation import ABLATION_LADDER, PAPER_TABLE1_AIME24, apply_variant
-from dapo_core.config import ConfigError
-from dapo_core.config_loader import resolve
+from dapo_core.ablation import ABLATION_LADDER, apply_variant
+from dapo_core.ablation_stats import SIGNALS, run_signals
+from dapo_core.config import Config, ConfigError
+from dapo_core.config_loader import from_dict, resolve
 from dapo_core.errors import PipelineError, TrainingInterrupted
-from dapo_core.metrics import bootstrap_ci
 from flows.pipeline import default_run_name, load_config, run_dir_for
 from tasks.data.task import curate_task
+from tasks.evaluation.ablation import ablation_table, mechanism_table
 from tasks.evaluation.task import evaluate_task
 from tasks.orchestration import run_logger
 from tasks.rundir import RunDir
 from tasks.training.task import train_task
 
-TABLE_COLUMNS = [
-    "variant",
-    "seeds",
-    "avg_at_k",
-    "ci_low",
-    "ci_high",
-    "avg_at_k_seed_std",
-    "steps",
-    "train_wall_s",
-    "eval_wall_s",
-    "paper_aime24",
-    "status",
-]
+CHILD_DEPLOYMENT = "ablate-run"
+POLL_S = 2.0
+MAX_SUBMISSIONS = 2  # a child whose flow run fails or crashes is submitted once more
 
 
 def ordered_variants(variants: list[str] | None) -> list[str]:
@@ -61,39 +60,55 @@ def slug(variant: str) -> str:
     return variant.lstrip("+")
 
 
-def ablation_table(results: list[dict[str, Any]], cfg: Any) -> pd.DataFrame:
-    """One row per variant from per-(variant, seed) results, in Table 1 order."""
-    rows = []
-    for variant in ABLATION_LADDER:
-        mine = [r for r in results if r["variant"] == variant]
-        if not mine:
-            continue
-        ok = [r for r in mine if r["status"] == "ok"]
-        row: dict[str, Any] = {
-            "variant": variant,
-            "seeds": ",".join(str(r["seed"]) for r in mine),
-            "paper_aime24": PAPER_TABLE1_AIME24[variant],
-            "status": "ok" if len(ok) == len(mine) else "; ".join(r["status"] for r in mine),
-        }
-        if ok:
-            avgs = [r["metrics"]["eval/avg_at_k"] for r in ok]
-            if len(ok) == 1:
-                low = ok[0]["metrics"]["eval/avg_at_k_ci_low"]
-                high = ok[0]["metrics"]["eval/avg_at_k_ci_high"]
-            else:  # bootstrap over problems of the seed-averaged per-problem accuracy
-                acc = np.mean([r["per_problem"]["accuracy"].to_numpy() for r in ok], axis=0)
-                low, high = bootstrap_ci(acc, cfg.eval.bootstrap_samples, seed=cfg.eval.seed)
-            row.update(
-                avg_at_k=float(np.mean(avgs)),
-                ci_low=float(low),
-                ci_high=float(high),
-                avg_at_k_seed_std=float(np.std(avgs, ddof=1)) if len(avgs) > 1 else float("nan"),
-                steps=int(np.mean([r["steps"] for r in ok])),
-                train_wall_s=float(np.mean([r["train_wall_s"] for r in ok])),
-                eval_wall_s=float(np.mean([r["eval_wall_s"] for r in ok])),
-            )
-        rows.append(row)
-    return pd.DataFrame(rows, columns=TABLE_COLUMNS)
+@dataclass(frozen=True)
+class Child:
+    """One (variant, seed) run of the sweep: its config, directory and label."""
+
+    variant: str
+    seed: int
+    cfg: Config
+    run_dir: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.variant} seed{self.seed}"
+
+
+@flow(name="ablate-run", flow_run_name="{variant} seed{seed}")
+def ablate_run_flow(
+    config: dict[str, Any],
+    variant: str,
+    seed: int,
+    run_dir: str,
+    parent_run_id: str | None,
+    eval_set: str | None = None,
+    progress: bool = False,
+) -> str | None:
+    """Train and evaluate one variant and seed (``config`` is its whole resolved config, so a
+    worker on another machine needs nothing else); returns its MLflow run id. Training continues
+    from the run's last checkpoint: a retried train task, or a resubmitted child, redoes only the
+    steps after it."""
+    cfg = from_dict(config)
+    trained = train_task.with_options(task_run_name=f"train {variant} seed{seed}")(
+        cfg,
+        run_dir,
+        kind="ablate",
+        run_name=f"{variant} seed{seed}",
+        variant=variant,
+        parent_run_id=parent_run_id,
+        progress=progress,
+    )
+    evaluate_task.with_options(task_run_name=f"evaluate {variant} seed{seed}")(
+        cfg,
+        trained.model_path,
+        eval_set,
+        kind="ablate",
+        run_id=trained.mlflow_run_id,
+        step=trained.steps,
+        run_dir=trained.run_dir,
+        progress=progress,
+    )
+    return trained.mlflow_run_id
 
 
 @flow(name="ablate")
@@ -107,11 +122,12 @@ def ablate_flow(
     run_name: str | None = None,
     curate: bool = True,
     progress: bool = True,
+    pool: str | None = None,
 ) -> pd.DataFrame:
-    """Train and evaluate each Table 1 variant (cumulative switches) for each seed."""
-    from tasks.tracking.plots import ablation_chart, save_figures
+    """Train and evaluate each Table 1 variant (cumulative switches) for each seed; with
+    ``pool``, as flow runs of the ``ablate-run`` deployment on that work pool."""
     from tasks.tracking.provenance import run_tags
-    from tasks.tracking.tracker import Tracker, markdown_table
+    from tasks.tracking.tracker import Tracker
 
     log = run_logger()
     cfg = load_config(params, config, overrides)
@@ -121,6 +137,11 @@ def ablate_flow(
         curate_task(cfg)
     name = run_name or default_run_name("ablate")
     root = run_dir_for(cfg, name)
+    children = [
+        Child(v, s, _child_config(cfg, v, s), str(root / slug(v) / f"seed{s}"))
+        for v in names
+        for s in seeds
+    ]
     parent = Tracker(cfg, "ablate")
     parent.start_or_resume(
         RunDir(root),
@@ -131,73 +152,175 @@ def ablate_flow(
         {"ablate.variants": ",".join(names), "ablate.seeds": ",".join(map(str, seeds))}
     )
     results: list[dict[str, Any]] = []
-    for variant in names:
-        for seed in seeds:
-            vcfg = apply_variant(resolve(cfg.to_dict(), overrides=[f"train.seed={seed}"]), variant)
-            res: dict[str, Any] = {"variant": variant, "seed": seed}
-            try:
-                label = f"{variant} seed{seed}"
-                trained = train_task.with_options(task_run_name=f"train {label}")(
-                    vcfg,
-                    str(root / slug(variant) / f"seed{seed}"),
-                    kind="ablate",
-                    run_name=label,
-                    variant=variant,
-                    parent_run_id=parent.run_id,
-                    progress=progress,
+    run = _on_pool if pool else _in_process
+    try:
+        for child, status in run(children, parent.run_id, eval_set, progress, pool):
+            res = {"variant": child.variant, "seed": child.seed, "status": status}
+            if status == "ok":
+                res.update(gather(cfg, parent.run_id, child))
+                parent.log_metrics(
+                    {f"avg_at_k/{slug(child.variant)}/seed{child.seed}": res["avg_at_k"]}, 0
                 )
-                evaluated = evaluate_task.with_options(task_run_name=f"evaluate {label}")(
-                    vcfg,
-                    trained.model_path,
-                    eval_set,
-                    kind="ablate",
-                    run_id=trained.mlflow_run_id,
-                    step=trained.steps,
-                    run_dir=trained.run_dir,
-                    progress=progress,
-                )
-            except TrainingInterrupted:  # Ctrl-C stops the sweep, not just this variant
-                parent.end("KILLED")
-                raise
-            except Exception as e:  # noqa: BLE001 - one failed variant does not stop the sweep
-                log.error("ablate: %s seed %d failed: %s", variant, seed, e)
-                res["status"] = f"failed: {type(e).__name__}: {str(e)[:200]}"
-                results.append(res)
-                continue
-            res.update(
-                status="ok",
-                metrics=evaluated.metrics,
-                per_problem=evaluated.per_problem,
-                steps=trained.steps,
-                train_wall_s=trained.wall_time_s,
-                eval_wall_s=evaluated.wall_time_s,
-                run_id=trained.mlflow_run_id,
-            )
+            else:
+                log.error("ablate: %s failed: %s", child.label, status)
             results.append(res)
-            parent.log_metrics(
-                {f"avg_at_k/{slug(variant)}/seed{seed}": evaluated.metrics["eval/avg_at_k"]}, 0
-            )
-    table = ablation_table(results, cfg)
-    # One series over the ladder (step = the rung's index in Table 1), so the parent run charts
-    # the whole ladder as one line with its CI band, rather than one bar chart per variant.
-    for row in table.itertuples(index=False):
-        if row.status == "ok":
-            rung = list(ABLATION_LADDER).index(row.variant)
-            ladder = {"avg_at_k": row.avg_at_k, "ci_low": row.ci_low, "ci_high": row.ci_high}
-            parent.log_metrics({f"ladder/{k}": v for k, v in ladder.items()}, rung)
-            parent.log_metrics({f"avg_at_k/{slug(row.variant)}": row.avg_at_k}, 0)
-    parent.log_table(table.to_dict("records"), "ablation/table.json")  # a table in the UI
-    figure = ablation_chart(table[table["status"] == "ok"])
-    root.mkdir(parents=True, exist_ok=True)
-    table.to_csv(root / "ablation.csv", index=False)
-    (root / "ablation.md").write_text(markdown_table(table))
-    save_figures({"ablation.png": figure}, root)
-    parent.log_frame(table, "ablation/table.csv")
-    parent.log_frame(table, "ablation/table.md")
-    parent.log_figure(figure, "ablation/table.png")
+    except (KeyboardInterrupt, TrainingInterrupted):  # Ctrl-C stops the sweep
+        parent.end("KILLED")
+        raise
+    except BaseException:
+        parent.end("FAILED")
+        raise
+    table = log_tables(parent, results, cfg, root)
     failed = [f"{r['variant']} seed {r['seed']}" for r in results if r["status"] != "ok"]
     parent.end("FAILED" if failed else "FINISHED")
-    log.info("ablate: table written to %s and to MLflow run %s", root, parent.run_id)
+    log.info("ablate: tables written to %s and to MLflow run %s", root, parent.run_id)
     if failed:
         raise PipelineError(f"ablation variants failed: {', '.join(failed)} (see the table)")
+    return table
+
+
+def _child_config(cfg: Config, variant: str, seed: int) -> Config:
+    return apply_variant(resolve(cfg.to_dict(), overrides=[f"train.seed={seed}"]), variant)
+
+
+def _in_process(children: list[Child], parent_id, eval_set, progress, pool):
+    """Each child as a flow run in this process, one after another: (child, status)."""
+    for child in children:
+        try:
+            ablate_run_flow(
+                child.cfg.to_dict(),
+                child.variant,
+                child.seed,
+                child.run_dir,
+                parent_id,
+                eval_set,
+                progress,
+            )
+        except TrainingInterrupted:
+            raise
+        except Exception as e:  # noqa: BLE001 - one failed child does not stop the sweep
+            yield child, f"failed: {type(e).__name__}: {str(e)[:200]}"
+            continue
+        yield child, "ok"
+
+
+def _on_pool(children: list[Child], parent_id, eval_set, progress, pool):
+    """Submit every child to ``pool`` as a run of the ``ablate-run`` deployment, then yield
+    (child, status) as each finishes, in whatever order. Ctrl-C cancels the runs not finished."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.deployments.runner import EntrypointType
+    from prefect.states import Cancelling
+
+    deployment = ablate_run_flow.to_deployment(
+        name=CHILD_DEPLOYMENT,
+        entrypoint_type=EntrypointType.MODULE_PATH,
+        tags=["dapo", "ablate"],
+        description="One (variant, seed) of an ablation sweep: train, then evaluate.",
+    )
+    deployment.apply(work_pool_name=pool)
+
+    def submit(c: Child) -> Any:
+        return run_deployment(
+            f"ablate-run/{CHILD_DEPLOYMENT}",
+            parameters={
+                "config": c.cfg.to_dict(),
+                "variant": c.variant,
+                "seed": c.seed,
+                "run_dir": c.run_dir,
+                "parent_run_id": parent_id,
+                "eval_set": eval_set,
+                "progress": False,
+            },
+            flow_run_name=c.label,
+            timeout=0,  # submit, do not wait
+            as_subflow=True,
+        ).id
+
+    pending = {submit(c): c for c in children}
+    attempts = dict.fromkeys((c.label for c in children), 1)
+    with get_client(sync_client=True) as client:
+        try:
+            while pending:
+                for run_id in list(pending):
+                    state = client.read_flow_run(run_id).state
+                    if state is None or not state.is_final():
+                        continue
+                    child = pending.pop(run_id)
+                    if state.is_completed():
+                        yield child, "ok"
+                    elif attempts[child.label] < MAX_SUBMISSIONS:  # crashed or failed: again,
+                        attempts[child.label] += 1  # from the run's last checkpoint
+                        pending[submit(child)] = child
+                    else:
+                        yield child, f"failed: {state.name}: {state.message or ''}".strip(": ")
+                time.sleep(POLL_S if pending else 0)
+        except BaseException:
+            for run_id in pending:
+                client.set_flow_run_state(run_id, Cancelling(), force=True)
+            raise
+
+
+def gather(cfg: Config, parent_id: str | None, child: Child) -> dict[str, Any]:
+    """A finished child's results, read back from MLflow (where any worker logged them)."""
+    from tasks.tracking import store
+
+    uri = store.tracking_uri(cfg)
+    found = store.search_runs(
+        cfg,
+        "ablate",
+        f"tags.mlflow.parentRunId = '{parent_id}' and tags.variant = '{child.variant}' "
+        f"and tags.seed = '{child.seed}'",
+    )
+    if not found:
+        raise PipelineError(f"{child.label} finished but its MLflow run is not under the sweep")
+    run = max(found, key=lambda r: r["metrics"].get("eval/avg_at_k") is not None)
+    metrics, run_id = run["metrics"], run["run_id"]
+    eval_name = run["tags"].get("eval.set", cfg.eval.eval_set)
+    per_problem = pd.read_csv(
+        io.StringIO(store.read_artifact_text(run_id, f"eval/{eval_name}/per_problem.csv", uri))
+    )
+    history: dict[int, dict[str, float]] = {}
+    for metric in {s.metric for s in SIGNALS}:
+        for step, value in store.metric_history(run_id, metric, uri):
+            history.setdefault(step, {})[metric] = value
+    return {
+        "run_id": run_id,
+        "metrics": metrics,
+        "avg_at_k": metrics["eval/avg_at_k"],
+        "per_problem": per_problem[["problem_id", "accuracy"]],
+        "signals": run_signals([history[s] for s in sorted(history)]),
+        "steps": int(run["tags"].get("train.steps_done", 0)),
+        "train_wall_s": float(run["tags"].get("train.wall_s", "nan")),
+        "eval_wall_s": metrics.get("perf/eval_time_s", float("nan")),
+    }
+
+
+def log_tables(parent: Any, results: list[dict[str, Any]], cfg: Config, root) -> pd.DataFrame:
+    """The ablation and mechanism tables and the chart: to the parent run and to ``root``."""
+    from tasks.tracking.plots import ablation_chart, save_figures
+    from tasks.tracking.tracker import markdown_table
+
+    n_boot, seed = cfg.eval.bootstrap_samples, cfg.eval.seed
+    table = ablation_table(results, n_boot, seed)
+    mechanisms = mechanism_table(results, n_boot, seed)
+    # One series per quantity over the ladder (step = the rung's index in Table 1), so the
+    # parent run charts the whole ladder as one line rather than one bar chart per variant.
+    for row in table[table["status"] == "ok"].to_dict("records"):
+        rung = list(ABLATION_LADDER).index(row["variant"])
+        ladder = {k: row[k] for k in ("avg_at_k", "ci_low", "ci_high")}
+        ladder.update({f"signal_{s.name}": row[s.name] for s in SIGNALS})
+        parent.log_metrics({f"ladder/{k}": v for k, v in ladder.items() if pd.notna(v)}, rung)
+        parent.log_metrics({f"avg_at_k/{slug(row['variant'])}": row["avg_at_k"]}, 0)
+    figure = ablation_chart(table[table["status"] == "ok"], mechanisms)
+    root.mkdir(parents=True, exist_ok=True)
+    for frame, stem in ((table, "ablation"), (mechanisms, "mechanisms")):
+        frame.to_csv(root / f"{stem}.csv", index=False)
+        (root / f"{stem}.md").write_text(markdown_table(frame))
+        parent.log_table(frame.to_dict("records"), f"ablation/{stem}.json")  # a table in the UI
+        parent.log_frame(frame, f"ablation/{stem}.csv")
+        parent.log_frame(frame, f"ablation/{stem}.md")
+    save_figures({"ablation.png": figure}, root)
+    parent.log_figure(figure, "ablation/table.png")
+    table.attrs["mechanisms"] = mechanisms  # for the command's report
     return table

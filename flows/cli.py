@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -311,8 +312,8 @@ def curate(
     source: Annotated[
         str | None,
         typer.Option(
-            help="A parquet/jsonl file, a Hugging Face dataset id or synthetic:arith "
-            "(default: data.source)."
+            help="A parquet/jsonl file, a Hugging Face dataset id, synthetic:arith or "
+            "synthetic:chain (default: data.source)."
         ),
     ] = None,
     out: Annotated[
@@ -501,26 +502,79 @@ def ablate(
     eval_set: EvalSetOpt = None,
     run_name: RunNameOpt = None,
     curate: CurateOpt = True,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Runs to train at once on this machine, each its own flow run picked up by a "
+            "local Prefect worker (default: CPU cores / train.cpu_threads, 1 on a GPU; "
+            "1 runs them one after another in this process).",
+        ),
+    ] = None,
+    pool: Annotated[
+        str | None,
+        typer.Option(
+            help="Submit the runs to this Prefect work pool instead (PREFECT_API_URL set to a "
+            "server your workers poll, e.g. on GPU nodes: `prefect worker start --pool NAME`).",
+        ),
+    ] = None,
 ) -> None:
-    """The Table 1 ladder: train and evaluate each variant (per seed) as a Prefect flow.
+    """The Table 1 ladder: train and evaluate each variant (per seed), each a Prefect flow run.
 
-    One parent MLflow run holds a nested run per variant/seed and the ablation table (markdown,
-    CSV and a bar chart, ours beside the paper's numbers)."""
+    One parent MLflow run holds a nested run per variant/seed, the ablation table (each rung
+    against the one before, paired over seeds and problems), each switch's own signal, and a
+    chart (ours and the paper's numbers in separate panels)."""
     _orchestration_env()
     from flows.ablate import ablate_flow, ordered_variants
 
     names = ordered_variants(_split(variants))
     seed_list = _seeds(seeds)
-    _load(params, config, set_)
-    table = ablate_flow(
+    cfg = _load(params, config, set_)
+    args = {
         **_flow_args(params, config, set_),
-        variants=names,
-        seeds=seed_list,
-        eval_set=eval_set,
-        run_name=run_name,
-        curate=curate,
-    )
+        "variants": names,
+        "seeds": seed_list,
+        "eval_set": eval_set,
+        "run_name": run_name,
+        "curate": curate,
+    }
+    runs = len(names) * len(seed_list or [cfg.train.seed])
+    n = min(workers or _default_workers(cfg.train.cpu_threads), runs)
+    if pool:
+        if not _prefect_api_url():
+            raise ConfigError(
+                "--pool needs a Prefect server the workers share: set PREFECT_API_URL "
+                "(or use --workers N to start one here)"
+            )
+        table = ablate_flow(**args, pool=pool, progress=False)
+    elif n > 1:
+        from flows.cluster import LOCAL_POOL, local_cluster
+        from tasks.params import repo_path
+
+        logs = repo_path(".prefect") / "logs"
+        console.print(f"ablate: {runs} runs on {n} local workers (logs in {logs})")
+        with local_cluster(n, logs) as url:
+            console.print(f"ablate: flow runs at {url.removesuffix('/api')} while the sweep runs")
+            table = ablate_flow(**args, pool=LOCAL_POOL, progress=False)
+    else:
+        table = ablate_flow(**args)
     report_ablation(table)
+
+
+def _default_workers(cpu_threads: int) -> int:
+    """Concurrent runs this machine can hold: one on a GPU (one device), else one per
+    ``train.cpu_threads`` cores."""
+    import torch
+
+    if torch.cuda.is_available() or cpu_threads <= 0:  # 0: each run takes every core
+        return 1
+    return max(1, (os.cpu_count() or 1) // cpu_threads)
+
+
+def _prefect_api_url() -> str | None:
+    from flows.schedule import api_url
+
+    return api_url()
 
 
 @app.command("schedule")

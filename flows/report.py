@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
@@ -24,17 +25,46 @@ def report_pipeline(out: dict[str, Any]) -> None:
 
 
 def report_ablation(table: Any) -> None:
-    """The ablation table in Table 1 order, ours beside the paper's AIME 2024 numbers."""
+    """The ablation table in Table 1 order (each rung against the one before, ours beside the
+    paper's AIME 2024 numbers), then each switch's own signal (``table.attrs["mechanisms"]``)."""
     view = Table(title="Ablation (DAPO Table 1 order)")
-    for col in ("variant", "avg@k", "95% CI", "steps", "train s", "paper AIME24"):
+    for col in ("variant", "avg@k", "95% CI", "vs rung before [95% CI]", "train s", "paper"):
         view.add_column(col)
-    for r in table.itertuples(index=False):
-        view.add_row(
-            r.variant,
-            f"{r.avg_at_k:.4f}",
-            f"{r.ci_low:.4f}-{r.ci_high:.4f}",
-            str(r.steps),
-            f"{r.train_wall_s:.0f}",
-            f"{r.paper_aime24:.0f}",
+    for r in table.to_dict("records"):
+        delta = (
+            ""
+            if pd.isna(r["delta"])
+            else _paired(r["delta"], r["delta_ci_low"], r["delta_ci_high"], r["distinguishable"])
         )
-    Console().print(view)
+        view.add_row(
+            r["variant"],
+            f"{r['avg_at_k']:.4f}",
+            f"{r['ci_low']:.4f}-{r['ci_high']:.4f}",
+            delta,
+            f"{r['train_wall_s']:.0f}",
+            f"{r['paper_aime24']:.0f}",
+        )
+    console = Console()
+    console.print(view)
+    mechanisms = table.attrs.get("mechanisms")
+    if mechanisms is None or not len(mechanisms):
+        return
+    view = Table(title="Each switch's own signal, against the rung before (paired over seeds)")
+    for col in ("rung", "signal", "paper says", "before", "after", "change [95% CI]", "as paper"):
+        view.add_column(col)
+    for r in mechanisms.to_dict("records"):
+        view.add_row(
+            r["variant"],
+            r["signal"],
+            r["paper_direction"],
+            f"{r['previous']:.4g}",
+            f"{r['value']:.4g}",
+            _paired(r["delta"], r["ci_low"], r["ci_high"], r["distinguishable"]),
+            r["as_paper"],
+        )
+    console.print(view)
+
+
+def _paired(delta: float, low: float, high: float, distinguishable: bool) -> str:
+    mark = "" if distinguishable else " ~0"
+    return f"{delta:+.3g} [{low:+.3g}, {high:+.3g}]{mark}"

@@ -7,8 +7,8 @@ DAPO (arXiv 2503.14476, section 3.5) trains on DAPO-Math-17K and evaluates on AI
   else to the current directory);
 - a Hugging Face dataset id such as ``BytedTsinghua-SIA/DAPO-Math-17k``, downloaded with
   ``huggingface_hub`` (offline: a :class:`SourceUnavailable` that names the local-path way);
-- ``synthetic:arith``: the embedded task of ``dapo_core.synthetic``, built from the ``synthetic``
-  params by :func:`synthetic_problems`.
+- ``synthetic:arith`` or ``synthetic:chain``: an embedded task of ``dapo_core.synthetic``, built
+  from the ``synthetic`` params by :func:`synthetic_problems`.
 
 Records come out one per input row, in order; an unreadable jsonl line is a
 ``dapo_core.records.Malformed`` rather than an error, so the curation pass can account for it.
@@ -34,8 +34,8 @@ from dapo_core.curation_pass import Curated, curate_records
 from dapo_core.errors import PipelineError
 from dapo_core.problem import Problem
 from dapo_core.records import Malformed
-from dapo_core.synthetic import SOURCE_NAME as SYNTHETIC_ARITH
-from dapo_core.synthetic import arith_problems
+from dapo_core.synthetic import TASKS as SYNTHETIC_TASKS
+from dapo_core.synthetic import synthetic_task
 from tasks.params import REPO_ROOT, repo_path
 
 DATA_SUFFIXES = (".parquet", ".jsonl")
@@ -49,12 +49,13 @@ class SourceUnavailable(PipelineError):
     """A source that cannot be read here (offline hub id, missing file); says what to do."""
 
 
-def synthetic_problems(cfg: Config) -> tuple[list[Problem], list[Problem]]:
+def synthetic_problems(cfg: Config, task: str | None = None) -> tuple[list[Problem], list[Problem]]:
     """(train, held-out test) of the embedded task with the ``synthetic`` params; the one call of
     the generator, so every caller sees the same problems. Which of the train problems are
     validation is decided by ``tasks.data.splits``."""
     s = cfg.synthetic
-    return arith_problems(s.seed, s.num_train, s.num_test, s.max_operand, s.num_terms)
+    task = (task or cfg.data.source).strip()
+    return synthetic_task(task, s.seed, s.num_train, s.num_test, s.max_operand, s.num_terms)
 
 
 @dataclass(frozen=True)
@@ -82,9 +83,10 @@ def resolve_source(spec: str, alternative: str = "data.source") -> Source:
     """Classify ``spec``; a missing local file is a FileNotFoundError that says what is accepted."""
     spec = spec.strip()
     if spec.startswith("synthetic:"):
-        if spec != SYNTHETIC_ARITH:
+        if spec not in SYNTHETIC_TASKS:
             raise ConfigError(
-                f"unknown synthetic task {spec!r}; the embedded one is {SYNTHETIC_ARITH}"
+                f"unknown synthetic task {spec!r}; the embedded ones are "
+                f"{', '.join(SYNTHETIC_TASKS)}"
             )
         return Source("synthetic", spec)
     path = local_path(spec)
@@ -95,8 +97,8 @@ def resolve_source(spec: str, alternative: str = "data.source") -> Source:
         return Source("hub", hub)
     raise FileNotFoundError(
         f"{spec} does not exist (looked under {REPO_ROOT} and the current directory). A source "
-        "is a parquet/jsonl file, a Hugging Face dataset id (owner/name) or synthetic:arith; "
-        f"{alternative}"
+        "is a parquet/jsonl file, a Hugging Face dataset id (owner/name) or "
+        f"{' / '.join(SYNTHETIC_TASKS)}; {alternative}"
     )
 
 
@@ -218,7 +220,7 @@ def load_source(spec: str, cfg: Config | None, alternative: str) -> Loaded:
     if src.kind == "synthetic":
         if cfg is None:
             raise ConfigError("the synthetic source needs the synthetic params")
-        train, _ = synthetic_problems(cfg)
+        train, _ = synthetic_problems(cfg, src.spec)
         return Loaded(src, train, len(train), None)
     path = src.path if src.kind == "file" else download_hub_dataset(src.spec, alternative)
     assert path is not None

@@ -98,6 +98,7 @@ def build_spec(cfg: Config) -> dict:
         "version": BUILD_VERSION,
         "tiny": {k: v for k, v in cfg.to_dict()["tiny"].items() if k != "path"},
         "synthetic": cfg.to_dict()["synthetic"],
+        "source": cfg.data.source,
         "val_size": cfg.data.val_size,
     }  # not train.seed: RL seeds share one warm start (the first run's seed builds it)
 

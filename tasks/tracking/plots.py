@@ -111,19 +111,21 @@ def eval_curve(
     return fig
 
 
-def ablation_chart(table: Any, paper_scale: float = 100.0) -> Figure:
-    """The ladder in two labelled panels, ours (avg@k per variant with its 95% CI) and the
-    paper's (AIME 2024 avg@32 of Qwen2.5-32B, Table 1): different tasks and models, so they share
-    the variant order but not an axis. ``table`` needs the columns ``variant``, ``avg_at_k``,
-    ``ci_low``, ``ci_high``, ``paper_aime24`` (percent), in the paper's Table 1 order."""
-    fig = Figure(figsize=(10, 4), dpi=100)
-    ours_ax, paper_ax = fig.subplots(1, 2)
+def ablation_chart(table: Any, mechanisms: Any = None, paper_scale: float = 100.0) -> Figure:
+    """The ladder in labelled panels: ours (avg@k per variant with its 95% CI), the paper's
+    (AIME 2024 avg@32 of Qwen2.5-32B, Table 1: a different task and model, so the two share the
+    variant order but not an axis), and, given ``mechanisms`` (``mechanism_table``), each rung's
+    own signal against the rung before: the change in percent of the previous rung's value, with
+    its 95% CI, so that signals in different units share one axis."""
+    panels = 3 if mechanisms is not None and len(mechanisms) else 2
+    fig = Figure(figsize=(5 * panels, 4), dpi=100)
+    ours_ax, paper_ax, *rest = fig.subplots(1, panels)
     xs = list(range(len(table)))
     ours = [float(v) * 100 for v in table["avg_at_k"]]
     lo = [max(0.0, o - float(v) * 100) for o, v in zip(ours, table["ci_low"], strict=True)]
     hi = [max(0.0, float(v) * 100 - o) for o, v in zip(ours, table["ci_high"], strict=True)]
     ours_ax.bar(xs, ours, 0.6, yerr=[lo, hi], capsize=3, color="tab:blue")
-    ours_ax.set_title("this run: avg@k on its eval set (95% CI)", fontsize=9)
+    ours_ax.set_title("this sweep: avg@k on its eval set (95% CI)", fontsize=9)
     paper = [float(v) / paper_scale * 100 for v in table["paper_aime24"]]
     paper_ax.bar(xs, paper, 0.6, color="tab:gray")
     paper_ax.set_title("paper: AIME 2024 avg@32, Qwen2.5-32B (Table 1)", fontsize=9)
@@ -132,9 +134,27 @@ def ablation_chart(table: Any, paper_scale: float = 100.0) -> Figure:
         ax.set_ylabel("accuracy (%)")
         ax.set_ylim(0, 100)
         ax.grid(axis="y", alpha=0.3)
+    if rest:
+        _mechanism_panel(rest[0], mechanisms)
     fig.suptitle("DAPO Table 1 ladder (cumulative: each rung adds one component)")
     fig.tight_layout()
     return fig
+
+
+def _mechanism_panel(ax: Any, mechanisms: Any) -> None:
+    rows = mechanisms.to_dict("records")
+    ys = list(range(len(rows)))[::-1]
+    for y, r in zip(ys, rows, strict=True):
+        base = abs(r["previous"]) or 1.0
+        d, low, high = (100 * r[k] / base for k in ("delta", "ci_low", "ci_high"))
+        color = "tab:green" if r["as_paper"] == "yes" else "tab:gray"
+        ax.errorbar(d, y, xerr=[[d - low], [high - d]], fmt="o", color=color, capsize=3)
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_yticks(ys, [f"{r['variant']}: {r['signal']} ({r['paper_direction']})" for r in rows])
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set_xlabel("change vs the rung before (% of its value, 95% CI)")
+    ax.set_title("each switch's own signal (green: as the paper says)", fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
 
 
 def save_figures(figures: Mapping[str, Figure], out_dir: Path) -> list[Path]:

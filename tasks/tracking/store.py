@@ -185,6 +185,7 @@ def read_artifact_text(run_id: str, path: str, uri: str | None = None) -> str:
     """The text of one artifact of a run."""
     from mlflow import MlflowClient
 
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one small file
     client = MlflowClient(tracking_uri=uri or tracking_uri())
     with tempfile.TemporaryDirectory() as tmp:
         return Path(client.download_artifacts(run_id, path, tmp)).read_text()
@@ -209,11 +210,12 @@ def serve_ui(cmd: list[str], grace_s: float = 10.0) -> int:
     try:
         return proc.wait()
     except KeyboardInterrupt:
-        _stop_group(proc, grace_s)
+        stop_group(proc, grace_s)
         return 0
 
 
-def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
+def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Stop a process started with ``start_new_session`` and every process of its group."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)

@@ -39,6 +39,7 @@ def rollout_metrics(gen_log: dict[str, Any], cfg: Config) -> dict[str, float]:
         "train/acc_mean": acc.float().mean().item(),
         "train/response_len_mean": lengths.float().mean().item(),
         "train/truncated_frac": (~finished).float().mean().item(),
+        "train/samples_generated": float(acc.numel()),
         "train/mixed_group_frac": signal.mixed_group_frac,
         "train/parsed_frac": signal.parsed_frac,
     }

@@ -150,7 +150,11 @@ def train_task(
         complete = result.steps >= cfg.train.steps
         _log_run_artifacts(tracker, rd, result.history, monitor.samples)
         tracker.set_tags(
-            {"train.steps_done": result.steps, "train.complete": str(complete).lower()}
+            {
+                "train.steps_done": result.steps,
+                "train.complete": str(complete).lower(),
+                "train.wall_s": f"{result.wall_time_s:.2f}",
+            }
         )
     except (KeyboardInterrupt, TerminationSignal):
         tracker.end("KILLED")

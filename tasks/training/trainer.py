@@ -39,7 +39,7 @@ import torch
 from dapo_core.advantages import group_advantages
 from dapo_core.config import Config
 from dapo_core.errors import TrainingStopped
-from dapo_core.loss import policy_loss
+from dapo_core.loss import long_weight_share, policy_loss
 from dapo_core.metrics import masked_mean
 from dapo_core.overlong import overlong_filter_mask, shaped_rewards
 from dapo_core.problem import Problem
@@ -284,9 +284,11 @@ class DAPOTrainer:
                 samples.append(
                     Sample(g.prompt_ids + resp, len(g.prompt_ids), float(adv[k]), bool(keep[k]))
                 )
+        carrying = [len(s.input_ids) - s.prompt_len for s in samples if s.keep and s.advantage]
         stats = {
             "train/batch_acc_mean": acc.float().mean().item(),
             "train/adv_abs_mean": adv.abs().mean().item(),
+            "train/long_weight_share": long_weight_share(carrying, a.token_level_loss),
         }
         return samples, stats
 

@@ -1,0 +1,156 @@
+"""The ablation tables: per-variant scores and signals, and each rung against the one before.
+
+Input is one result per (variant, seed) run: its status, evaluation metrics, per-problem accuracy
+(``problem_id``, ``accuracy``), per-run signals (``dapo_core.ablation_stats.run_signals``), steps
+and wall times. Two tables come out, both in the paper's Table 1 order:
+
+- ``ablation_table``: one row per variant: avg@k over seeds with a bootstrap CI over problems, the
+  paired difference to the previous rung (over seeds and problems) and whether its 95% CI excludes
+  zero, the mean of every signal over seeds, and the paper's AIME 2024 number.
+- ``mechanism_table``: one row per rung after the first: the signal its switch should move, the
+  paired difference to the previous rung with its CI, and whether it moved in the paper's direction
+  distinguishably from zero.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dapo_core.ablation import ABLATION_LADDER, PAPER_TABLE1_AIME24
+from dapo_core.ablation_stats import MECHANISM_SIGNAL, SIGNALS, paired_bootstrap
+from dapo_core.metrics import bootstrap_ci
+
+SIGNAL_NAMES = [s.name for s in SIGNALS]
+TABLE_COLUMNS = [
+    "variant",
+    "seeds",
+    "avg_at_k",
+    "ci_low",
+    "ci_high",
+    "avg_at_k_seed_std",
+    "delta",
+    "delta_ci_low",
+    "delta_ci_high",
+    "distinguishable",
+    *SIGNAL_NAMES,
+    "steps",
+    "train_wall_s",
+    "eval_wall_s",
+    "paper_aime24",
+    "status",
+]
+MECHANISM_COLUMNS = [
+    "variant",
+    "signal",
+    "paper_direction",
+    "previous",
+    "value",
+    "delta",
+    "ci_low",
+    "ci_high",
+    "distinguishable",
+    "as_paper",
+]
+
+
+def _ok(results: list[dict[str, Any]], variant: str) -> dict[int, dict[str, Any]]:
+    return {r["seed"]: r for r in results if r["variant"] == variant and r["status"] == "ok"}
+
+
+def accuracy_matrix(runs: dict[int, dict[str, Any]], seeds: list[int]) -> pd.DataFrame:
+    """(seeds x problems) per-problem accuracy, problems aligned by id."""
+    return pd.DataFrame(
+        {s: runs[s]["per_problem"].set_index("problem_id")["accuracy"] for s in seeds}
+    ).T.sort_index(axis=1)
+
+
+def ablation_table(
+    results: list[dict[str, Any]], n_boot: int = 1000, seed: int = 0
+) -> pd.DataFrame:
+    """One row per variant that has results, in Table 1 order (see the module docstring)."""
+    rows, previous = [], None
+    for variant in ABLATION_LADDER:
+        mine = [r for r in results if r["variant"] == variant]
+        if not mine:
+            continue
+        ok = _ok(results, variant)
+        row: dict[str, Any] = {
+            "variant": variant,
+            "seeds": ",".join(str(r["seed"]) for r in mine),
+            "paper_aime24": PAPER_TABLE1_AIME24[variant],
+            "status": "ok" if len(ok) == len(mine) else "; ".join(r["status"] for r in mine),
+        }
+        if ok:
+            seeds = sorted(ok)
+            acc = accuracy_matrix(ok, seeds)
+            avgs = [ok[s]["metrics"]["eval/avg_at_k"] for s in seeds]
+            # a bootstrap over problems of the seed-averaged per-problem accuracy
+            low, high = bootstrap_ci(acc.mean(axis=0).to_numpy(), n_boot, seed=seed)
+            row.update(
+                avg_at_k=float(np.mean(avgs)),
+                ci_low=low,
+                ci_high=high,
+                avg_at_k_seed_std=float(np.std(avgs, ddof=1)) if len(avgs) > 1 else float("nan"),
+                steps=int(np.mean([ok[s]["steps"] for s in seeds])),
+                train_wall_s=float(np.mean([ok[s]["train_wall_s"] for s in seeds])),
+                eval_wall_s=float(np.mean([ok[s]["eval_wall_s"] for s in seeds])),
+                **{
+                    n: float(np.nanmean([ok[s]["signals"][n] for s in seeds])) for n in SIGNAL_NAMES
+                },
+            )
+            if previous is not None:
+                common = sorted(set(ok) & set(previous))
+                if common:
+                    d = accuracy_matrix(ok, common) - accuracy_matrix(previous, common)
+                    p = paired_bootstrap(d.to_numpy(), n_boot, seed=seed)
+                    row.update(
+                        delta=p.diff,
+                        delta_ci_low=p.low,
+                        delta_ci_high=p.high,
+                        distinguishable=p.distinguishable,
+                    )
+        rows.append(row)
+        previous = ok or None
+    return pd.DataFrame(rows, columns=TABLE_COLUMNS)
+
+
+def mechanism_table(
+    results: list[dict[str, Any]], n_boot: int = 1000, seed: int = 0
+) -> pd.DataFrame:
+    """Each rung's own signal against the previous rung's, paired by seed."""
+    rows = []
+    rungs = [v for v in ABLATION_LADDER if _ok(results, v)]
+    for before, variant in zip(rungs, rungs[1:], strict=False):
+        if list(ABLATION_LADDER).index(variant) != list(ABLATION_LADDER).index(before) + 1:
+            continue  # not adjacent rungs: more than one switch differs
+        name, direction = MECHANISM_SIGNAL[variant]
+        now, prev = _ok(results, variant), _ok(results, before)
+        common = sorted(set(now) & set(prev))
+        x = np.array([now[s]["signals"][name] for s in common])
+        y = np.array([prev[s]["signals"][name] for s in common])
+        p = paired_bootstrap((x - y)[:, None], n_boot, seed=seed)
+        as_paper = (
+            "n/a"
+            if direction == 0
+            else "yes"
+            if p.distinguishable and np.sign(p.diff) == direction
+            else "no"
+        )
+        rows.append(
+            {
+                "variant": variant,
+                "signal": name,
+                "paper_direction": {1: "up", -1: "down", 0: "none claimed"}[direction],
+                "previous": float(np.mean(y)),
+                "value": float(np.mean(x)),
+                "delta": p.diff,
+                "ci_low": p.low,
+                "ci_high": p.high,
+                "distinguishable": p.distinguishable,
+                "as_paper": as_paper,
+            }
+        )
+    return pd.DataFrame(rows, columns=MECHANISM_COLUMNS)

@@ -410,8 +410,6 @@ def _orchestration_env() -> None:
     embedded Prefect server to start on a busy machine, and a Prefect home of this project's own
     (``.prefect/``: its flow runs, not every clone's in ``~/.prefect``). Set before Prefect is
     imported; a value already in the environment wins."""
-    import os
-
     from tasks.params import REPO_ROOT
 
     for key, value in {
@@ -421,6 +419,7 @@ def _orchestration_env() -> None:
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "DVC_NO_ANALYTICS": "1",
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     }.items():
         os.environ.setdefault(key, value)
     from tasks.orchestration import quiet_user_error_tracebacks
@@ -549,9 +548,8 @@ def ablate(
         table = ablate_flow(**args, pool=pool, progress=False)
     elif n > 1:
         from flows.cluster import LOCAL_POOL, local_cluster
-        from tasks.params import repo_path
 
-        logs = repo_path(".prefect") / "logs"
+        logs = Path(os.environ["PREFECT_HOME"]) / "logs"
         console.print(f"ablate: {runs} runs on {n} local workers (logs in {logs})")
         with local_cluster(n, logs) as url:
             console.print(f"ablate: flow runs at {url.removesuffix('/api')} while the sweep runs")
@@ -712,8 +710,6 @@ def reproduce(
     Warns when the run's data version (the dvc.lock md5) or git commit differ from this
     checkout's; `--check-only` compares and exits 1 on a difference."""
     _orchestration_env()
-    import os
-
     from flows.reproduce import original_avg, reproduce_run
 
     if tracking_uri:

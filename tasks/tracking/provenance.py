@@ -12,6 +12,7 @@ from typing import Any
 from dapo_core.ablation import ABLATION_LADDER, ABLATION_SWITCHES
 from dapo_core.config import Config
 from tasks.data.version import data_version
+from tasks.models.resolve import model_md5
 from tasks.params import REPO_ROOT
 
 
@@ -76,6 +77,9 @@ def run_tags(cfg: Config, kind: str, variant: str | None = None, **extra: Any) -
         "seed": str(cfg.train.seed),
         "dapo.flow": kind,
     }
+    md5 = model_md5(cfg)
+    if md5:
+        tags["model.md5"] = md5
     flow_run_id = prefect_flow_run_id()
     if flow_run_id:
         tags["prefect.flow_run_id"] = flow_run_id

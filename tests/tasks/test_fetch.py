@@ -184,3 +184,31 @@ def test_smollm2_fetches_loads_and_samples(tmp_path):
     result = run_training(cfg, RunDir(tmp_path / "run"), progress=False)
     assert result.steps == 1 and (tmp_path / "run" / "final" / "config.json").exists()
     assert result.history[-1]["train/response_len_mean"] > 0
+
+
+def test_a_fetched_model_inside_a_dvc_repo_is_tracked_and_runs_record_its_md5(
+    tiny_cfg, tmp_path, monkeypatch
+):
+    import subprocess
+    import sys
+
+    from dapo_core.config_loader import resolve
+    from tasks.data.version import dvc_add, tracked_md5
+    from tasks.models import resolve as resolve_mod
+    from tasks.tracking.provenance import run_tags
+
+    repo = tmp_path / "repo"
+    (repo / "data" / "models" / "smollm2-135m-instruct").mkdir(parents=True)
+    model = repo / "data" / "models" / "smollm2-135m-instruct"
+    (model / "weights.bin").write_bytes(b"\x00" * 64)
+    assert dvc_add(model, repo) is None  # not a DVC repository: not tracked, no error
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=repo, check=True)
+    assert dvc_add(tmp_path, repo) is None  # outside the repository
+    md5 = dvc_add(model, repo)
+    assert md5 and md5.endswith(".dir") and tracked_md5(model) == md5
+    assert (model.parent / "smollm2-135m-instruct.dvc").exists()
+    monkeypatch.setattr(fetch, "MODELS_DIR", str(repo / "data" / "models"))
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["model.name_or_path=smollm2-135m-instruct"])
+    assert resolve_mod.model_md5(cfg) == md5 and run_tags(cfg, "train")["model.md5"] == md5
+    assert "model.md5" not in run_tags(tiny_cfg, "train")  # the embedded model: its build record

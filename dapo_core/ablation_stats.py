@@ -49,18 +49,25 @@ SIGNALS: tuple[Signal, ...] = (
 )
 """Every per-run signal the ablation table reports (the ``train/*`` metric each reads)."""
 
-MECHANISM_SIGNAL: dict[str, tuple[str, int]] = {
-    "+overlong_filtering": ("truncated_frac", 0),
-    "+clip_higher": ("entropy", +1),
-    "+overlong_shaping": ("truncated_frac", -1),
-    "+token_level_loss": ("long_weight_share", +1),
-    "+dynamic_sampling": ("train_acc", +1),
+MECHANISM_SIGNALS: dict[str, tuple[tuple[str, int], ...]] = {
+    "+overlong_filtering": (("truncated_frac", 0),),
+    "+clip_higher": (("entropy", +1), ("clip_frac_high", -1)),
+    "+overlong_shaping": (("truncated_frac", -1), ("response_len", -1)),
+    "+token_level_loss": (("long_weight_share", +1), ("len_growth", +1)),
+    "+dynamic_sampling": (("train_acc", +1), ("samples_per_step", +1)),
 }
-"""Rung -> (the signal its switch should move, the paper's direction: +1 up, -1 down, 0 none
-claimed). Overlong filtering stops punishing truncated responses: the paper claims stability, not
-a direction of the truncated share, so its row is reported without a direction. Dynamic sampling
-only trains on mixed groups, so each step's update carries more signal: at the same step, training
-accuracy (over every response generated) should be higher (section 3.2, Fig. 6)."""
+"""Rung -> the signals its switch should move, each with the paper's direction (+1 up, -1 down,
+0 none claimed), the first the headline one:
+
+- overlong filtering stops punishing truncated responses (3.4): the paper claims stability, not a
+  direction of the truncated share, so it is reported without one;
+- clip-higher (3.1) keeps entropy up by letting low-probability tokens grow; mechanically, fewer
+  tokens reach the raised upper clip;
+- overlong shaping (3.4) penalises the buffer before the limit: fewer truncated, shorter responses;
+- token-level loss (3.3) weighs long responses by their tokens, and the paper reports healthier
+  length growth under it (Fig. 4);
+- dynamic sampling (3.2) trains only on mixed groups, so at the same step training accuracy (over
+  every response generated) is higher, for more responses generated per step (Fig. 6)."""
 
 
 def run_signals(history: Sequence[Mapping[str, float]]) -> dict[str, float]:

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from dapo_core.ablation import ABLATION_LADDER, PAPER_TABLE1_AIME24
-from dapo_core.ablation_stats import MECHANISM_SIGNAL, SIGNALS, paired_bootstrap
+from dapo_core.ablation_stats import MECHANISM_SIGNALS, SIGNALS, paired_bootstrap
 from dapo_core.metrics import bootstrap_ci
 
 SIGNAL_NAMES = [s.name for s in SIGNALS]
@@ -79,7 +79,7 @@ def ablation_table(
         ok = _ok(results, variant)
         row: dict[str, Any] = {
             "variant": variant,
-            "seeds": ",".join(str(r["seed"]) for r in mine),
+            "seeds": ",".join(str(r["seed"]) for r in sorted(mine, key=lambda r: r["seed"])),
             "paper_aime24": PAPER_TABLE1_AIME24[variant],
             "status": "ok" if len(ok) == len(mine) else "; ".join(r["status"] for r in mine),
         }
@@ -120,37 +120,33 @@ def ablation_table(
 def mechanism_table(
     results: list[dict[str, Any]], n_boot: int = 1000, seed: int = 0
 ) -> pd.DataFrame:
-    """Each rung's own signal against the previous rung's, paired by seed."""
+    """Each rung's own signals against the previous rung's, paired by seed."""
     rows = []
     rungs = [v for v in ABLATION_LADDER if _ok(results, v)]
     for before, variant in zip(rungs, rungs[1:], strict=False):
         if list(ABLATION_LADDER).index(variant) != list(ABLATION_LADDER).index(before) + 1:
             continue  # not adjacent rungs: more than one switch differs
-        name, direction = MECHANISM_SIGNAL[variant]
         now, prev = _ok(results, variant), _ok(results, before)
         common = sorted(set(now) & set(prev))
-        x = np.array([now[s]["signals"][name] for s in common])
-        y = np.array([prev[s]["signals"][name] for s in common])
-        p = paired_bootstrap((x - y)[:, None], n_boot, seed=seed)
-        as_paper = (
-            "n/a"
-            if direction == 0
-            else "yes"
-            if p.distinguishable and np.sign(p.diff) == direction
-            else "no"
-        )
-        rows.append(
-            {
-                "variant": variant,
-                "signal": name,
-                "paper_direction": {1: "up", -1: "down", 0: "none claimed"}[direction],
-                "previous": float(np.mean(y)),
-                "value": float(np.mean(x)),
-                "delta": p.diff,
-                "ci_low": p.low,
-                "ci_high": p.high,
-                "distinguishable": p.distinguishable,
-                "as_paper": as_paper,
-            }
-        )
+        for name, direction in MECHANISM_SIGNALS[variant]:
+            rows.append(_paired_signal(variant, name, direction, now, prev, common, n_boot, seed))
     return pd.DataFrame(rows, columns=MECHANISM_COLUMNS)
+
+
+def _paired_signal(variant, name, direction, now, prev, common, n_boot, seed) -> dict[str, Any]:
+    x = np.array([now[s]["signals"][name] for s in common])
+    y = np.array([prev[s]["signals"][name] for s in common])
+    p = paired_bootstrap((x - y)[:, None], n_boot, seed=seed)
+    moved = p.distinguishable and np.sign(p.diff) == direction
+    return {
+        "variant": variant,
+        "signal": name,
+        "paper_direction": {1: "up", -1: "down", 0: "none claimed"}[direction],
+        "previous": float(np.mean(y)),
+        "value": float(np.mean(x)),
+        "delta": p.diff,
+        "ci_low": p.low,
+        "ci_high": p.high,
+        "distinguishable": p.distinguishable,
+        "as_paper": "n/a" if direction == 0 else "yes" if moved else "no",
+    }

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dapo_core.ablation import ABLATION_LADDER
-from dapo_core.ablation_stats import MECHANISM_SIGNAL, SIGNALS, paired_bootstrap, run_signals
+from dapo_core.ablation_stats import MECHANISM_SIGNALS, SIGNALS, paired_bootstrap, run_signals
 from dapo_core.loss import long_weight_share
 
 
@@ -42,8 +42,9 @@ def test_run_signals_windows_by_hand():
 
 
 def test_every_rung_after_grpo_has_a_signal():
-    assert set(MECHANISM_SIGNAL) == set(list(ABLATION_LADDER)[1:])
-    assert {name for name, _ in MECHANISM_SIGNAL.values()} <= {s.name for s in SIGNALS}
+    assert set(MECHANISM_SIGNALS) == set(list(ABLATION_LADDER)[1:])
+    named = {name for signals in MECHANISM_SIGNALS.values() for name, _ in signals}
+    assert named <= {s.name for s in SIGNALS}
 
 
 def test_paired_bootstrap_constant_difference_is_exact():

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from dapo_core.ablation import ABLATION_LADDER, PAPER_TABLE1_AIME24
-from dapo_core.ablation_stats import MECHANISM_SIGNAL
+from dapo_core.ablation_stats import MECHANISM_SIGNALS
 from dapo_core.config import ConfigError
 from dapo_core.config_loader import resolve
 from flows.ablate import ordered_variants
@@ -79,9 +79,10 @@ def test_mechanism_table_pairs_each_switch_with_its_signal():
             _result("+overlong_shaping", s, acc, truncated_frac=0.1 * (s % 2)),  # 0 or 0.1
         )
     ]
-    table = mechanism_table(results, n_boot=300)
-    clip, shaping = (table.iloc[i] for i in range(2))
-    assert list(table["variant"]) == ["+clip_higher", "+overlong_shaping"]  # no grpo: no pair
+    table = mechanism_table(results, n_boot=300).set_index(["variant", "signal"], drop=False)
+    assert list(table["variant"]) == ["+clip_higher"] * 2 + ["+overlong_shaping"] * 2  # no grpo
+    clip = table.loc[("+clip_higher", "entropy")]
+    shaping = table.loc[("+overlong_shaping", "truncated_frac")]
     assert clip["signal"] == "entropy" and clip["paper_direction"] == "up"
     assert clip["delta"] == pytest.approx(0.05) and clip["ci_low"] == pytest.approx(0.05)
     assert clip["distinguishable"] and clip["as_paper"] == "yes"
@@ -128,9 +129,11 @@ def test_ablate_flow_parent_with_six_children(flows_env, flow_cfg, tmp_path):
     assert {"ablation/table.csv", "ablation/table.md", "ablation/table.png"} <= arts
     assert {"ablation/table.json", "ablation/mechanisms.csv", "ablation/mechanisms.json"} <= arts
     mechanisms = table.attrs["mechanisms"]  # one row per rung after grpo, its own signal
-    assert list(mechanisms["variant"]) == list(ABLATION_LADDER)[1:]
-    assert list(mechanisms["signal"]) == [s for s, _ in MECHANISM_SIGNAL.values()]
-    token_level = mechanisms.set_index("variant").loc["+token_level_loss"]
+    expected = [(v, s) for v, signals in MECHANISM_SIGNALS.items() for s, _ in signals]
+    assert list(zip(mechanisms["variant"], mechanisms["signal"], strict=True)) == expected
+    token_level = mechanisms.set_index(["variant", "signal"]).loc[
+        ("+token_level_loss", "long_weight_share")
+    ]
     assert token_level["value"] >= token_level["previous"]  # weight moves to long responses
     csv = store.read_artifact_text(parent["run_id"], "ablation/table.csv")
     logged = pd.read_csv(io.StringIO(csv))
@@ -201,3 +204,33 @@ def test_two_local_workers_consume_one_pool(flow_cfg, tmp_path):
         pass
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(tmp_path) not in ps and "--pool dapo-local" not in ps
+
+
+def test_a_failed_child_is_reported_and_the_others_still_run(tiny_cfg, monkeypatch):
+    from dapo_core.errors import TrainingInterrupted
+    from flows import ablate
+
+    ran = []
+
+    def fake_child(config, variant, seed, *args):
+        ran.append((variant, seed))
+        if variant == "+clip_higher":
+            raise OSError("disk full")
+
+    monkeypatch.setattr(ablate, "ablate_run_flow", fake_child)
+    children = [
+        ablate.Child(v, s, tiny_cfg, f"/x/{v}/{s}") for v in ABLATION_LADDER for s in (0, 1)
+    ]
+    statuses = {
+        (c.variant, c.seed): st for c, st in ablate._in_process(children, "p", None, False, None)
+    }
+    assert len(ran) == 12 and len(statuses) == 12  # every child ran, failed or not
+    assert statuses[("+clip_higher", 1)] == "failed: OSError: disk full"
+    assert all(st == "ok" for (v, _), st in statuses.items() if v != "+clip_higher")
+
+    def interrupted(config, variant, seed, *args):
+        raise TrainingInterrupted("stopped at step 3")
+
+    monkeypatch.setattr(ablate, "ablate_run_flow", interrupted)
+    with pytest.raises(TrainingInterrupted):  # Ctrl-C stops the sweep, not just one child
+        list(ablate._in_process(children, "p", None, False, None))

@@ -118,21 +118,24 @@ def ablation_chart(table: Any, mechanisms: Any = None, paper_scale: float = 100.
     own signal against the rung before: the change in percent of the previous rung's value, with
     its 95% CI, so that signals in different units share one axis."""
     panels = 3 if mechanisms is not None and len(mechanisms) else 2
-    fig = Figure(figsize=(5 * panels, 4), dpi=100)
-    ours_ax, paper_ax, *rest = fig.subplots(1, panels)
+    fig = Figure(figsize=(6 * panels, 4.5), dpi=100)
+    ours_ax, paper_ax, *rest = fig.subplots(
+        1, panels, gridspec_kw={"width_ratios": [1, 1, 1.5][:panels]}
+    )
     xs = list(range(len(table)))
     ours = [float(v) * 100 for v in table["avg_at_k"]]
     lo = [max(0.0, o - float(v) * 100) for o, v in zip(ours, table["ci_low"], strict=True)]
     hi = [max(0.0, float(v) * 100 - o) for o, v in zip(ours, table["ci_high"], strict=True)]
-    ours_ax.bar(xs, ours, 0.6, yerr=[lo, hi], capsize=3, color="tab:blue")
+    # points, not bars: the axis is zoomed to the scores, and a bar from a cut axis misleads
+    ours_ax.errorbar(xs, ours, yerr=[lo, hi], fmt="o", capsize=3, color="tab:blue")
     ours_ax.set_title("this sweep: avg@k on its eval set (95% CI)", fontsize=9)
     paper = [float(v) / paper_scale * 100 for v in table["paper_aime24"]]
     paper_ax.bar(xs, paper, 0.6, color="tab:gray")
+    paper_ax.set_ylim(0, 100)
     paper_ax.set_title("paper: AIME 2024 avg@32, Qwen2.5-32B (Table 1)", fontsize=9)
     for ax in (ours_ax, paper_ax):
         ax.set_xticks(xs, list(table["variant"]), rotation=25, ha="right", fontsize=8)
         ax.set_ylabel("accuracy (%)")
-        ax.set_ylim(0, 100)
         ax.grid(axis="y", alpha=0.3)
     if rest:
         _mechanism_panel(rest[0], mechanisms)
@@ -152,7 +155,7 @@ def _mechanism_panel(ax: Any, mechanisms: Any) -> None:
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(ys, [f"{r['variant']}: {r['signal']} ({r['paper_direction']})" for r in rows])
     ax.tick_params(axis="y", labelsize=7)
-    ax.set_xlabel("change vs the rung before (% of its value, 95% CI)")
+    ax.set_xlabel("change vs the rung before, % of its value (95% CI)")
     ax.set_title("each switch's own signal (green: as the paper says)", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
 

@@ -155,18 +155,15 @@ def ablate_flow(
     run = _on_pool if pool else _in_process
     try:
         for child, status in run(children, parent.run_id, eval_set, progress, pool):
-            res = {"variant": child.variant, "seed": child.seed, "status": status}
-            if status == "ok":
-                res.update(gather(cfg, parent.run_id, child))
-                parent.log_metrics(
-                    {f"avg_at_k/{slug(child.variant)}/seed{child.seed}": res["avg_at_k"]}, 0
-                )
+            res = _result(cfg, parent.run_id, child, status)
             results.append(res)
             done = f"{len(results)}/{len(children)}"
-            if status == "ok":
+            if res["status"] == "ok":
+                key = f"avg_at_k/{slug(child.variant)}/seed{child.seed}"
+                parent.log_metrics({key: res["avg_at_k"]}, 0)
                 log.info("ablate: %s %s: avg@k %.4f", done, child.label, res["avg_at_k"])
             else:
-                log.error("ablate: %s %s failed: %s", done, child.label, status)
+                log.error("ablate: %s %s %s", done, child.label, res["status"])
     except (KeyboardInterrupt, TrainingInterrupted):  # Ctrl-C stops the sweep
         parent.end("KILLED")
         raise
@@ -180,6 +177,17 @@ def ablate_flow(
     if failed:
         raise PipelineError(f"ablation variants failed: {', '.join(failed)} (see the table)")
     return table
+
+
+def _result(cfg: Config, parent_id: str | None, child: Child, status: str) -> dict[str, Any]:
+    """One row of results: the child's gathered results, or its failure."""
+    res: dict[str, Any] = {"variant": child.variant, "seed": child.seed, "status": status}
+    if status == "ok":
+        try:
+            res.update(gather(cfg, parent_id, child))
+        except Exception as e:  # noqa: BLE001 - a child we cannot read is a failed row
+            res["status"] = f"failed: could not read its results: {e}"[:300]
+    return res
 
 
 def _child_config(cfg: Config, variant: str, seed: int) -> Config:
@@ -213,6 +221,7 @@ def _on_pool(children: list[Child], parent_id, eval_set, progress, pool):
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.deployments.runner import EntrypointType
+    from prefect.exceptions import ObjectNotFound
     from prefect.states import Cancelling
 
     deployment = ablate_run_flow.to_deployment(
@@ -221,7 +230,16 @@ def _on_pool(children: list[Child], parent_id, eval_set, progress, pool):
         tags=["dapo", "ablate"],
         description="One (variant, seed) of an ablation sweep: train, then evaluate.",
     )
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(pool)
+        except ObjectNotFound:
+            raise ConfigError(
+                f"no work pool named {pool!r} on this Prefect server; create it with "
+                f"`prefect work-pool create {pool} --type process` and start workers on it"
+            ) from None
     deployment.apply(work_pool_name=pool)
+    run_logger().info("ablate: %d runs submitted to work pool %r", len(children), pool)
 
     def submit(c: Child) -> Any:
         return run_deployment(

@@ -5,7 +5,7 @@ import pytest
 from dapo_core.ablation import ABLATION_LADDER, ABLATION_SWITCHES, apply_variant
 from dapo_core.config import ConfigError
 from dapo_core.config_loader import from_dict, parse_override, resolve
-from tasks.params import DEFAULT_PARAMS, load_params, read_yaml
+from tasks.params import DEFAULT_PARAMS, REPO_ROOT, load_params, read_yaml
 
 
 @pytest.fixture(scope="module")
@@ -138,3 +138,33 @@ def test_ladder_is_cumulative_and_ends_at_full_dapo(base):
     assert dataclasses.replace(full, algo=cfg.algo).train == cfg.train  # only algo changes
     with pytest.raises(ConfigError, match="unknown variant"):
         apply_variant(cfg, "dapo++")
+
+
+@pytest.mark.parametrize("preset", sorted(p.name for p in (REPO_ROOT / "configs").glob("*.yaml")))
+def test_every_preset_resolves_and_its_overlong_buffer_fits(preset):
+    cfg = load_params(overlays=[f"configs/{preset}"])
+    assert 0 <= cfg.algo.cache_len < cfg.rollout.max_response_len  # Eq. 13 needs a buffer < L_max
+
+
+def test_the_chain_preset_puts_long_chains_in_the_buffer():
+    """configs/chain.yaml: the longest chains' reference solutions reach the soft-punishment
+    buffer on average, the shortest stay far from it. Tokens are counted from below: under the
+    Qwen2 pre-tokenizer every digit, "+", "=" and newline is a token of its own, and the answer
+    line is at least "Answer", ":" and its digits."""
+    import re
+
+    import numpy as np
+
+    from dapo_core.synthetic import operands, solution
+    from tasks.data.sources import synthetic_problems
+
+    def min_tokens(p):
+        return len(re.findall(r"[0-9+=\n]", solution(p))) + 2
+
+    cfg = load_params(overlays=["configs/chain.yaml"])
+    train, _ = synthetic_problems(cfg)
+    buffer_start = cfg.rollout.max_response_len - cfg.algo.cache_len
+    longest = [min_tokens(p) for p in train if len(operands(p)) == cfg.synthetic.num_terms]
+    assert np.mean(longest) > buffer_start
+    shortest = [min_tokens(p) for p in train if len(operands(p)) == 2]
+    assert max(shortest) < buffer_start / 2

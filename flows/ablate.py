@@ -335,12 +335,14 @@ def log_tables(parent: Any, results: list[dict[str, Any]], cfg: Config, root) ->
         parent.log_metrics({f"avg_at_k/{slug(row['variant'])}": row["avg_at_k"]}, 0)
     figure = ablation_chart(table[table["status"] == "ok"], mechanisms)
     root.mkdir(parents=True, exist_ok=True)
-    for frame, stem in ((table, "ablation"), (mechanisms, "mechanisms")):
-        frame.to_csv(root / f"{stem}.csv", index=False)
-        (root / f"{stem}.md").write_text(markdown_table(frame))
-        parent.log_table(frame.to_dict("records"), f"ablation/{stem}.json")  # a table in the UI
-        parent.log_frame(frame, f"ablation/{stem}.csv")
-        parent.log_frame(frame, f"ablation/{stem}.md")
+    # (frame, its file name in the sweep's directory, in the parent run's ablation/ artifacts)
+    outputs = ((table, "ablation", "table"), (mechanisms, "mechanisms", "mechanisms"))
+    for frame, local, logged in outputs:
+        frame.to_csv(root / f"{local}.csv", index=False)
+        (root / f"{local}.md").write_text(markdown_table(frame))
+        parent.log_table(frame.to_dict("records"), f"ablation/{logged}.json")  # a UI table
+        parent.log_frame(frame, f"ablation/{logged}.csv")
+        parent.log_frame(frame, f"ablation/{logged}.md")
     save_figures({"ablation.png": figure}, root)
     parent.log_figure(figure, "ablation/table.png")
     table.attrs["mechanisms"] = mechanisms  # for the command's report

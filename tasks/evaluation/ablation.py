@@ -60,6 +60,12 @@ def _ok(results: list[dict[str, Any]], variant: str) -> dict[int, dict[str, Any]
     return {r["seed"]: r for r in results if r["variant"] == variant and r["status"] == "ok"}
 
 
+def _mean_of_logged(values: list[float]) -> float:
+    """Mean over the runs that logged a signal (NaN, quietly, when none did)."""
+    logged = [v for v in values if not np.isnan(v)]
+    return float(np.mean(logged)) if logged else float("nan")
+
+
 def accuracy_matrix(runs: dict[int, dict[str, Any]], seeds: list[int]) -> pd.DataFrame:
     """(seeds x problems) per-problem accuracy, problems aligned by id."""
     return pd.DataFrame(
@@ -97,9 +103,7 @@ def ablation_table(
                 steps=int(np.mean([ok[s]["steps"] for s in seeds])),
                 train_wall_s=float(np.mean([ok[s]["train_wall_s"] for s in seeds])),
                 eval_wall_s=float(np.mean([ok[s]["eval_wall_s"] for s in seeds])),
-                **{
-                    n: float(np.nanmean([ok[s]["signals"][n] for s in seeds])) for n in SIGNAL_NAMES
-                },
+                **{n: _mean_of_logged([ok[s]["signals"][n] for s in seeds]) for n in SIGNAL_NAMES},
             )
             if previous is not None:
                 common = sorted(set(ok) & set(previous))

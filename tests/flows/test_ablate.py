@@ -234,3 +234,61 @@ def test_a_failed_child_is_reported_and_the_others_still_run(tiny_cfg, monkeypat
     monkeypatch.setattr(ablate, "ablate_run_flow", interrupted)
     with pytest.raises(TrainingInterrupted):  # Ctrl-C stops the sweep, not just one child
         list(ablate._in_process(children, "p", None, False, None))
+
+
+def test_on_a_pool_a_crashed_child_is_submitted_once_more(tiny_cfg, monkeypatch):
+    """The parent's polling loop with Prefect faked: a child that crashes once is resubmitted
+    (it resumes from its checkpoint) and succeeds; one that fails twice is a failed row."""
+    import types
+
+    import prefect.client.orchestration
+    import prefect.deployments
+
+    from flows import ablate
+
+    outcomes = {"grpo seed0": ["Crashed", "Completed"], "grpo seed1": ["Failed", "Failed"]}
+    outcomes["+overlong_filtering seed0"] = ["Completed"]
+    submitted = []
+
+    def fake_run_deployment(name, parameters, flow_run_name, **kwargs):
+        submitted.append(flow_run_name)
+        return types.SimpleNamespace(id=f"{flow_run_name}#{submitted.count(flow_run_name)}")
+
+    class State:
+        def __init__(self, name):
+            self.name, self.message = name, "boom" if name != "Completed" else None
+
+        def is_final(self):
+            return True
+
+        def is_completed(self):
+            return self.name == "Completed"
+
+    class Client:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read_work_pool(self, pool):
+            return pool
+
+        def read_flow_run(self, run_id):
+            label, attempt = run_id.split("#")
+            return types.SimpleNamespace(state=State(outcomes[label][int(attempt) - 1]))
+
+    deployment = types.SimpleNamespace(apply=lambda work_pool_name: None)
+    flow = types.SimpleNamespace(to_deployment=lambda **kw: deployment)
+    monkeypatch.setattr(ablate, "ablate_run_flow", flow)
+    monkeypatch.setattr(prefect.deployments, "run_deployment", fake_run_deployment)
+    monkeypatch.setattr(prefect.client.orchestration, "get_client", lambda **kw: Client())
+    monkeypatch.setattr(ablate, "POLL_S", 0.0)
+    children = [
+        ablate.Child(v, s, tiny_cfg, "/x")
+        for v, s in (("grpo", 0), ("grpo", 1), ("+overlong_filtering", 0))
+    ]
+    statuses = {c.label: st for c, st in ablate._on_pool(children, "p", None, False, "pool")}
+    assert statuses["grpo seed0"] == "ok" and statuses["+overlong_filtering seed0"] == "ok"
+    assert statuses["grpo seed1"] == "failed: Failed: boom"
+    assert sorted(submitted) == sorted([*outcomes] + ["grpo seed0", "grpo seed1"])  # 2 resubmits

@@ -119,6 +119,8 @@ def paired_bootstrap(
         d = d[:, None]
     if d.size == 0:
         return Paired(float("nan"), float("nan"), float("nan"))
+    if d.size == 1:  # one pair: no spread to resample, so no interval (and never distinguishable)
+        return Paired(float(d.mean()), float("nan"), float("nan"))
     rng = np.random.default_rng(seed)
     S, P = d.shape
     si = rng.integers(0, S, size=(n_boot, S))  # resampled seeds

@@ -66,5 +66,7 @@ def report_ablation(table: Any) -> None:
 
 
 def _paired(delta: float, low: float, high: float, distinguishable: bool) -> str:
+    if pd.isna(low):
+        return f"{delta:+.3g} (one seed: no CI)"
     mark = "" if distinguishable else " ~0"
     return f"{delta:+.3g} [{low:+.3g}, {high:+.3g}]{mark}"

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from dapo_core.ablation import ABLATION_LADDER, PAPER_TABLE1_AIME24
-from dapo_core.ablation_stats import MECHANISM_SIGNALS, SIGNALS, paired_bootstrap
+from dapo_core.ablation_stats import MECHANISM_SIGNALS, SIGNALS, Paired, paired_bootstrap
 from dapo_core.metrics import bootstrap_ci
 
 SIGNAL_NAMES = [s.name for s in SIGNALS]
@@ -141,7 +141,6 @@ def _paired_signal(variant, name, direction, now, prev, common, n_boot, seed) ->
     x = np.array([now[s]["signals"][name] for s in common])
     y = np.array([prev[s]["signals"][name] for s in common])
     p = paired_bootstrap((x - y)[:, None], n_boot, seed=seed)
-    moved = p.distinguishable and np.sign(p.diff) == direction
     return {
         "variant": variant,
         "signal": name,
@@ -152,5 +151,14 @@ def _paired_signal(variant, name, direction, now, prev, common, n_boot, seed) ->
         "ci_low": p.low,
         "ci_high": p.high,
         "distinguishable": p.distinguishable,
-        "as_paper": "n/a" if direction == 0 else "yes" if moved else "no",
+        "as_paper": _verdict(direction, p),
     }
+
+
+def _verdict(direction: int, p: Paired) -> str:
+    """Whether a signal moved as the paper says: distinguishably, in its direction."""
+    if direction == 0:
+        return "n/a"
+    if np.isnan(p.low):
+        return "needs 2+ seeds"
+    return "yes" if p.distinguishable and np.sign(p.diff) == direction else "no"

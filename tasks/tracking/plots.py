@@ -9,6 +9,7 @@ state, safe in Prefect's worker threads); the caller saves or logs them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -151,7 +152,8 @@ def _mechanism_panel(ax: Any, mechanisms: Any) -> None:
         base = abs(r["previous"]) or 1.0
         d, low, high = (100 * r[k] / base for k in ("delta", "ci_low", "ci_high"))
         color = "tab:green" if r["as_paper"] == "yes" else "tab:gray"
-        ax.errorbar(d, y, xerr=[[d - low], [high - d]], fmt="o", color=color, capsize=3)
+        xerr = None if math.isnan(low) else [[d - low], [high - d]]  # one seed: no interval
+        ax.errorbar(d, y, xerr=xerr, fmt="o", color=color, capsize=3)
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(ys, [f"{r['variant']}: {r['signal']} ({r['paper_direction']})" for r in rows])
     ax.tick_params(axis="y", labelsize=7)

@@ -70,3 +70,9 @@ def test_paired_bootstrap_resamples_seeds_too():
     assert p.low < 0 < p.high
     one_seed = paired_bootstrap(d[:1], n_boot=200)
     assert one_seed.low == one_seed.high == 1.0
+
+
+def test_one_pair_has_no_interval_and_is_never_distinguishable():
+    p = paired_bootstrap(np.array([[0.3]]), n_boot=100)
+    assert p.diff == pytest.approx(0.3) and math.isnan(p.low) and math.isnan(p.high)
+    assert not p.distinguishable

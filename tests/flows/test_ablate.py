@@ -89,6 +89,10 @@ def test_mechanism_table_pairs_each_switch_with_its_signal():
     assert shaping["signal"] == "truncated_frac" and shaping["paper_direction"] == "down"
     assert shaping["delta"] == pytest.approx(0.05)  # up, against the paper: never "yes"
     assert shaping["as_paper"] == "no"
+    one_seed = [r for r in results if r["seed"] == 0]  # a per-run signal over one seed: no CI
+    single = mechanism_table(one_seed, n_boot=100).set_index(["variant", "signal"])
+    assert single.loc[("+clip_higher", "entropy"), "as_paper"] == "needs 2+ seeds"
+    assert not single.loc[("+clip_higher", "entropy"), "distinguishable"]
 
 
 @pytest.mark.slow

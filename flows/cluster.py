@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
@@ -101,16 +102,15 @@ def _start(cmd: list[str], env: dict[str, str], log: Path, stack: ExitStack) -> 
 
 
 def wait_until_healthy(url: str, server: subprocess.Popen, log: Path) -> None:
-    import httpx
-
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
     while time.monotonic() < deadline:
         if server.poll() is not None:
             raise PipelineError(f"the local Prefect server exited at start; see {log}")
         try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:  # not listening yet (URLError, connection refused, timeout)
             pass
         time.sleep(0.5)
     raise PipelineError(

@@ -133,6 +133,8 @@ def ablate_flow(
     cfg = load_config(params, config, overrides)
     names = ordered_variants(variants)
     seeds = list(seeds) if seeds else [cfg.train.seed]
+    if pool:
+        check_pool(pool)  # before anything is written or tracked
     if curate:
         curate_task(cfg)
     name = run_name or default_run_name("ablate")
@@ -215,21 +217,11 @@ def _in_process(children: list[Child], parent_id, eval_set, progress, pool):
         yield child, "ok"
 
 
-def _on_pool(children: list[Child], parent_id, eval_set, progress, pool):
-    """Submit every child to ``pool`` as a run of the ``ablate-run`` deployment, then yield
-    (child, status) as each finishes, in whatever order. Ctrl-C cancels the runs not finished."""
+def check_pool(pool: str) -> None:
+    """A ConfigError that says what to do unless the Prefect server has a work pool ``pool``."""
     from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
-    from prefect.deployments.runner import EntrypointType
     from prefect.exceptions import ObjectNotFound
-    from prefect.states import Cancelling
 
-    deployment = ablate_run_flow.to_deployment(
-        name=CHILD_DEPLOYMENT,
-        entrypoint_type=EntrypointType.MODULE_PATH,
-        tags=["dapo", "ablate"],
-        description="One (variant, seed) of an ablation sweep: train, then evaluate.",
-    )
     with get_client(sync_client=True) as client:
         try:
             client.read_work_pool(pool)
@@ -238,6 +230,22 @@ def _on_pool(children: list[Child], parent_id, eval_set, progress, pool):
                 f"no work pool named {pool!r} on this Prefect server; create it with "
                 f"`prefect work-pool create {pool} --type process` and start workers on it"
             ) from None
+
+
+def _on_pool(children: list[Child], parent_id, eval_set, progress, pool):
+    """Submit every child to ``pool`` as a run of the ``ablate-run`` deployment, then yield
+    (child, status) as each finishes, in whatever order. Ctrl-C cancels the runs not finished."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.deployments.runner import EntrypointType
+    from prefect.states import Cancelling
+
+    deployment = ablate_run_flow.to_deployment(
+        name=CHILD_DEPLOYMENT,
+        entrypoint_type=EntrypointType.MODULE_PATH,
+        tags=["dapo", "ablate"],
+        description="One (variant, seed) of an ablation sweep: train, then evaluate.",
+    )
     deployment.apply(work_pool_name=pool)
     run_logger().info("ablate: %d runs submitted to work pool %r", len(children), pool)
 

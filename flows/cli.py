@@ -419,7 +419,6 @@ def _orchestration_env() -> None:
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "DVC_NO_ANALYTICS": "1",
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
-        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     }.items():
         os.environ.setdefault(key, value)
     from tasks.orchestration import quiet_user_error_tracebacks
@@ -540,7 +539,9 @@ def ablate(
     runs = len(names) * len(seed_list or [cfg.train.seed])
     n = min(workers or _default_workers(cfg.train.cpu_threads), runs)
     if pool:
-        if not _prefect_api_url():
+        from flows.schedule import api_url
+
+        if not api_url():
             raise ConfigError(
                 "--pool needs a Prefect server the workers share: set PREFECT_API_URL "
                 "(or use --workers N to start one here)"
@@ -567,12 +568,6 @@ def _default_workers(cpu_threads: int) -> int:
     if torch.cuda.is_available() or cpu_threads <= 0:  # 0: each run takes every core
         return 1
     return max(1, (os.cpu_count() or 1) // cpu_threads)
-
-
-def _prefect_api_url() -> str | None:
-    from flows.schedule import api_url
-
-    return api_url()
 
 
 @app.command("schedule")

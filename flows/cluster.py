@@ -22,7 +22,9 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from dapo_core.errors import PipelineError
 from tasks.tracking.store import stop_group
@@ -70,6 +72,7 @@ def local_cluster(workers: int, log_dir: Path, pool: str = LOCAL_POOL) -> Iterat
         wait_until_healthy(url, server, log_dir / "prefect-server.log")
         stack.enter_context(temporary_settings(updates={PREFECT_API_URL: url}))
         ensure_process_pool(pool)
+        started = datetime.now(timezone.utc)
         for i in range(workers):
             _start(
                 [
@@ -89,6 +92,7 @@ def local_cluster(workers: int, log_dir: Path, pool: str = LOCAL_POOL) -> Iterat
                 log_dir / f"worker-{i}.log",
                 stack,
             )
+        wait_for_workers(pool, workers, started, log_dir)  # so runs spread over all of them
         yield url
 
 
@@ -116,6 +120,26 @@ def wait_until_healthy(url: str, server: subprocess.Popen, log: Path) -> None:
     raise PipelineError(
         f"the local Prefect server did not answer within {SERVER_START_TIMEOUT_S:.0f}s; see {log}"
     )
+
+
+def wait_for_workers(pool: str, count: int, since: datetime, log_dir: Path) -> None:
+    """Block until ``count`` workers have polled ``pool`` since ``since`` (the server's database
+    may remember workers of earlier sweeps, under the same names)."""
+    from prefect.client.orchestration import get_client
+
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+
+    def fresh(worker: Any) -> bool:
+        return worker.last_heartbeat_time is not None and worker.last_heartbeat_time >= since
+
+    with get_client(sync_client=True) as client:
+        while sum(map(fresh, client.read_workers_for_work_pool(pool))) < count:
+            if time.monotonic() > deadline:
+                raise PipelineError(
+                    f"{count} local Prefect workers did not start within "
+                    f"{SERVER_START_TIMEOUT_S:.0f}s; see {log_dir}/worker-*.log"
+                )
+            time.sleep(0.5)
 
 
 def ensure_process_pool(pool: str) -> None:

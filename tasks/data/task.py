@@ -6,9 +6,6 @@ and reports the data version of the resulting ``dvc.lock``.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +14,7 @@ from dapo_core.config import Config
 from dapo_core.errors import PipelineError
 from tasks.orchestration import run_logger, stage_task
 from tasks.params import REPO_ROOT, load_params
-from tasks.data.version import data_version
+from tasks.data.version import data_version, run_dvc
 
 
 @stage_task("curate", retries=2, retry_delay_seconds=10)
@@ -56,11 +53,10 @@ def curate_task(cfg: Config, stages: list[str] | None = None, root: str | None =
             "curate: DVC stages read params.yaml, so this run's changes to data.* do not reach "
             "them; edit params.yaml or use `dvc exp run -S data.key=value` to curate differently."
         )
-    cmd = [sys.executable, "-m", "dvc", "repro", *(stages or [])]
-    log.info("curate: %s (in %s)", " ".join(cmd[2:]), root_path)
+    args = ["repro", *(stages or [])]
+    log.info("curate: dvc %s (in %s)", " ".join(args), root_path)
     t0 = time.perf_counter()
-    env = {"DVC_NO_ANALYTICS": "1", **os.environ}
-    out = subprocess.run(cmd, cwd=root_path, capture_output=True, text=True, env=env)
+    out = run_dvc(args, root_path)
     if out.returncode != 0:
         tail = (out.stderr or out.stdout).strip()[-2000:]
         raise PipelineError(f"`dvc repro` failed (exit {out.returncode}):\n{tail}")

@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterable
+from typing import Any
 from pathlib import Path
 
 import yaml
@@ -42,10 +43,17 @@ def dvc_outputs(lock: Path | None = None) -> dict[str, str]:
         return {}
     outs: dict[str, str] = {}
     for stage in (data.get("stages") or {}).values():
-        for out in (stage or {}).get("outs") or []:
-            if isinstance(out, dict) and "path" in out:
-                outs[str(out["path"])] = str(out.get("md5") or out.get("hash") or "")
+        outs.update(_out_md5s((stage or {}).get("outs")))
     return outs
+
+
+def _out_md5s(outs: Any) -> dict[str, str]:
+    """``{path: md5}`` of the ``outs:`` list of a stage in ``dvc.lock`` or of a ``.dvc`` file."""
+    return {
+        str(out["path"]): str(out.get("md5") or out.get("hash") or "")
+        for out in outs or []
+        if isinstance(out, dict) and "path" in out
+    }
 
 
 def data_version(lock: Path | None = None) -> str:
@@ -72,6 +80,13 @@ def pairs_digest(pairs: Iterable[tuple[str, str]]) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
+def run_dvc(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """``dvc <args>`` in ``cwd`` with this interpreter's DVC, analytics off; output captured."""
+    env = {"DVC_NO_ANALYTICS": "1", **os.environ}
+    cmd = [sys.executable, "-m", "dvc", *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
+
+
 def dvc_add(path: Path, root: Path = REPO_ROOT) -> str | None:
     """Track ``path`` (a directory under ``root``, e.g. a fetched model) with ``dvc add``: DVC
     caches it and writes ``<path>.dvc`` with its md5. Returns that md5; None (and a log line)
@@ -80,9 +95,7 @@ def dvc_add(path: Path, root: Path = REPO_ROOT) -> str | None:
     path, root = Path(path).resolve(), Path(root).resolve()
     if not (root / ".dvc").is_dir() or not path.is_relative_to(root):
         return None
-    env = {"DVC_NO_ANALYTICS": "1", **os.environ}
-    cmd = [sys.executable, "-m", "dvc", "add", "-q", str(path.relative_to(root))]
-    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env)
+    done = run_dvc(["add", "-q", str(path.relative_to(root))], root)
     if done.returncode != 0:
         log.warning("dvc add %s failed: %s", path, (done.stderr or done.stdout).strip()[-300:])
         return None
@@ -95,7 +108,7 @@ def tracked_md5(path: Path) -> str | None:
     if not dvc_file.exists():
         return None
     try:
-        outs = (yaml.safe_load(dvc_file.read_text()) or {}).get("outs") or []
+        outs = _out_md5s((yaml.safe_load(dvc_file.read_text()) or {}).get("outs"))
     except yaml.YAMLError:
         return None
-    return str(outs[0].get("md5")) if outs and isinstance(outs[0], dict) else None
+    return next(iter(outs.values()), None)

@@ -10,20 +10,30 @@ update (matmuls and attention, forward and backward; the optimizer and elementwi
 counted). As a check, the analytic estimate is printed (H hidden, V vocabulary, n layers, N
 non-embedding matmul weights):
 
-    6 N T + 6 H V R + 12 n H sum(q_len * kv_len) + 2 H V R_ckpt
+    6 N T + 6 H V R + 12 n H sum(q_len * kv_len) + 2 n H sum(q_len * kv_len) + 2 H V R_ckpt
 
 T: tokens fed to the decoder (each micro-batch's distinct prompt tokens, plus L - 1 per sample: the
 last response token predicts nothing and is not fed); R = P G L positions projected onto the
 vocabulary (only response positions are); the attention sum covers each sequence's full q x kv
-rectangle, as torch's counter does (it ignores causal masking); R_ckpt: head rows recomputed in
-backward (``dapo_core.logprobs`` checkpoints a micro-batch with more rows than one chunk). The
-causally masked half of the rectangle and the recompute are not model FLOPs in the strict (PaLM)
-sense (they would flatter MFU by about 11% at the CUDA default), so MFU is computed from model
+rectangle, as torch's counter does (it ignores causal masking); the fourth term is the fused
+attention backward recomputing the scores; R_ckpt: head rows recomputed in backward
+(``dapo_core.logprobs`` checkpoints a micro-batch with more rows than one chunk). The causally
+masked half of the rectangle and the recomputes are not model FLOPs in the strict (PaLM)
+sense (counting them would flatter MFU; both figures are printed), so MFU is computed from model
 FLOPs 6 N T + 6 H V R + half the attention sum: MFU = model FLOPs / median seconds / peak dense
 bf16 FLOP/s. The counted figure is printed beside it.
 
     python -m bench.mfu    # CUDA: qwen2.5-0.5b, P=8 G=8 L=1024, bf16; CPU: tiny, P=4 G=4 L=32
     python -m bench.mfu --shape tiny -P 2 -G 8 -L 64 --steps 10 --peak-tflops 312
+
+Attention is counted by this module's own formulas (``ATTENTION_FLOPS``), which broadcast grouped
+key/value heads to the query heads as the kernels do: torch's counter asserted on grouped-query
+shapes (14 query against 2 key/value heads) before torch 2.13, and it has no formula for the CPU
+fused kernel.
+
+The update's time split (forward, backward, optimizer) comes from separate updates with a device
+synchronisation around each backward and optimizer step (so the median above is not perturbed);
+the forward share is the rest (forward passes, packing, the loss).
 
 This project's CI machines have no GPU: only the tiny CPU smoke run (tests/tasks/test_bench_mfu.py)
 is exercised there; the CPU prints achieved FLOP/s only, as MFU needs a peak (--peak-tflops).
@@ -44,9 +54,12 @@ import tasks.training.forward
 from bench.common import positive_int
 from dapo_core.problem import Problem
 from tasks.params import load_params
+from tasks.training.batches import sample_padding_fraction
 from tasks.training.trainer import DAPOTrainer, Sample
 
+aten = torch.ops.aten
 TARGET_MFU = 0.45
+STAGES = ("forward", "backward", "optimizer")
 FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 FIELDS += ("num_key_value_heads", "vocab_size", "rope_theta", "max_position_embeddings")
 SHAPES = {
@@ -74,9 +87,35 @@ def build_model(shape: str, device: torch.device, seed: int = 0):
         return AutoModelForCausalLM.from_config(
             model_config(shape),
             dtype=torch.bfloat16 if cuda else torch.float32,
-            # On CPU, eager: torch's counter has no formula for the CPU fused SDPA kernel.
-            attn_implementation="sdpa" if cuda else "eager",
+            attn_implementation="sdpa",  # ATTENTION_FLOPS counts every fused kernel
         )
+
+
+def sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """Forward attention FLOPs, scores and weighted values, key/value heads broadcast to the
+    query's (grouped-query attention): 2 b h_q s_q s_k (d_q + d_v)."""
+    b, h_q, s_q, d_q = query_shape
+    s_k, d_v = key_shape[-2], value_shape[-1]
+    return 2 * b * h_q * s_q * s_k * (d_q + d_v)
+
+
+def sdpa_backward_flops(grad_shape, query_shape, key_shape, value_shape, *args, **kwargs) -> int:
+    """Backward: the scores recomputed (d_q), grad of the scores and of V (d_v each), grads of Q
+    and K (d_q each): 2 b h_q s_q s_k (3 d_q + 2 d_v), key/value heads broadcast as forward."""
+    b, h_q, s_q, d_q = query_shape
+    s_k, d_v = key_shape[-2], value_shape[-1]
+    return 2 * b * h_q * s_q * s_k * (3 * d_q + 2 * d_v)
+
+
+# Every fused attention kernel the update can dispatch to; their leading arguments are
+# (query, key, value) forward and (grad_out, query, key, value) backward.
+_FORWARD = ("efficient_attention", "flash_attention", "cudnn_attention", "flash_attention_for_cpu")
+ATTENTION_FLOPS = {
+    getattr(aten, f"_scaled_dot_product_{k}{suffix}"): formula
+    for k in _FORWARD
+    for suffix, formula in (("", sdpa_flops), ("_backward", sdpa_backward_flops))
+    if hasattr(aten, f"_scaled_dot_product_{k}{suffix}")
+}
 
 
 def peak_tflops(device_name: str) -> float | None:
@@ -128,6 +167,7 @@ def analytic_flops(
         "dense": 6 * N * (prompt_passes * prompt_len + n_samples * fed),
         "head": 6 * H * V * n_samples * L,
         "attention": 12 * n * H * q_kv,
+        "attention_recompute": 2 * n * H * q_kv,
         "head_recompute": 2 * H * V * recomputed_rows,
     }
     return {**terms, "total": sum(terms.values())}
@@ -153,7 +193,7 @@ def measure(
     passes = sum(len({tuple(s.input_ids[: s.prompt_len]) for s in b}) for b in batches)
     recomputed = sum(len(b) * L for b in batches if len(b) * L > chunk)
     analytic = analytic_flops(config, prompt_len, L, passes, len(samples), recomputed)
-    counter = FlopCounterMode(display=False)
+    counter = FlopCounterMode(display=False, custom_mapping=ATTENTION_FLOPS)
     with counter:
         outs = [trainer._update(samples)]  # the first warm-up update, counted
     outs += [trainer._update(samples) for _ in range(warmup - 1)]
@@ -166,6 +206,7 @@ def measure(
         outs.append(trainer._update(samples))
         _sync(device)
         times.append(time.perf_counter() - t0)
+    split = time_split(trainer, samples, steps)
     median, flops = statistics.median(times), counter.get_total_flops()
     tokens = passes * prompt_len + len(samples) * (L - 1)
     return {
@@ -180,9 +221,46 @@ def measure(
         "tokens_per_s": tokens / median,
         "loss_tokens_per_s": len(samples) * L / median,
         "micro_batches": len(batches),
+        "padding_frac": sample_padding_fraction(batches),
+        "split": split,
         "applied": all(o["finite"] == 1.0 and o["tokens"] == len(samples) * L for o in outs),
         "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
     }
+
+
+def time_split(trainer: DAPOTrainer, samples: list[Sample], steps: int) -> dict[str, float]:
+    """Median seconds of an update's backward passes, its optimizer step and the rest (forward
+    passes, packing, the loss), from ``steps`` more updates with the device synchronised around
+    each backward and optimizer call."""
+    device, engine = trainer.device, trainer.engine
+    spent: dict[str, float] = {}
+
+    def timed(fn, key):
+        def run(*args, **kwargs):
+            _sync(device)
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            _sync(device)
+            spent[key] = spent.get(key, 0.0) + time.perf_counter() - t0
+            return out
+
+        return run
+
+    backward, step = engine.backward, engine.step
+    engine.backward, engine.step = timed(backward, "backward"), timed(step, "optimizer")
+    rows: list[dict[str, float]] = []
+    try:
+        for _ in range(steps):
+            spent.clear()
+            _sync(device)
+            t0 = time.perf_counter()
+            trainer._update(samples)
+            _sync(device)
+            total = time.perf_counter() - t0
+            rows.append({**spent, "forward": total - sum(spent.values()), "total": total})
+    finally:
+        engine.backward, engine.step = backward, step
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
 
 
 def _flop(x: float) -> str:
@@ -209,8 +287,16 @@ def main(argv: list[str] | None = None) -> None:
     print(f"P={P} prompts x G={G} samples, prompt {a.prompt_len} + response {L} tokens, ", end="")
     r = measure(model, P, G, L, a.prompt_len, a.micro_batch_tokens, a.steps)
     an = r["analytic"]
-    print(f"{r['micro_batches']} micro-batch(es) of <= {a.micro_batch_tokens} tokens")
+    print(
+        f"{r['micro_batches']} micro-batch(es) of <= {a.micro_batch_tokens} tokens, "
+        f"{r['padding_frac']:.1%} of fed tokens padding"
+    )
     print(f"update: median {r['median_s']:.4f} s over {a.steps} steps (2 warm-up)")
+    sp = r["split"]
+    print(
+        "  split (synchronised updates): "
+        + ", ".join(f"{k} {sp[k]:.4f} s ({sp[k] / sp['total']:.0%})" for k in STAGES)
+    )
     print(f"FLOPs per update: counted {_flop(r['flops'])}, analytic {_flop(an.pop('total'))}")
     print("  analytic terms: " + ", ".join(f"{k} {_flop(v)}" for k, v in an.items()))
     print(f"tokens/s: {r['tokens_per_s']:.0f} fed, {r['loss_tokens_per_s']:.0f} trained (loss)")

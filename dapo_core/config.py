@@ -138,6 +138,10 @@ class AlgoConfig:
     """Upper clip range epsilon_high (Clip-Higher, section 3.1; paper: 0.28)."""
     dual_clip_c: float | None
     """Dual-clip constant c for negative advantages (extra, not in the paper); null = off."""
+    tis_cap: float | None
+    """Truncated importance sampling: weight each token's loss by min(pi_old / pi_rollout, C),
+    correcting for the sampler's arithmetic differing from the trainer's (bf16 rollouts, vLLM);
+    C here, null = off (extra, not in the paper; ``dapo_core.mismatch``)."""
     clip_higher: bool
     """Switch: decoupled clip (section 3.1). Off means eps_high = eps_low (symmetric PPO clip)."""
     token_level_loss: bool
@@ -169,6 +173,7 @@ class AlgoConfig:
             clip_higher=self.clip_higher,
             token_level_loss=self.token_level_loss,
             dual_clip_c=self.dual_clip_c,
+            tis_cap=self.tis_cap,
         )
 
 
@@ -284,3 +289,4 @@ class LossConfig:
     clip_higher: bool
     token_level_loss: bool
     dual_clip_c: float | None = None  # off unless a caller asks; the loader always passes it
+    tis_cap: float | None = None  # likewise

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from dapo_core.config import LossConfig
+from dapo_core.mismatch import mismatch_sums, tis_weights
 
 
 def effective_eps_high(cfg: LossConfig) -> float:
@@ -87,6 +88,7 @@ def policy_loss(
     response_mask: torch.Tensor,
     cfg: LossConfig,
     normalizer: float | torch.Tensor | None = None,
+    rollout_logp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The DAPO loss of one (micro-)batch and its metrics.
 
@@ -95,6 +97,10 @@ def policy_loss(
     overlong-filtered responses). Metrics are detached 0-dim tensors (no host sync in the hot path):
     ``clip_frac_high`` = share of valid tokens with A > 0 and r > 1 + eps_high, ``clip_frac_low`` =
     share with A < 0 and r < 1 - eps_low, plus ``ratio_mean`` and ``num_tokens``.
+
+    ``rollout_logp`` (B, T), the sampler's log-probs of the same tokens, adds the train/rollout
+    mismatch sums of ``dapo_core.mismatch`` (keys ``mismatch_*``) and, when ``cfg.tis_cap`` is set,
+    weights each token's loss by the truncated importance weight min(pi_old / pi_rollout, C).
     """
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(logp)  # (B, T)
@@ -106,6 +112,10 @@ def policy_loss(
     loss_t, ratio = per_token_loss(
         logp, old_logp, advantages, cfg.eps_low, eps_high, cfg.dual_clip_c
     )
+    if cfg.tis_cap is not None:
+        if rollout_logp is None:
+            raise ValueError("tis_cap is set but no rollout log-probs were given")
+        loss_t = loss_t * tis_weights(old_logp, rollout_logp, response_mask, cfg.tis_cap)
     loss = aggregate(loss_t, response_mask, cfg.token_level_loss, normalizer)
 
     with torch.no_grad():
@@ -119,6 +129,9 @@ def policy_loss(
             "ratio_mean": (ratio.detach() * mask).sum() / n,
             "num_tokens": mask.sum(),
         }
+        if rollout_logp is not None:
+            sums = mismatch_sums(old_logp, rollout_logp, response_mask)
+            metrics |= {f"mismatch_{k}": v for k, v in sums.items()}
     return loss, metrics
 
 

@@ -8,7 +8,9 @@ One interface, two backends:
   before each rollout.
 
 Both return a :class:`Rollouts`: per sample the prompt and response token ids, whether the response
-ended with EOS (else it was truncated at max length), and the decoded text.
+ended with EOS (else it was truncated at max length), the decoded text, and the sampler's log-prob
+of each response token (the train/rollout mismatch of ``dapo_core.mismatch`` compares them with
+the trainer's).
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ class Rollouts:
     finished: list[bool]  # (P*G,) True when the response ended with EOS within max length
     texts: list[str]  # (P*G,) decoded responses without special tokens
     prompts_truncated: int  # prompts cut to max_prompt_len
+    # (P*G,) per response token, log pi_rollout under the temperature-scaled, unrestricted
+    # distribution (what the trainer computes); None when the backend does not give them.
+    logprobs: list[list[float]] | None = None
 
     @property
     def lengths(self) -> list[int]:
@@ -159,7 +164,6 @@ class HFGenerator:
         eos = model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
         self.eos_ids = {e for e in eos + [tokenizer.eos_token_id] if e is not None}
-        self.last_logprobs: list[list[float]] = []  # sampling log-probs of the last call
 
     def _decode_step(self, keys, values, attn, max_new_tokens):
         """(tokens (B,), positions (B, 1)) -> (B, V) next-token logits, one call per token."""
@@ -193,16 +197,17 @@ class HFGenerator:
         self.model.eval()
         responses: list[list[int]] = []
         finished: list[bool] = []
-        self.last_logprobs = []
+        logprobs: list[list[float]] = []
         per_call = max(1, self.batch_size // n)
         for start in range(0, len(prompt_ids), per_call):
             chunk = prompt_ids[start : start + per_call]
-            r, f = self._sample(chunk, n, temperature, top_p, max_new_tokens)
+            r, f, lp = self._sample(chunk, n, temperature, top_p, max_new_tokens)
             responses += r
             finished += f
+            logprobs += lp
         self.model.train(was_training)
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
-        return Rollouts(n, prompt_ids, responses, finished, texts, n_trunc)
+        return Rollouts(n, prompt_ids, responses, finished, texts, n_trunc, logprobs)
 
     def _sample(self, prompt_ids, n, temperature, top_p, max_new_tokens):
         device = self.model.device
@@ -241,8 +246,8 @@ class HFGenerator:
         generated = torch.stack(tokens, dim=1).tolist()  # (P*n, t)
         step_logps = torch.stack(logps, dim=1).tolist()
         pairs = [split_response(g, self.eos_ids, pad) for g in generated]
-        self.last_logprobs += [lp[: len(r)] for (r, _), lp in zip(pairs, step_logps, strict=True)]
-        return [p[0] for p in pairs], [p[1] for p in pairs]
+        logprobs = [lp[: len(r)] for (r, _), lp in zip(pairs, step_logps, strict=True)]
+        return [p[0] for p in pairs], [p[1] for p in pairs], logprobs
 
 
 class VLLMGenerator:
@@ -310,19 +315,32 @@ class VLLMGenerator:
         from vllm import SamplingParams
 
         prompt_ids, n_trunc = encode_prompts(self.tokenizer, prompts, self.max_prompt_len)
+        # vLLM's default logprobs mode is the raw distribution (before temperature): it equals the
+        # trainer's temperature-scaled one only at temperature 1 (DAPO's), so ask only then.
+        want_logprobs = temperature == 1.0
         params = SamplingParams(
-            n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens
+            n=n,
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max_new_tokens,
+            logprobs=0 if want_logprobs else None,  # 0: the sampled token's alone
         )
         outs = self.llm.generate(
             [{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False
         )
-        responses, finished, texts = [], [], []
+        responses, finished, texts, logprobs = [], [], [], []
         for out in outs:
             for c in out.outputs:
                 responses.append(list(c.token_ids))
                 finished.append(c.finish_reason == "stop")
                 texts.append(c.text)
-        return Rollouts(n, prompt_ids, responses, finished, texts, n_trunc)
+                if want_logprobs and c.logprobs is not None:
+                    pairs = zip(c.token_ids, c.logprobs, strict=True)  # one dict per token
+                    logprobs.append([lp[t].logprob for t, lp in pairs])
+        complete = want_logprobs and len(logprobs) == len(responses)
+        return Rollouts(
+            n, prompt_ids, responses, finished, texts, n_trunc, logprobs if complete else None
+        )
 
 
 def sample_problems(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -55,6 +56,7 @@ class Group:
     finished: list[bool]
     acc: list[bool]
     texts: list[str]
+    logprobs: list[list[float]] | None = None  # the sampler's, per response token
 
 
 @dataclass
@@ -66,16 +68,31 @@ class Sample:
     advantage: float
     keep: bool  # False when overlong filtering masks it out
     old_logp: torch.Tensor | None = None  # (response_len,), when several updates per rollout
+    rollout_logp: torch.Tensor | None = None  # (response_len,), the sampler's log-probs
 
 
 def micro_batches(
-    prompts: list[int], prompt_lens: list[int], response_lens: list[int], budget: int
+    prompts: list[int],
+    prompt_lens: list[int],
+    response_lens: list[int],
+    budget: int,
+    packing: Literal["best", "group", "length"] = "best",
 ) -> list[list[int]]:
     """Sample indices packed into micro-batches of at most ``budget`` padded tokens, counting each
     distinct prompt once (distinct prompts x longest prompt + samples x longest response), as
-    ``DAPOTrainer._forward_logprobs`` runs them. ``prompts[i]`` names sample i's prompt; a group
-    of samples sharing one is split only when it alone exceeds the budget. Groups go longest
-    response first, so each micro-batch pads little. A single sample over budget goes alone."""
+    ``tasks.training.forward`` runs them; ``prompts[i]`` names sample i's prompt.
+
+    Two packings, and (``packing="best"``) the one that feeds fewer tokens, padding included:
+
+    - group-major: whole groups, longest response first; a group's prompt runs once, but its G
+      responses differ in length, so a micro-batch pads up to its longest;
+    - length-major: samples longest first whatever their prompt, cut into as many runs of
+      consecutive samples as filling each micro-batch to the budget would make, at the cuts that
+      feed the fewest tokens (:func:`_cheapest_runs`); responses of one micro-batch have similar
+      lengths (little padding), and a prompt may run in several.
+
+    Long, varied responses (real math) favour length-major; short ones with long prompts favour
+    group-major. A single sample over budget goes alone."""
     by_prompt: dict[int, list[int]] = {}
     for i, g in enumerate(prompts):
         by_prompt.setdefault(g, []).append(i)
@@ -86,16 +103,107 @@ def micro_batches(
         longest_prompt = max(prompt_lens[i] for i in batch)
         return n_prompts * longest_prompt + len(batch) * max(response_lens[i] for i in batch)
 
-    batches: list[list[int]] = [[]]
-    for group in groups:
-        group = sorted(group, key=lambda i: -response_lens[i])
-        if batches[-1] and cost(batches[-1] + group) > budget and cost(group) <= budget:
-            batches.append([])  # keep the group whole in a fresh micro-batch
-        for i in group:
-            if batches[-1] and cost(batches[-1] + [i]) > budget:
-                batches.append([])
-            batches[-1].append(i)
-    return [b for b in batches if b]
+    def pack(units: list[list[int]]) -> list[list[int]]:
+        batches: list[list[int]] = [[]]
+        for unit in units:
+            unit = sorted(unit, key=lambda i: -response_lens[i])
+            if batches[-1] and cost(batches[-1] + unit) > budget and cost(unit) <= budget:
+                batches.append([])  # keep the unit whole in a fresh micro-batch
+            for i in unit:
+                if batches[-1] and cost(batches[-1] + [i]) > budget:
+                    batches.append([])
+                batches[-1].append(i)
+        return [b for b in batches if b]
+
+    by_length = sorted(range(len(prompts)), key=lambda i: (-response_lens[i], prompts[i]))
+    candidates = {
+        "group": lambda: pack(groups),
+        "length": lambda: _cheapest_runs(
+            by_length,
+            prompts,
+            prompt_lens,
+            response_lens,
+            budget,
+            len(pack([[i] for i in by_length])),
+        ),
+    }
+    if packing != "best":
+        return candidates[packing]()
+    packs = [make() for make in candidates.values()]
+    return min(packs, key=lambda bs: sum(cost(b) for b in bs))
+
+
+def _cheapest_runs(
+    order: list[int],
+    prompts: list[int],
+    prompt_lens: list[int],
+    response_lens: list[int],
+    budget: int,
+    max_runs: int,
+) -> list[list[int]]:
+    """``order`` (longest response first) cut into at most ``max_runs`` runs of consecutive
+    samples, each within ``budget`` (a single sample over it runs alone), feeding the fewest
+    tokens: dynamic programming over the cut points, ``least[k][j]`` being the cheapest packing of
+    ``order[:j]`` into k runs. Without the cap on runs the cheapest packing is one sample per
+    micro-batch (no padding at all), which a GPU pays for in launches; with the greedy fill's
+    count, it is as many micro-batches as filling each to the budget, with less padding."""
+    n, inf = len(order), float("inf")
+    runs_from: list[list[tuple[int, int]]] = []  # per start i: (end j, cost of order[i:j])
+    for i in range(n):
+        seen: set[int] = set()
+        longest_prompt, row = 0, []
+        for j in range(i, n):
+            seen.add(prompts[order[j]])
+            longest_prompt = max(longest_prompt, prompt_lens[order[j]])
+            c = len(seen) * longest_prompt + (j - i + 1) * response_lens[order[i]]
+            if c > budget and j > i:
+                break  # longer runs only cost more
+            row.append((j + 1, c))
+        runs_from.append(row)
+    least = [[0.0] + [inf] * n] + [[inf] * (n + 1) for _ in range(max_runs)]
+    cut = [[0] * (n + 1) for _ in range(max_runs + 1)]
+    for k in range(1, max_runs + 1):
+        prev, cur = least[k - 1], least[k]
+        for i in range(n):
+            if prev[i] < inf:
+                for j, c in runs_from[i]:
+                    if prev[i] + c < cur[j]:
+                        cur[j], cut[k][j] = prev[i] + c, i
+    k = min(range(1, max_runs + 1), key=lambda k: least[k][n])
+    runs, j = [], n
+    while j > 0:
+        runs.append(order[cut[k][j] : j])
+        j, k = cut[k][j], k - 1
+    return runs[::-1]
+
+
+def padding_fraction(
+    prompts: list[int], prompt_lens: list[int], response_lens: list[int], batches: list[list[int]]
+) -> float:
+    """Share of the tokens fed in ``batches`` (as :func:`micro_batches` counts them) that are
+    padding: 1 - (each micro-batch's distinct prompts' and responses' own lengths) / fed."""
+    fed = real = 0
+    for b in batches:
+        first = {prompts[i]: i for i in b}  # one sample per distinct prompt
+        fed += len(first) * max(prompt_lens[i] for i in b) + len(b) * max(
+            response_lens[i] for i in b
+        )
+        real += sum(prompt_lens[i] for i in first.values()) + sum(response_lens[i] for i in b)
+    return 1.0 - real / fed if fed else 0.0
+
+
+def sample_padding_fraction(batches: list[list[Sample]]) -> float:
+    """:func:`padding_fraction` of micro-batches of samples (a prompt is keyed by its ids)."""
+    keys: dict[tuple[int, ...], int] = {}
+    prompts, prompt_lens, response_lens, index = [], [], [], []
+    for batch in batches:
+        index.append([])
+        for s in batch:
+            index[-1].append(len(prompts))
+            prompts.append(keys.setdefault(tuple(s.input_ids[: s.prompt_len]), len(keys)))
+            prompt_lens.append(s.prompt_len)
+            response_lens.append(len(s.input_ids) - s.prompt_len)
+    return padding_fraction(prompts, prompt_lens, response_lens, index)
 
 
 def distinct_prompts(samples: list[Sample]) -> tuple[list[list[int]], list[int]]:

@@ -54,12 +54,13 @@ def all_gather_objects(obj: Any, world: int) -> list[Any]:
     return out
 
 
-def all_reduce_max(value: int, world: int) -> int:
+def all_reduce_max(value: int | float, world: int) -> int | float:
+    """The largest ``value`` over ranks, of the type given (float64 carries ints exactly)."""
     if world == 1:
         return value
-    t = torch.tensor([value], dtype=torch.int64)
+    t = torch.tensor([value], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    return type(value)(t.item())
 
 
 def all_ranks_true(flag: bool, world: int) -> bool:

@@ -76,7 +76,16 @@ def update_metrics(updates: list[dict[str, float]], lr: float) -> dict[str, floa
         return float(np.mean([u[key] for u in updates])) if updates else 0.0
 
     norms = [u["grad_norm"] for u in updates]
-    return {
+    mismatch = [u for u in updates if "mismatch_kl" in u]  # when the sampler gave log-probs
+    if mismatch:
+        extra = {
+            "train/mismatch_abs_logp": float(np.mean([u["mismatch_abs_diff"] for u in mismatch])),
+            "train/mismatch_kl": float(np.mean([u["mismatch_kl"] for u in mismatch])),
+            "train/mismatch_max_ratio": max(u["mismatch_max_ratio"] for u in mismatch),
+        }
+    else:
+        extra = {}
+    return extra | {
         "train/entropy": mean("entropy"),
         "train/clip_frac_low": mean("clip_frac_low"),
         "train/clip_frac_high": mean("clip_frac_high"),
@@ -84,6 +93,7 @@ def update_metrics(updates: list[dict[str, float]], lr: float) -> dict[str, floa
         "train/loss": mean("loss"),
         "train/lr": lr,
         "train/skipped_updates": float(sum(not u["finite"] for u in updates)),
+        "perf/padding_frac": mean("padding_frac"),
     }
 
 

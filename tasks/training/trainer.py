@@ -47,7 +47,14 @@ from dapo_core.reward import extract_answer, score
 from dapo_core.sampling import BatchStats, GroupAccumulator, fill_batch
 from tasks.models.loading import chat_prompt
 from tasks.rollout.generators import Generator
-from tasks.training.batches import Group, ProblemStream, Sample, distinct_prompts, micro_batches
+from tasks.training.batches import (
+    Group,
+    ProblemStream,
+    Sample,
+    distinct_prompts,
+    micro_batches,
+    sample_padding_fraction,
+)
 from tasks.training.distributed import (
     OptimizerEngine,
     all_gather_objects,
@@ -245,6 +252,7 @@ class DAPOTrainer:
                         out.finished[sl],
                         acc,
                         out.texts[sl],
+                        out.logprobs[sl] if out.logprobs is not None else None,
                     )
                 )
         gen_log["gen_time"] += time.perf_counter() - t0
@@ -279,10 +287,17 @@ class DAPOTrainer:
         )[:, 0].bool()
         samples = []
         for gi, g in enumerate(groups):
+            rollout_logps = self._rollout_logps(g)
             for j, resp in enumerate(g.response_ids):
                 k = gi * len(g.response_ids) + j
                 samples.append(
-                    Sample(g.prompt_ids + resp, len(g.prompt_ids), float(adv[k]), bool(keep[k]))
+                    Sample(
+                        g.prompt_ids + resp,
+                        len(g.prompt_ids),
+                        float(adv[k]),
+                        bool(keep[k]),
+                        rollout_logp=rollout_logps[j] if rollout_logps else None,
+                    )
                 )
         carrying = [len(s.input_ids) - s.prompt_len for s in samples if s.keep and s.advantage]
         stats = {
@@ -291,6 +306,19 @@ class DAPOTrainer:
             "train/long_weight_share": long_weight_share(carrying, a.token_level_loss),
         }
         return samples, stats
+
+    def _rollout_logps(self, group: Group) -> list[torch.Tensor] | None:
+        """The sampler's log-probs of each response (None when the backend gives none, or for a
+        group carried in a checkpoint written before they were kept)."""
+        logprobs = getattr(group, "logprobs", None)
+        if logprobs is None:
+            if self.cfg.algo.tis_cap is not None:
+                raise TrainingStopped(
+                    "algo.tis_cap needs the sampler's log-probs and this rollout backend gives "
+                    "none (vLLM gives them only at rollout.temperature=1.0): set algo.tis_cap=null"
+                )
+            return None
+        return [torch.tensor(lp, dtype=torch.float32) for lp in logprobs]
 
     # -- forward -------------------------------------------------------------------------------
 
@@ -339,18 +367,19 @@ class DAPOTrainer:
         count = sum(len(s.input_ids) - s.prompt_len for s in kept) if token_level else len(kept)
         normalizer = max(float(count), 1.0)
         sums = dict.fromkeys(["clip_frac_high", "clip_frac_low", "entropy", "loss", "tokens"], 0.0)
+        sums |= dict.fromkeys(["mismatch_abs_diff", "mismatch_kl", "mismatch_tokens"], 0.0)
+        max_ratio = 0.0
         batches = self._my_micro_batches(samples)
         for i, real in enumerate(batches):
             batch = real or self._dummy()
             logp, ent, mask = self._forward_logprobs(batch)
-            if batch[0].old_logp is None:
-                old = logp.detach()
-            else:
-                old = torch.zeros_like(logp)
-                for j, s in enumerate(batch):
-                    old[j, : len(s.old_logp)] = s.old_logp.to(old.dtype)
+            old = self._padded(batch, "old_logp", logp)
+            old = logp.detach() if old is None else old
             adv = torch.tensor([s.advantage for s in batch], device=self.device)
-            loss, m = policy_loss(logp, old, adv, mask, self.loss_cfg, normalizer=normalizer)
+            rollout = self._padded(batch, "rollout_logp", logp)
+            loss, m = policy_loss(
+                logp, old, adv, mask, self.loss_cfg, normalizer=normalizer, rollout_logp=rollout
+            )
             self.engine.backward(loss, boundary=i == len(batches) - 1)
             if not real:
                 continue
@@ -360,8 +389,13 @@ class DAPOTrainer:
             sums["clip_frac_low"] += m["clip_frac_low"].item() * t
             sums["entropy"] += masked_mean(ent, mask).item() * t
             sums["loss"] += loss.item()
+            if "mismatch_tokens" in m:
+                for k in ("mismatch_abs_diff", "mismatch_kl", "mismatch_tokens"):
+                    sums[k] += m[k].item()
+                max_ratio = max(max_ratio, m["mismatch_max_ratio"].item())
         keys = list(sums)
         sums = dict(zip(keys, all_reduce_sum([sums[k] for k in keys], self.world), strict=True))
+        max_ratio = all_reduce_max(max_ratio, self.world)
         grad_norm, applied = self.engine.step(finite=math.isfinite(sums["loss"]))
         n_tok = sums["tokens"]
         out = {
@@ -369,7 +403,24 @@ class DAPOTrainer:
             for k in ("clip_frac_high", "clip_frac_low", "entropy")
         }
         out.update(loss=sums["loss"], grad_norm=grad_norm, finite=float(applied), tokens=n_tok)
+        out["padding_frac"] = sample_padding_fraction([b for b in batches if b])  # this rank's
+        if n_mis := sums["mismatch_tokens"]:
+            out["mismatch_abs_diff"] = sums["mismatch_abs_diff"] / n_mis
+            out["mismatch_kl"] = sums["mismatch_kl"] / n_mis
+            out["mismatch_max_ratio"] = max_ratio
         return out
+
+    @staticmethod
+    def _padded(batch: list[Sample], field: str, like: torch.Tensor) -> torch.Tensor | None:
+        """The samples' per-token ``field`` (old_logp or rollout_logp) as a (b, R) tensor shaped
+        like ``like``, zeros past each response; None unless every sample has it."""
+        rows = [getattr(s, field) for s in batch]
+        if any(r is None for r in rows):
+            return None
+        out = torch.zeros_like(like, dtype=torch.float32).detach()
+        for j, r in enumerate(rows):
+            out[j, : len(r)] = r
+        return out.to(like.dtype)
 
     # -- metrics and state ---------------------------------------------------------------------
 

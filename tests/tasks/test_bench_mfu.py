@@ -1,13 +1,26 @@
-"""bench.mfu on CPU: its samples, its peak table, its FLOP accounting and one tiny measurement."""
+"""bench.mfu on CPU: its samples, its peak table, its FLOP accounting (grouped-query attention
+included) and one tiny measurement."""
 
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForCausalLM
 
 import tasks.training.forward
-from bench.mfu import analytic_flops, build_model, make_samples, measure, model_config, peak_tflops
+from bench.mfu import (
+    ATTENTION_FLOPS,
+    analytic_flops,
+    build_model,
+    make_samples,
+    measure,
+    model_config,
+    peak_tflops,
+    sdpa_backward_flops,
+    sdpa_flops,
+)
 
 
 def test_make_samples_groups_share_one_prompt_and_responses_have_length_L():
@@ -61,9 +74,36 @@ def test_measure_tiny_on_cpu_counts_the_analytic_flops_and_trains(monkeypatch, b
     analytic = r["analytic"]
     assert (r["micro_batches"] > 1) == (not recompute)
     assert (analytic["head_recompute"] > 0) == recompute
-    # Exact on CPU (eager attention, matmuls only); 1% leaves room for harmless changes.
+    # Exact on CPU (matmuls and the fused attention); 1% leaves room for harmless changes.
     assert r["flops"] == pytest.approx(analytic["total"], rel=0.01)
     assert math.isfinite(r["tflops"]) and r["tflops"] > 0
     assert r["applied"]  # no update skipped, every response token trained
+    assert r["padding_frac"] == 0.0  # every response has length L
+    split = r["split"]
+    assert all(split[k] > 0 for k in ("forward", "backward", "optimizer"))
+    assert split["forward"] + split["backward"] + split["optimizer"] == pytest.approx(
+        split["total"]
+    )
     unchanged = [n for n, p in model.named_parameters() if torch.equal(p, before[n])]
     assert unchanged == []
+
+
+def test_attention_flops_broadcast_grouped_key_value_heads():
+    """Qwen2.5-0.5B's 14 query heads against 2 key/value heads (torch's own counter asserted on
+    these shapes before 2.13): counted as 14 heads of scores and weighted values."""
+    b, s_q, s_k, d = 2, 5, 7, 64
+    q, kv = (b, 14, s_q, d), (b, 2, s_k, d)
+    assert sdpa_flops(q, kv, kv) == 2 * (2 * b * 14 * s_q * s_k * d)  # QK^T and PV
+    assert sdpa_backward_flops(q, q, kv, kv) == 5 * (2 * b * 14 * s_q * s_k * d)  # 5 matmuls
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_counter_sees_the_cpu_fused_kernel_with_grouped_heads(masked):
+    q = torch.randn(2, 6, 5, 8, requires_grad=True)
+    k, v = (torch.randn(2, 2, 7, 8, requires_grad=True) for _ in range(2))
+    mask = torch.ones(2, 1, 5, 7, dtype=torch.bool) if masked else None
+    counter = FlopCounterMode(display=False, custom_mapping=ATTENTION_FLOPS)
+    with counter:
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True).sum().backward()
+    rectangle = 2 * 6 * 5 * 7  # b h_q s_q s_k
+    assert counter.get_total_flops() == 2 * rectangle * (8 + 8) + 2 * rectangle * (3 * 8 + 2 * 8)

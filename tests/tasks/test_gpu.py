@@ -41,7 +41,7 @@ def test_sampling_logprobs_equal_the_trainers_forward_on_gpu(tiny_cfg, tmp_path,
     torch.manual_seed(0)
     prompts = [chat_prompt(tok, "Compute 1 + 2."), chat_prompt(tok, "Compute 10 + 20 + 3 + 4.")]
     out = gen.generate(prompts, n=3, temperature=1.0, top_p=0.9, max_new_tokens=6)
-    for i, (resp, lps) in enumerate(zip(out.response_ids, gen.last_logprobs, strict=True)):
+    for i, (resp, lps) in enumerate(zip(out.response_ids, out.logprobs, strict=True)):
         prompt = out.prompt_ids[i // 3]
         with torch.no_grad():
             logp, _, _ = trainer._forward_logprobs([Sample(prompt + resp, len(prompt), 1.0, True)])

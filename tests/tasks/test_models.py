@@ -110,7 +110,7 @@ def test_sampling_logprobs_equal_the_trainers_forward(
     short, long = chat_prompt(tok, "Compute 1 + 2."), chat_prompt(tok, "Compute 10 + 20 + 3 + 4.")
     for prompts in ([short, long], [long]):  # left padding, and none
         out = gen.generate(prompts, n=3, temperature=0.7, top_p=0.9, max_new_tokens=6)
-        for i, (resp, lps) in enumerate(zip(out.response_ids, gen.last_logprobs, strict=True)):
+        for i, (resp, lps) in enumerate(zip(out.response_ids, out.logprobs, strict=True)):
             prompt = out.prompt_ids[i // 3]
             with torch.no_grad():
                 sample = Sample(prompt + resp, len(prompt), 1.0, True)

@@ -16,7 +16,7 @@ from tasks.models.loading import load_policy
 from tasks.models.resolve import resolve_model_path
 from tasks.rollout.generators import HFGenerator
 from tasks.rundir import RunDir
-from tasks.training.batches import ProblemStream, micro_batches
+from tasks.training.batches import ProblemStream, micro_batches, padding_fraction
 from tasks.training.checkpoint import save_checkpoint
 from tasks.training.run import run_training
 from tasks.training.trainer import (
@@ -41,18 +41,43 @@ def _packing_cost(batch, prompts, prompt_lens, response_lens):
     ),
     st.integers(1, 200),
 )
-def test_micro_batches_respect_budget_and_keep_groups_whole(samples, budget):
+def test_micro_batches_respect_budget_and_take_the_cheaper_packing(samples, budget):
     prompts = [g for g, _ in samples]
     prompt_lens = [3 + g for g in prompts]  # a prompt has one length
     response_lens = [n for _, n in samples]
-    batches = micro_batches(prompts, prompt_lens, response_lens, budget)
-    assert sorted(i for b in batches for i in b) == list(range(len(samples)))
-    for b in batches:
-        assert len(b) == 1 or _packing_cost(b, prompts, prompt_lens, response_lens) <= budget
-    for g in set(prompts):
+    packs = {
+        k: micro_batches(prompts, prompt_lens, response_lens, budget, packing=k)
+        for k in ("best", "group", "length")
+    }
+    for batches in packs.values():
+        assert sorted(i for b in batches for i in b) == list(range(len(samples)))
+        for b in batches:
+            assert len(b) == 1 or _packing_cost(b, prompts, prompt_lens, response_lens) <= budget
+
+    def fed(batches):
+        return sum(_packing_cost(b, prompts, prompt_lens, response_lens) for b in batches)
+
+    assert fed(packs["best"]) == min(fed(packs["group"]), fed(packs["length"]))
+    for g in set(prompts):  # group-major keeps a group that fits in one micro-batch
         members = [i for i, p in enumerate(prompts) if p == g]
         if _packing_cost(members, prompts, prompt_lens, response_lens) <= budget:
-            assert sum(any(prompts[i] == g for i in b) for b in batches) == 1
+            assert sum(any(prompts[i] == g for i in b) for b in packs["group"]) == 1
+
+
+def test_length_major_packing_wins_on_varied_long_responses():
+    # Two prompts of 2 tokens, each with one 100-token and three 1-token responses, budget 210.
+    # By length: the two long ones together (2 x 2 + 2 x 100 = 204 fed), then the six short ones
+    # (2 x 2 + 6 x 1 = 10): no padding. Whole groups do not fit, and group order pairs a long
+    # response with a short one, padded to 100: [0, 1] [2, 3] [4, 5] [6, 7], 412 fed for 214.
+    prompts, prompt_lens = [0, 0, 0, 0, 1, 1, 1, 1], [2] * 8
+    response_lens = [100, 1, 1, 1, 100, 1, 1, 1]
+    best = micro_batches(prompts, prompt_lens, response_lens, budget=210)
+    assert sorted(map(sorted, best)) == [[0, 4], [1, 2, 3, 5, 6, 7]]
+    assert padding_fraction(prompts, prompt_lens, response_lens, best) == 0.0
+    group = micro_batches(prompts, prompt_lens, response_lens, 210, packing="group")
+    assert sorted(map(sorted, group)) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    frac = padding_fraction(prompts, prompt_lens, response_lens, group)
+    assert frac == pytest.approx(1 - 214 / 412)
 
 
 def test_micro_batches_count_a_shared_prompt_once():
@@ -220,6 +245,7 @@ def test_metrics_have_the_documented_names(tiny_cfg, tmp_path):
         "train/lr",
         "perf/step_time_s",
         "perf/tokens_per_s",
+        "perf/padding_frac",
     ]
     missing = [k for k in required if k not in m]
     assert not missing
@@ -254,3 +280,39 @@ def test_engine_weights_are_synced_before_each_rollout(tiny_cfg, tmp_path):
     t.train_step()
     t.train_step()
     assert synced == [True, True]
+
+
+def test_rollout_mismatch_is_measured_and_tis_weights_the_loss(tiny_cfg, tmp_path):
+    """On CPU the sampler and the trainer agree (same weights, fp32): the measured gap is float
+    noise. Rollout log-probs shifted by log 2 (pi_old / pi_rollout = 2 on every token) show up as
+    that ratio and that KL, and TIS with C = 1.5 scales the token-level loss by 1.5 exactly."""
+    one_update = ["algo.dynamic_sampling=false", "train.mini_batch=4"]
+    base = resolve(tiny_cfg.to_dict(), overrides=one_update)
+    t = _trainer(base, tmp_path / "a")
+    groups = _mixed_groups(t)
+    assert all(list(map(len, g.logprobs)) == list(map(len, g.response_ids)) for g in groups)
+    out = t._update(t._samples(groups)[0])
+    assert out["mismatch_abs_diff"] < 1e-4 and 0 <= out["mismatch_kl"] < 1e-6
+
+    for g in groups:
+        g.logprobs = [[x - math.log(2) for x in lp] for lp in g.logprobs]
+
+    def loss_with(cap):
+        cfg = resolve(tiny_cfg.to_dict(), overrides=[*one_update, f"algo.tis_cap={cap}"])
+        t = _trainer(cfg, tmp_path / str(cap))
+        return t._update(t._samples(groups)[0])
+
+    plain, tis = loss_with("null"), loss_with(1.5)
+    assert plain["mismatch_max_ratio"] == pytest.approx(2.0, rel=1e-3)
+    assert plain["mismatch_kl"] == pytest.approx(1 - math.log(2), rel=1e-3)
+    assert plain["loss"] != 0 and tis["loss"] == pytest.approx(1.5 * plain["loss"], rel=1e-5)
+
+
+def test_tis_without_sampler_log_probs_stops_with_a_remedy(tiny_cfg, tmp_path):
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["algo.tis_cap=2"])
+    t = _trainer(cfg, tmp_path)
+    groups = _mixed_groups(t)
+    for g in groups:
+        g.logprobs = None  # a backend that gives none
+    with pytest.raises(TrainingStopped, match="algo.tis_cap=null"):
+        t._samples(groups)

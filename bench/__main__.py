@@ -7,7 +7,8 @@ Each section compares against a baseline measured in the same run and prints its
 3. dynamic-sampling waste on the embedded default (``bench.dynamic_sampling``);
 4. RL step time against TRL's GRPOTrainer (``bench.rl_step``; needs the ``bench`` extra:
    ``pip install -e '.[bench]'``);
-5. GPU train-step MFU for a Qwen2.5-0.5B-shaped model (``bench.mfu``; on CPU, a tiny smoke run).
+5. GPU train-step MFU for a Qwen2.5-0.5B-shaped model (``bench.mfu``; on CPU, a tiny smoke run);
+6. micro-batch packing: tokens fed to the update against whole-group packing (``bench.packing``).
 
 ``--quick`` runs fewer repeats (for a smoke check, not for figures to quote).
 """
@@ -27,6 +28,7 @@ QUICK_ARGS = {
     "dynamic_sampling": ["--steps", "3"],
     "rl_step": ["--rounds", "1", "--steps", "3"],
     "mfu": ["--steps", "2"],
+    "packing": ["--trials", "3"],
 }
 
 

@@ -93,7 +93,19 @@ def local_cluster(workers: int, log_dir: Path, pool: str = LOCAL_POOL) -> Iterat
                 stack,
             )
         wait_for_workers(pool, workers, started, log_dir)  # so runs spread over all of them
+        stack.callback(flush_to_server)  # first on the way out, while the server still runs
         yield url
+
+
+def flush_to_server() -> None:
+    """Send this process's queued Prefect logs and events now. At exit Prefect would send them
+    to the server this module has stopped by then, retrying for over a minute before printing
+    "Error logging to API"."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for service in (APILogWorker, EventsWorker):
+        service.drain_all(timeout=10)
 
 
 def _start(cmd: list[str], env: dict[str, str], log: Path, stack: ExitStack) -> subprocess.Popen:

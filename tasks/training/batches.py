@@ -148,6 +148,8 @@ def _cheapest_runs(
     micro-batch (no padding at all), which a GPU pays for in launches; with the greedy fill's
     count, it is as many micro-batches as filling each to the budget, with less padding."""
     n, inf = len(order), float("inf")
+    if n == 0:
+        return []
     runs_from: list[list[tuple[int, int]]] = []  # per start i: (end j, cost of order[i:j])
     for i in range(n):
         seen: set[int] = set()

@@ -345,7 +345,7 @@ class DAPOTrainer:
     def _dummy(self) -> list[Sample]:
         """A one-token sample with zero advantage: zero loss and gradient, same collectives."""
         pad = self.tokenizer.pad_token_id
-        return [Sample([pad, pad], 1, 0.0, True)]
+        return [Sample([pad, pad], 1, 0.0, True, rollout_logp=torch.zeros(1))]
 
     @torch.no_grad()
     def _compute_old_logprobs(self, minis: list[list[Sample]]) -> None:

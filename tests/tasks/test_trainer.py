@@ -64,6 +64,10 @@ def test_micro_batches_respect_budget_and_take_the_cheaper_packing(samples, budg
             assert sum(any(prompts[i] == g for i in b) for b in packs["group"]) == 1
 
 
+def test_nothing_to_pack_gives_no_micro_batches():
+    assert all(micro_batches([], [], [], 64, packing=k) == [] for k in ("best", "group", "length"))
+
+
 def test_length_major_packing_wins_on_varied_long_responses():
     # Two prompts of 2 tokens, each with one 100-token and three 1-token responses, budget 210.
     # By length: the two long ones together (2 x 2 + 2 x 100 = 204 fed), then the six short ones

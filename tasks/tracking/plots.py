@@ -155,9 +155,12 @@ def _mechanism_panel(ax: Any, mechanisms: Any) -> None:
         xerr = None if math.isnan(low) else [[d - low], [high - d]]  # one seed: no interval
         ax.errorbar(d, y, xerr=xerr, fmt="o", color=color, capsize=3)
     ax.axvline(0, color="black", lw=0.8)
+    # Linear within +-10%, logarithmic beyond: a signal that moves 4% stays visible beside one
+    # that triples.
+    ax.set_xscale("symlog", linthresh=10)
     ax.set_yticks(ys, [f"{r['variant']}: {r['signal']} ({r['paper_direction']})" for r in rows])
     ax.tick_params(axis="y", labelsize=7)
-    ax.set_xlabel("change vs the rung before, % of its value (95% CI)")
+    ax.set_xlabel("change vs the rung before, % of its value (95% CI; log beyond +-10%)")
     ax.set_title("each switch's own signal (green: as the paper says)", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
 

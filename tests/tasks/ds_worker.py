@@ -26,8 +26,11 @@ def fixed_groups(n_prompts: int, group_size: int, vocab: int) -> list[Group]:
             for j in range(group_size)
         ]
         acc = [(i + j) % 3 == 0 for j in range(group_size)]
+        # Sampler log-probs far above the model's (~ -log vocab): TIS weights far below 1.
+        logprobs = [[-1.0 - 0.5 * (k % 3) for k in range(len(r))] for r in responses]
+        blank = [""] * group_size
         groups.append(
-            Group(f"p{i}", "0", prompt, responses, [True] * group_size, acc, [""] * group_size)
+            Group(f"p{i}", "0", prompt, responses, [True] * group_size, acc, blank, logprobs)
         )
     return groups
 

@@ -129,8 +129,10 @@ def micro_batches(
     }
     if packing != "best":
         return candidates[packing]()
-    packs = [make() for make in candidates.values()]
-    return min(packs, key=lambda bs: sum(cost(b) for b in bs))
+    group_major = candidates["group"]()
+    if len(group_major) <= 1:  # everything in one micro-batch: no packing feeds less
+        return group_major
+    return min(group_major, candidates["length"](), key=lambda bs: sum(cost(b) for b in bs))
 
 
 def _cheapest_runs(

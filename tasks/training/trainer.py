@@ -383,16 +383,21 @@ class DAPOTrainer:
             self.engine.backward(loss, boundary=i == len(batches) - 1)
             if not real:
                 continue
-            t = m["num_tokens"].item()
+            # One host transfer per micro-batch for all of its statistics.
+            stats = {"tokens": m["num_tokens"], "entropy": masked_mean(ent, mask), "loss": loss}
+            stats |= {k: m[k] for k in ("clip_frac_high", "clip_frac_low")}
+            stats |= {k: v for k, v in m.items() if k.startswith("mismatch_")}
+            values = torch.stack([v.detach().float() for v in stats.values()]).tolist()
+            got = dict(zip(stats, values, strict=True))
+            t = got["tokens"]
             sums["tokens"] += t
-            sums["clip_frac_high"] += m["clip_frac_high"].item() * t
-            sums["clip_frac_low"] += m["clip_frac_low"].item() * t
-            sums["entropy"] += masked_mean(ent, mask).item() * t
-            sums["loss"] += loss.item()
-            if "mismatch_tokens" in m:
+            sums["loss"] += got["loss"]
+            for k in ("clip_frac_high", "clip_frac_low", "entropy"):  # token means -> sums
+                sums[k] += got[k] * t
+            if "mismatch_tokens" in got:
                 for k in ("mismatch_abs_diff", "mismatch_kl", "mismatch_tokens"):
-                    sums[k] += m[k].item()
-                max_ratio = max(max_ratio, m["mismatch_max_ratio"].item())
+                    sums[k] += got[k]
+                max_ratio = max(max_ratio, got["mismatch_max_ratio"])
         keys = list(sums)
         sums = dict(zip(keys, all_reduce_sum([sums[k] for k in keys], self.world), strict=True))
         max_ratio = all_reduce_max(max_ratio, self.world)

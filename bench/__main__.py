@@ -8,7 +8,9 @@ Each section compares against a baseline measured in the same run and prints its
 4. RL step time against TRL's GRPOTrainer (``bench.rl_step``; needs the ``bench`` extra:
    ``pip install -e '.[bench]'``);
 5. GPU train-step MFU for a Qwen2.5-0.5B-shaped model (``bench.mfu``; on CPU, a tiny smoke run);
-6. micro-batch packing: tokens fed to the update against whole-group packing (``bench.packing``).
+6. micro-batch packing: tokens fed to the update against whole-group packing (``bench.packing``);
+7. rollout decode with finished sequences dropped from the batch, against decoding the whole
+   batch to the end, on the chain task's model (``bench.compaction``).
 
 ``--quick`` runs fewer repeats (for a smoke check, not for figures to quote).
 """
@@ -29,6 +31,7 @@ QUICK_ARGS = {
     "rl_step": ["--rounds", "1", "--steps", "3"],
     "mfu": ["--steps", "2"],
     "packing": ["--trials", "3"],
+    "compaction": ["--repeats", "1", "-P", "8"],
 }
 
 

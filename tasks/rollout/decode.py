@@ -153,6 +153,14 @@ class LeanDecoder:
         out = weights.to(q.dtype) @ self.v_buf[i][:, :, :T]  # (B, kv, g, d)
         return attn.o_proj(out.reshape(B, 1, self.n_heads * d))
 
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only these batch rows (sequences still decoding): later steps take their tokens
+        alone and cost what a batch of ``len(rows)`` costs."""
+        self.k_buf = [k[rows] for k in self.k_buf]
+        self.v_buf = [v[rows] for v in self.v_buf]
+        if self.mask_bias is not None:
+            self.mask_bias = self.mask_bias[rows]
+
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """(B,) next tokens at (B, 1) positions -> (B, V) logits for the token after them."""
         d = self.decoder

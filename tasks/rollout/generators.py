@@ -16,6 +16,7 @@ the trainer's).
 from __future__ import annotations
 
 import os
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -86,13 +87,14 @@ def split_response(tokens: list[int], eos_ids: set[int], pad_id: int) -> tuple[l
 
 
 def sample_next(
-    logits: torch.Tensor, temperature: float, top_p: float
+    logits: torch.Tensor, temperature: float, top_p: float, uniforms: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, V) logits -> (B,) tokens drawn from softmax(logits / T) restricted to the top-p nucleus,
     and their log-probabilities under the temperature-scaled (unrestricted) distribution.
 
     Inverse-CDF sampling: one uniform per row located in the cumulative distribution. It draws
-    B random numbers where ``torch.multinomial`` draws B x V.
+    B random numbers where ``torch.multinomial`` draws B x V. ``uniforms`` (B, 1) in [0, 1) are
+    those numbers when the caller draws them (default: drawn here).
     """
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
     probs = logp.exp()
@@ -103,7 +105,9 @@ def sample_next(
         probs = probs.masked_fill((probs.cumsum(dim=-1) - probs) >= top_p, 0.0)
     cdf = probs.cumsum(dim=-1)  # (B, V), unnormalised
     total = cdf[:, -1:].contiguous()
-    u = torch.rand(total.shape, device=cdf.device, dtype=cdf.dtype) * total
+    if uniforms is None:
+        uniforms = torch.rand(total.shape, device=cdf.device, dtype=cdf.dtype)
+    u = uniforms.to(cdf.dtype) * total
     idx = torch.searchsorted(cdf, u, right=True)  # first token whose cdf exceeds u
     # Rounding can put u at the total: stay on the last token with non-zero probability.
     idx = torch.minimum(idx, torch.searchsorted(cdf, total))
@@ -142,9 +146,16 @@ class HFGenerator:
 
     ``min_new_tokens`` suppresses EOS before that many tokens (benchmarks use it to fix lengths).
     Decode steps use ``tasks.rollout.decode.LeanDecoder`` where the architecture allows
-    (``lean=False``
-    forces the generic transformers forward).
+    (``lean=False`` forces the generic transformers forward). There, once half of the sequences
+    still decoded have finished (``COMPACT_AT``), they are dropped from the batch and its
+    key/value buffers (``compact``), so the tail of long responses does not pay for the finished
+    short ones. Each step draws one uniform per sequence of the whole batch, finished or not, so
+    compaction changes no sample: the same seed gives the same rollouts with or without it.
     """
+
+    # Share of the decoded batch that must have finished before it is compacted: each compaction
+    # copies the key/value buffers once, so halving the batch at most log2(B) times bounds the cost.
+    COMPACT_AT = 0.5
 
     def __init__(
         self,
@@ -154,6 +165,7 @@ class HFGenerator:
         batch_size: int = 256,
         min_new_tokens: int = 0,
         lean: bool = True,
+        compact: bool = True,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -161,14 +173,16 @@ class HFGenerator:
         self.batch_size = batch_size  # sequences per decode batch (P_chunk * n)
         self.min_new_tokens = min_new_tokens
         self.lean = lean  # tasks.rollout.decode.LeanDecoder where the architecture allows
+        self.compact = compact  # drop finished sequences from the lean decoder's batch
         eos = model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
         self.eos_ids = {e for e in eos + [tokenizer.eos_token_id] if e is not None}
 
-    def _decode_step(self, keys, values, attn, max_new_tokens):
-        """(tokens (B,), positions (B, 1)) -> (B, V) next-token logits, one call per token."""
+    def _decoder(self, keys, values, attn, max_new_tokens):
+        """An object whose ``step(tokens (B,), positions (B, 1))`` gives the (B, V) next-token
+        logits, one call per token; the lean decoder also has ``keep(rows)``."""
         if self.lean and LeanDecoder.supports(self.model):
-            return LeanDecoder(self.model, keys, values, attn, max_new_tokens).step
+            return LeanDecoder(self.model, keys, values, attn, max_new_tokens)
         cache = DynamicCache()  # the generic forward, with keys and values written in place
         cache.layers = [
             _GrowingLayer(k, v, k.shape[-2] + max_new_tokens)
@@ -186,7 +200,7 @@ class HFGenerator:
             )
             return out.logits[:, -1]
 
-        return step
+        return types.SimpleNamespace(step=step)  # no keep(): the batch stays whole
 
     @torch.no_grad()
     def generate(
@@ -226,25 +240,35 @@ class HFGenerator:
         attn = torch.cat(
             [attn.repeat_interleave(n, dim=0), attn.new_ones(len(logits), max_new_tokens)], dim=1
         )
-        decode = self._decode_step(keys, values, attn, max_new_tokens)
+        decoder = self._decoder(keys, values, attn, max_new_tokens)
+        can_compact = self.compact and hasattr(decoder, "keep")
         next_pos = pos[:, -1:].repeat_interleave(n, dim=0) + 1  # (P*n, 1)
         eos = torch.tensor(sorted(self.eos_ids), device=device)
-        done = torch.zeros(len(logits), dtype=torch.bool, device=device)
-        tokens, logps = [], []
+        N = len(logits)
+        tokens = torch.full((N, max_new_tokens), pad, dtype=torch.long, device=device)
+        logps = torch.zeros(N, max_new_tokens, device=device)
+        live = torch.arange(N, device=device)  # row of each sequence still decoded
+        done = torch.zeros(N, dtype=torch.bool, device=device)  # over the live rows
         for t in range(max_new_tokens):
             if t < self.min_new_tokens:
                 logits[:, eos] = float("-inf")
-            nxt, lp = sample_next(logits, temperature, top_p)
+            uniforms = torch.rand(N, 1, device=device)[live]  # the whole batch's draw, always
+            nxt, lp = sample_next(logits, temperature, top_p, uniforms)
             nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
-            tokens.append(nxt)
-            logps.append(lp)
+            tokens[live, t] = nxt
+            logps[live, t] = lp.float()
             done |= torch.isin(nxt, eos)
-            if bool(done.all()) or t == max_new_tokens - 1:
+            finished = int(done.sum())
+            if finished == len(done) or t == max_new_tokens - 1:
                 break
-            logits = decode(nxt, next_pos)
+            if can_compact and finished >= self.COMPACT_AT * len(done):
+                keep = (~done).nonzero().squeeze(1)
+                decoder.keep(keep)
+                live, nxt, next_pos, done = live[keep], nxt[keep], next_pos[keep], done[keep]
+            logits = decoder.step(nxt, next_pos)
             next_pos = next_pos + 1
-        generated = torch.stack(tokens, dim=1).tolist()  # (P*n, t)
-        step_logps = torch.stack(logps, dim=1).tolist()
+        generated = tokens[:, : t + 1].tolist()  # (P*n, t + 1)
+        step_logps = logps[:, : t + 1].tolist()
         pairs = [split_response(g, self.eos_ids, pad) for g in generated]
         logprobs = [lp[: len(r)] for (r, _), lp in zip(pairs, step_logps, strict=True)]
         return [p[0] for p in pairs], [p[1] for p in pairs], logprobs

@@ -261,3 +261,31 @@ def test_format_warm_start_of_a_pretrained_model(tiny_cfg, llama_path, tmp_path)
     more = resolve(cfg.to_dict(), overrides=["model.warm_start_steps=3"])
     ensure_warm_started(more, llama_path, root=tmp_path)
     assert (out / BUILD_RECORD).stat().st_mtime_ns != built  # rebuilt
+
+
+def test_dropping_finished_sequences_changes_no_sample(tiny_cfg, monkeypatch):
+    """Compaction (finished sequences leave the lean decoder's batch once half have finished)
+    gives the same rollouts as decoding the whole batch to the end: same tokens, same flags, the
+    same log-probs, and it did drop rows."""
+    from tasks.data.splits import splits
+    from tasks.rollout.decode import LeanDecoder
+
+    model, tok = load_policy(resolve_model_path(tiny_cfg))
+    prompts = [chat_prompt(tok, p.prompt) for p in splits(tiny_cfg).train[:6]]
+    monkeypatch.setattr(HFGenerator, "COMPACT_AT", 0.25)  # this model finishes ~40% by 24
+    kept: list[int] = []
+    keep = LeanDecoder.keep
+    monkeypatch.setattr(
+        LeanDecoder, "keep", lambda self, rows: (kept.append(len(rows)), keep(self, rows))[1]
+    )
+    outs = {}
+    for compact in (True, False):
+        torch.manual_seed(0)
+        gen = HFGenerator(model, tok, max_prompt_len=64, compact=compact)
+        outs[compact] = gen.generate(prompts, n=4, temperature=1.0, top_p=1.0, max_new_tokens=24)
+    assert kept and all(0 < k < 24 for k in kept)  # rows were dropped, never all of them
+    a, b = outs[True], outs[False]
+    assert a.response_ids == b.response_ids and a.finished == b.finished
+    assert len(set(map(len, a.response_ids))) > 1  # lengths differ: there was something to drop
+    for x, y in zip(a.logprobs, b.logprobs, strict=True):
+        torch.testing.assert_close(torch.tensor(x), torch.tensor(y), rtol=1e-5, atol=1e-5)

@@ -1,17 +1,25 @@
 """Generation throughput of the HF rollout backend against transformers ``generate``, in one run.
 
-Both sides sample P prompts x G completions of exactly L new tokens (EOS suppressed before L) from
-the same model (the embedded tiny Qwen2 with random weights), with temperature 1 and no top-p:
+All sides sample P prompts x G completions of exactly L new tokens (EOS suppressed before L) from
+the same model, with temperature 1 and no top-p:
 - ours: ``tasks.rollout.generators.HFGenerator``. Each prompt is prefilled once, its KV cache is
   shared by its G samples, keys and values are written in place, and the lean decode step is used
   (``tasks.rollout.decode``);
-- baseline: ``model.generate(num_return_sequences=G, do_sample=True, min_new_tokens=L)``,
-  which prefills each prompt G times and runs the generic forward every step.
+- generate: ``model.generate(num_return_sequences=G, do_sample=True, min_new_tokens=L)``, which
+  prefills each prompt G times and runs the generic forward every step, with its dynamic cache;
+- static: the same with ``cache_implementation="static"``; on CUDA transformers compiles the
+  decode step and replays it as a CUDA graph (the first call, dropped as warm-up, compiles).
 
-Runs are interleaved (ours, baseline, ...), the first of each is dropped as warm-up, and the
-medians of generated tokens per second are printed with their ratio.
+Runs are interleaved, the first of each side is dropped as warm-up, and the medians of generated
+tokens per second and of milliseconds per generated position (the call's time / L, prefill
+included) are printed, with each baseline's time over ours.
+
+Models (``--model``): ``tiny``, the embedded Qwen2 with random weights (fp32); ``qwen2.5-0.5b``,
+Qwen2.5-0.5B's shape with random weights and its 151,936-token vocabulary (bf16 on CUDA; the
+tiny tokenizer writes the prompts, whose ids the large vocabulary contains).
 
     python -m bench.generation --shapes 16x8x16 8x8x64 --repeats 5
+    python -m bench.generation --model qwen2.5-0.5b --shapes 8x8x512 64x8x512   # CUDA: B=64, 512
 """
 
 from __future__ import annotations
@@ -24,25 +32,39 @@ from pathlib import Path
 import torch
 
 from bench import common
+from bench.mfu import SHAPES, build_model
 from tasks.models.loading import chat_prompt, load_policy
 from tasks.rollout.generators import HFGenerator
 
+SIDES = ("ours", "generate", "static")
+
+
+def _sync(model) -> None:
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+
 
 def ours(model, tok, prompts: list[str], G: int, L: int) -> float:
+    """Seconds to sample len(prompts) x G completions of exactly L tokens with our sampler."""
     gen = HFGenerator(model, tok, max_prompt_len=256, min_new_tokens=L)
+    _sync(model)
     t = time.perf_counter()
     out = gen.generate(prompts, G, temperature=1.0, top_p=1.0, max_new_tokens=L)
+    _sync(model)
     elapsed = time.perf_counter() - t
     # Equal work: L decode positions per sample (a sample can still come back shorter: trailing
     # pad tokens that a random model happens to draw are stripped from a truncated response).
     assert max(len(r) for r in out.response_ids) == L
-    return len(prompts) * G * L / elapsed
+    return elapsed
 
 
 @torch.no_grad()
-def baseline(model, tok, prompts: list[str], G: int, L: int) -> float:
+def baseline(model, tok, prompts: list[str], G: int, L: int, cache: str | None = None) -> float:
+    """Seconds for transformers ``generate`` to do the same (``cache``: cache_implementation)."""
     tok.padding_side = "left"
     batch = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    batch = batch.to(model.device)
+    _sync(model)
     t = time.perf_counter()
     out = model.generate(
         **batch,
@@ -54,41 +76,70 @@ def baseline(model, tok, prompts: list[str], G: int, L: int) -> float:
         top_p=1.0,
         top_k=0,
         pad_token_id=tok.pad_token_id,
+        cache_implementation=cache,
     )
+    _sync(model)
     elapsed = time.perf_counter() - t
     assert out.shape[1] - batch["input_ids"].shape[1] == L
-    return len(prompts) * G * L / elapsed
+    return elapsed
 
 
 def bench_shape(model, tok, problems, P: int, G: int, L: int, repeats: int) -> dict[str, float]:
+    """Median seconds of each side (interleaved, first run dropped), and derived figures."""
     prompts = [chat_prompt(tok, p.prompt) for p in problems[:P]]
-    a, b = [], []
+    runs = {
+        "ours": lambda: ours(model, tok, prompts, G, L),
+        "generate": lambda: baseline(model, tok, prompts, G, L),
+        "static": lambda: baseline(model, tok, prompts, G, L, cache="static"),
+    }
+    times: dict[str, list[float]] = {k: [] for k in SIDES}
     for _ in range(repeats + 1):
-        a.append(ours(model, tok, prompts, G, L))
-        b.append(baseline(model, tok, prompts, G, L))
-    ours_tps, base_tps = statistics.median(a[1:]), statistics.median(b[1:])
-    return {"ours_tps": ours_tps, "base_tps": base_tps, "speedup": ours_tps / base_tps}
+        for k in SIDES:
+            times[k].append(runs[k]())
+    med = {k: statistics.median(v[1:]) for k, v in times.items()}
+    out = {f"{k}_tps": P * G * L / med[k] for k in SIDES}
+    out |= {f"{k}_ms": 1000 * med[k] / L for k in SIDES}
+    out |= {f"{k}_over_ours": med[k] / med["ours"] for k in SIDES[1:]}
+    return out
+
+
+def load_model(name: str, tokenizer_dir: Path):
+    """(model, tokenizer) on CUDA when there is one: the embedded tiny model, or a random model of
+    a ``bench.mfu`` shape with the tiny tokenizer."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model, tok = load_policy(str(common.random_tiny_model(tokenizer_dir)))
+    if name != "tiny":
+        model = build_model(name, device)
+        model.generation_config.eos_token_id = tok.eos_token_id
+        model.generation_config.pad_token_id = tok.pad_token_id
+    return model.to(device).eval(), tok
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = common.parser(__doc__)
     ap.add_argument("--repeats", type=common.positive_int, default=5)
+    ap.add_argument(
+        "--model", choices=["tiny", *(k for k in SHAPES if k != "tiny")], default="tiny"
+    )
     args = common.parse(ap, argv)
     train = common.problems()
-    print(
-        f"generation: torch {torch.__version__}, {args.threads} thread(s), medians of "
-        f"{args.repeats} interleaved runs"
-    )
-    print(f"{'shape PxGxL':>12} {'ours tok/s':>11} {'generate tok/s':>15} {'speed-up':>9}")
     with tempfile.TemporaryDirectory() as d:
-        model, tok = load_policy(str(common.random_tiny_model(Path(d) / "m")))
-        model.eval()
+        model, tok = load_model(args.model, Path(d) / "m")
+        device = torch.cuda.get_device_name() if model.device.type == "cuda" else "cpu"
+        print(
+            f"generation: {args.model} ({model.dtype}) on {device}, torch {torch.__version__}, "
+            f"{args.threads} thread(s), medians of {args.repeats} interleaved runs"
+        )
+        head = ("shape PxGxL", "ours tok/s", "ms/pos: ours", "generate", "static")
+        print(" ".join(f"{h:>{w}}" for h, w in zip(head, (12, 11, 13, 14, 14), strict=True)))
         for P, G, L in args.shapes:
             r = bench_shape(model, tok, train, P, G, L, args.repeats)
+            base = [f"{r[f'{k}_ms']:.2f} ({r[f'{k}_over_ours']:.2f}x)" for k in SIDES[1:]]
             print(
-                f"{common.label(P, G, L):>12} {r['ours_tps']:11.0f} {r['base_tps']:15.0f} "
-                f"{r['speedup']:8.2f}x"
+                f"{common.label(P, G, L):>12} {r['ours_tps']:11.0f} {r['ours_ms']:13.2f} "
+                f"{base[0]:>14} {base[1]:>14}"
             )
+    print("(x: that side's time over ours; above 1, ours is faster)")
 
 
 if __name__ == "__main__":

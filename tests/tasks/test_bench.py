@@ -12,10 +12,25 @@ def test_generation_sides_produce_the_same_number_of_tokens(tiny_cfg):
     model, tok = load_policy(resolve_model_path(tiny_cfg))
     train, _ = arith_problems(1, 20, 0, 9, 2)
     prompts = [p.prompt for p in train[:3]]
-    # Each side asserts exactly L tokens per sample; tokens/s must then be positive and finite.
-    for side in (generation.ours, generation.baseline):
-        tps = side(model, tok, prompts, 2, 5)
-        assert 0 < tps < float("inf")
+    # Each side asserts exactly L tokens per sample; its time must then be positive and finite.
+    sides = (generation.ours, generation.baseline)
+    times = [side(model, tok, prompts, 2, 5) for side in sides]
+    times.append(generation.baseline(model, tok, prompts, 2, 5, cache="static"))
+    assert all(0 < t < float("inf") for t in times)
+
+
+def test_generation_of_the_large_shape_uses_the_tiny_tokenizer_ids(tmp_path, monkeypatch):
+    """The 0.5B shape is built with the tiny tokenizer's special ids, so EOS suppression and
+    padding mean the same on every side (shrunk here: the same code path, a CPU-sized model)."""
+    from bench import mfu
+
+    monkeypatch.setitem(mfu.SHAPES, "small", (64, 128, 2, 4, 2, 1000, 1e4, 4096))
+    model, tok = generation.load_model("small", tmp_path / "m")
+    assert model.config.vocab_size == 1000 > len(tok)
+    assert model.generation_config.eos_token_id == tok.eos_token_id
+    assert model.generation_config.pad_token_id == tok.pad_token_id
+    t = generation.ours(model, tok, ["Compute 1 + 2."], 2, 4)
+    assert 0 < t < float("inf")
 
 
 @pytest.mark.slow

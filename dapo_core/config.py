@@ -126,6 +126,12 @@ class RolloutConfig:
     """L_max: maximum response length in tokens (paper: 20480); longer responses are truncated."""
     vllm_gpu_memory: float
     """Fraction of GPU memory vLLM may take when it shares the GPU with training (backend vllm)."""
+    weights: Literal["auto", "policy", "bfloat16"]
+    """The HF sampler's weights: ``bfloat16``, a bf16 copy of the policy refreshed in place
+    before each rollout (half the memory traffic of fp32 weights, and its buffers never move);
+    ``policy``, the trained weights as they are; ``auto``, the bf16 copy on CUDA when the policy
+    holds fp32 weights, the policy otherwise. The gap between the two is logged per step
+    (``train/mismatch_*``) and ``algo.tis_cap`` corrects for it."""
 
 
 @dataclass(frozen=True)

@@ -174,9 +174,28 @@ class HFGenerator:
         self.min_new_tokens = min_new_tokens
         self.lean = lean  # tasks.rollout.decode.LeanDecoder where the architecture allows
         self.compact = compact  # drop finished sequences from the lean decoder's batch
+        self.policy = model  # the trained model; self.model samples (a copy: with_weights)
         eos = model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
         self.eos_ids = {e for e in eos + [tokenizer.eos_token_id] if e is not None}
+
+    @classmethod
+    def with_weights(cls, model, tokenizer, max_prompt_len: int, dtype: torch.dtype, **kwargs):
+        """A generator that samples from a copy of ``model`` in ``dtype``, refreshed in place by
+        :meth:`sync_weights` (the trainer calls it before each rollout)."""
+        gen = cls(rollout_copy(model, dtype), tokenizer, max_prompt_len, **kwargs)
+        gen.policy = model
+        return gen
+
+    @torch.no_grad()
+    def sync_weights(self, model) -> None:
+        """Copy ``model``'s current parameters into the sampling copy, cast, in place (the copy's
+        storage never moves); nothing to do when the generator samples from ``model`` itself."""
+        if self.model is model:
+            return
+        source = dict(model.named_parameters())
+        for name, param in self.model.named_parameters():
+            param.copy_(source[name])
 
     def _decoder(self, keys, values, attn, max_new_tokens):
         """An object whose ``step(tokens (B,), positions (B, 1))`` gives the (B, V) next-token
@@ -365,6 +384,23 @@ class VLLMGenerator:
         return Rollouts(
             n, prompt_ids, responses, finished, texts, n_trunc, logprobs if complete else None
         )
+
+
+def rollout_copy(model, dtype: torch.dtype):
+    """An inference copy of ``model`` in ``dtype`` on its device: built empty (no fp32 copy on the
+    way), its weights cast from the model's, its buffers (the rotary table) copied as they are."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        copy = AutoModelForCausalLM.from_config(model.config, dtype=dtype)
+    copy = copy.to_empty(device=model.device)
+    copy.tie_weights()
+    copy.load_state_dict(model.state_dict())
+    buffers = dict(model.named_buffers())
+    for name, buf in copy.named_buffers():
+        buf.data = buffers[name].detach().clone()
+    copy.generation_config = model.generation_config
+    return copy.eval().requires_grad_(False)
 
 
 def sample_problems(

@@ -8,10 +8,12 @@ latest complete checkpoint; record no step twice) is the one this function follo
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dapo_core.config import Config
@@ -25,6 +27,8 @@ from tasks.runtime import configure_torch
 from tasks.training import checkpoint
 from tasks.training.distributed import barrier, init_distributed
 from tasks.training.trainer import DAPOTrainer, MetricsSink, StepResult
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -49,7 +53,23 @@ def make_generator(cfg: Config, model, tokenizer, model_path: str):
             cfg.rollout.max_prompt_len + cfg.rollout.max_response_len,
             gpu_memory=cfg.rollout.vllm_gpu_memory,
         )
-    return HFGenerator(model, tokenizer, cfg.rollout.max_prompt_len)
+    dtype = rollout_dtype(cfg, model)
+    if dtype is None:
+        return HFGenerator(model, tokenizer, cfg.rollout.max_prompt_len)
+    return HFGenerator.with_weights(model, tokenizer, cfg.rollout.max_prompt_len, dtype)
+
+
+def rollout_dtype(cfg: Config, model) -> torch.dtype | None:
+    """The dtype of the sampler's own copy of the weights (``rollout.weights``), or None to
+    sample from the policy itself: under ZeRO-3 the policy's weights exist only in shards."""
+    weights, current = cfg.rollout.weights, next(model.parameters()).dtype
+    if weights == "bfloat16" and cfg.train.zero_stage == 3:
+        log.warning("rollout.weights=bfloat16 is ignored under ZeRO-3: sampling from the policy")
+    if weights == "policy" or cfg.train.zero_stage == 3:
+        return None
+    if weights == "auto" and (model.device.type != "cuda" or current != torch.float32):
+        return None
+    return None if current == torch.bfloat16 else torch.bfloat16
 
 
 def recording_sink(run_dir: RunDir, after: int, forward: MetricsSink | None) -> MetricsSink:

@@ -320,3 +320,26 @@ def test_tis_without_sampler_log_probs_stops_with_a_remedy(tiny_cfg, tmp_path):
         g.logprobs = None  # a backend that gives none
     with pytest.raises(TrainingStopped, match="algo.tis_cap=null"):
         t._samples(groups)
+
+
+def test_bf16_rollout_weights_track_the_policy_in_place(tiny_cfg, tmp_path):
+    """rollout.weights=bfloat16: the sampler holds a bf16 copy, refreshed in place before each
+    rollout (same storage, so captured graphs would stay valid) to the policy's weights after its
+    update; the per-step mismatch then measures bf16 against fp32 (it is float noise in fp32)."""
+    from tasks.training.run import make_generator
+
+    model, tok = load_policy(resolve_model_path(tiny_cfg), "float32")
+    assert make_generator(tiny_cfg, model, tok, "").model is model  # auto on CPU: the policy
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["rollout.weights=bfloat16"])
+    gen = make_generator(cfg, model, tok, "")
+    assert gen.model is not model and gen.model.dtype == torch.bfloat16
+    ptrs = [p.data_ptr() for p in gen.model.parameters()]
+    t = DAPOTrainer(cfg, model, tok, gen, splits(cfg).train)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    out = t._update(t._samples(_mixed_groups(t))[0])  # sampled from the bf16 copy
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())  # it trained
+    assert out["mismatch_abs_diff"] > 1e-3  # bf16 sampling against fp32 training
+    gen.sync_weights(model)
+    copy = dict(gen.model.named_parameters())
+    assert all(torch.equal(copy[n], p.to(torch.bfloat16)) for n, p in model.named_parameters())
+    assert [p.data_ptr() for p in gen.model.parameters()] == ptrs

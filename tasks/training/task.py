@@ -80,7 +80,7 @@ class TrainingMonitor:
     def validate(self, trainer: Any, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
         r = evaluate_policy(
-            trainer.generator, trainer.tokenizer, self.problems, self.cfg, progress=False
+            trainer.sampler(), trainer.tokenizer, self.problems, self.cfg, progress=False
         )
         metrics = {"val/" + k.split("/", 1)[-1]: v for k, v in r.metrics.items()}
         metrics["perf/val_time_s"] = time.perf_counter() - t0

@@ -195,8 +195,7 @@ class DAPOTrainer:
 
     def _rollout(self, gen_log: dict[str, Any]) -> tuple[list[Group], BatchStats]:
         """The step's groups by dynamic sampling (surplus groups carried to the next step)."""
-        if hasattr(self.generator, "sync_weights"):  # an inference engine with its own weights
-            self.generator.sync_weights(self.model)
+        self.sampler()
         cfg = self.cfg
         return fill_batch(
             lambda n: self._generate_groups(n, gen_log),
@@ -219,6 +218,13 @@ class DAPOTrainer:
         return [self._update(mini) for mini in minis]
 
     # -- rollout -------------------------------------------------------------------------------
+
+    def sampler(self) -> Generator:
+        """The generator, holding the policy's current weights: an inference engine (vLLM) or a
+        sampling copy (``rollout.weights``) is synced first. Rollouts and validation call it."""
+        if hasattr(self.generator, "sync_weights"):
+            self.generator.sync_weights(self.model)
+        return self.generator
 
     def _generate_groups(self, n: int, gen_log: dict[str, Any]) -> tuple[list[Group], torch.Tensor]:
         """n prompts x G scored responses; under data parallelism each rank generates its slice

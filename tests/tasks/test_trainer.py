@@ -339,7 +339,7 @@ def test_bf16_rollout_weights_track_the_policy_in_place(tiny_cfg, tmp_path):
     out = t._update(t._samples(_mixed_groups(t))[0])  # sampled from the bf16 copy
     assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())  # it trained
     assert out["mismatch_abs_diff"] > 1e-3  # bf16 sampling against fp32 training
-    gen.sync_weights(model)
+    assert t.sampler() is gen  # what validation samples from: synced to the update
     copy = dict(gen.model.named_parameters())
     assert all(torch.equal(copy[n], p.to(torch.bfloat16)) for n, p in model.named_parameters())
     assert [p.data_ptr() for p in gen.model.parameters()] == ptrs

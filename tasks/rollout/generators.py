@@ -156,6 +156,9 @@ class HFGenerator:
     # Share of the decoded batch that must have finished before it is compacted: each compaction
     # copies the key/value buffers once, so halving the batch at most log2(B) times bounds the cost.
     COMPACT_AT = 0.5
+    # Tokens between checks of "all finished?" (a host synchronisation) per device type: on a GPU
+    # each check stalls the launch queue; decoding up to 7 tokens of pads past the end costs less.
+    CHECK_EVERY = {"cuda": 8}
 
     def __init__(
         self,
@@ -261,6 +264,7 @@ class HFGenerator:
         )
         decoder = self._decoder(keys, values, attn, max_new_tokens)
         can_compact = self.compact and hasattr(decoder, "keep")
+        check_every = self.CHECK_EVERY.get(device.type, 1)
         next_pos = pos[:, -1:].repeat_interleave(n, dim=0) + 1  # (P*n, 1)
         eos = torch.tensor(sorted(self.eos_ids), device=device)
         N = len(logits)
@@ -277,8 +281,14 @@ class HFGenerator:
             tokens[live, t] = nxt
             logps[live, t] = lp.float()
             done |= torch.isin(nxt, eos)
+            if t == max_new_tokens - 1:
+                break
+            if (t + 1) % check_every:  # not a check step: no host synchronisation
+                logits = decoder.step(nxt, next_pos)
+                next_pos = next_pos + 1
+                continue
             finished = int(done.sum())
-            if finished == len(done) or t == max_new_tokens - 1:
+            if finished == len(done):
                 break
             if can_compact and finished >= self.COMPACT_AT * len(done):
                 keep = (~done).nonzero().squeeze(1)

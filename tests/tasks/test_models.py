@@ -263,16 +263,19 @@ def test_format_warm_start_of_a_pretrained_model(tiny_cfg, llama_path, tmp_path)
     assert (out / BUILD_RECORD).stat().st_mtime_ns != built  # rebuilt
 
 
-def test_dropping_finished_sequences_changes_no_sample(tiny_cfg, monkeypatch):
+@pytest.mark.parametrize("check_every", [1, 5])
+def test_dropping_finished_sequences_changes_no_sample(tiny_cfg, monkeypatch, check_every):
     """Compaction (finished sequences leave the lean decoder's batch once half have finished)
     gives the same rollouts as decoding the whole batch to the end: same tokens, same flags, the
-    same log-probs, and it did drop rows."""
+    same log-probs, and it did drop rows; so does checking for finished rows only every few
+    tokens (as on a GPU), against every token."""
     from tasks.data.splits import splits
     from tasks.rollout.decode import LeanDecoder
 
     model, tok = load_policy(resolve_model_path(tiny_cfg))
     prompts = [chat_prompt(tok, p.prompt) for p in splits(tiny_cfg).train[:6]]
     monkeypatch.setattr(HFGenerator, "COMPACT_AT", 0.25)  # this model finishes ~40% by 24
+    monkeypatch.setattr(HFGenerator, "CHECK_EVERY", {"cpu": check_every})
     kept: list[int] = []
     keep = LeanDecoder.keep
     monkeypatch.setattr(
@@ -283,6 +286,7 @@ def test_dropping_finished_sequences_changes_no_sample(tiny_cfg, monkeypatch):
         torch.manual_seed(0)
         gen = HFGenerator(model, tok, max_prompt_len=64, compact=compact)
         outs[compact] = gen.generate(prompts, n=4, temperature=1.0, top_p=1.0, max_new_tokens=24)
+        monkeypatch.setattr(HFGenerator, "CHECK_EVERY", {})  # the reference checks every token
     assert kept and all(0 < k < 24 for k in kept)  # rows were dropped, never all of them
     a, b = outs[True], outs[False]
     assert a.response_ids == b.response_ids and a.finished == b.finished

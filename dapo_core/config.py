@@ -146,8 +146,9 @@ class AlgoConfig:
     """Dual-clip constant c for negative advantages (extra, not in the paper); null = off."""
     tis_cap: float | None
     """Truncated importance sampling: weight each token's loss by min(pi_old / pi_rollout, C),
-    correcting for the sampler's arithmetic differing from the trainer's (bf16 rollouts, vLLM);
-    C here, null = off (extra, not in the paper; ``dapo_core.mismatch``)."""
+    correcting for the sampler's arithmetic differing from the trainer's (bf16 rollouts, vLLM)
+    and, for groups carried from earlier steps, for the policy's drift since; C here, null = off
+    (extra, not in the paper; ``dapo_core.mismatch``)."""
     clip_higher: bool
     """Switch: decoupled clip (section 3.1). Off means eps_high = eps_low (symmetric PPO clip)."""
     token_level_loss: bool

@@ -46,9 +46,29 @@ def from_dict(
     def where(key: str) -> str:
         return (origins or {}).get(key, source)
 
+    raw = _backfill(raw)
     cfg = _build(Config, raw, prefix="", where=where)
     _check_values(cfg, source, where)
     return cfg
+
+
+# Keys added after runs were logged, each with the value that behaves as runs did before it
+# existed: a config logged earlier (``dapo reproduce``, a resubmitted sweep run) still loads.
+ADDED_KEYS: dict[tuple[str, str], Any] = {
+    ("algo", "tis_cap"): None,  # no truncated importance sampling
+    ("rollout", "weights"): "policy",  # sampling from the trained weights themselves
+}
+
+
+def _backfill(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``raw`` with each absent :data:`ADDED_KEYS` key set (a copy when one is added)."""
+    absent = [(s, k) for s, k in ADDED_KEYS if isinstance(raw.get(s), Mapping) and k not in raw[s]]
+    if not absent:
+        return raw
+    raw = {name: dict(v) if isinstance(v, Mapping) else v for name, v in raw.items()}
+    for section, key in absent:
+        raw[section][key] = ADDED_KEYS[section, key]
+    return raw
 
 
 def _did_you_mean(name: str, candidates: typing.Iterable[str]) -> str:
@@ -296,6 +316,11 @@ def _check_values(cfg: Config, source: str, where: typing.Callable[[str], str]) 
     need(a.eps_high > 0, f"algo.eps_high must be > 0, got {a.eps_high}")
     need(a.dual_clip_c is None or a.dual_clip_c > 1, "algo.dual_clip_c must be > 1 or null")
     need(a.tis_cap is None or a.tis_cap >= 1, "algo.tis_cap must be >= 1 or null (off)")
+    need(
+        a.tis_cap is None or r.backend != "vllm" or (r.temperature == 1 and r.top_p == 1),
+        "algo.tis_cap needs the sampler's log-probs, which vLLM gives the trainer's way only at "
+        "rollout.temperature=1.0 and rollout.top_p=1.0: set those, or algo.tis_cap=null",
+    )
     need(0 <= a.cache_len < r.max_response_len, "algo.cache_len must be in [0, max_response_len)")
     need(r.group_size >= 2, "rollout.group_size must be >= 2 (advantages need a group)")
     need(0 < r.top_p <= 1, "rollout.top_p must be in (0, 1]")

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from dapo_core.config import LossConfig
-from dapo_core.mismatch import mismatch_sums, tis_weights
+from dapo_core.mismatch import tis_weights
 
 
 def effective_eps_high(cfg: LossConfig) -> float:
@@ -98,9 +98,9 @@ def policy_loss(
     ``clip_frac_high`` = share of valid tokens with A > 0 and r > 1 + eps_high, ``clip_frac_low`` =
     share with A < 0 and r < 1 - eps_low, plus ``ratio_mean`` and ``num_tokens``.
 
-    ``rollout_logp`` (B, T), the sampler's log-probs of the same tokens, adds the train/rollout
-    mismatch sums of ``dapo_core.mismatch`` (keys ``mismatch_*``) and, when ``cfg.tis_cap`` is set,
-    weights each token's loss by the truncated importance weight min(pi_old / pi_rollout, C).
+    ``rollout_logp`` (B, T), the sampler's log-probs of the same tokens: when ``cfg.tis_cap`` is
+    set, each token's loss is weighted by the truncated importance weight
+    min(pi_old / pi_rollout, C) (``dapo_core.mismatch``).
     """
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(logp)  # (B, T)
@@ -129,9 +129,6 @@ def policy_loss(
             "ratio_mean": (ratio.detach() * mask).sum() / n,
             "num_tokens": mask.sum(),
         }
-        if rollout_logp is not None:
-            sums = mismatch_sums(old_logp, rollout_logp, response_mask)
-            metrics |= {f"mismatch_{k}": v for k, v in sums.items()}
     return loss, metrics
 
 

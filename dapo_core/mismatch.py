@@ -40,12 +40,12 @@ def mismatch_sums(
     by ``tokens`` for the means of the module docstring), ``max_ratio`` (combine by max)."""
     valid = mask.bool()
     lr = log_ratio(old_logp, rollout_logp, mask)
-    lr = lr.to(torch.promote_types(lr.dtype, torch.float32))  # bf16 sums lose the small gaps
+    lr = lr.to(torch.promote_types(lr.dtype, torch.float32))  # sums in at least fp32
     zero = torch.zeros_like(lr)
     return {
         "abs_diff": torch.where(valid, lr.abs(), zero).sum(),
         # r - 1 - log r as expm1(log r) - log r: exact near r = 1, where the gaps live
         "kl": torch.where(valid, torch.expm1(lr) - lr, zero).sum(),
-        "max_ratio": torch.where(valid, lr.exp(), zero).max() if valid.any() else zero.sum(),
+        "max_ratio": torch.where(valid, lr.exp(), zero).amax(),  # 0 when nothing is valid
         "tokens": valid.sum().float(),
     }

@@ -14,6 +14,7 @@ sweep then submits to that pool and starts nothing itself.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -28,6 +29,8 @@ from typing import Any
 
 from dapo_core.errors import PipelineError
 from tasks.tracking.store import stop_group
+
+log = logging.getLogger(__name__)
 
 LOCAL_POOL = "dapo-local"
 SERVER_START_TIMEOUT_S = 120.0
@@ -105,7 +108,10 @@ def flush_to_server() -> None:
     from prefect.logging.handlers import APILogWorker
 
     for service in (APILogWorker, EventsWorker):
-        service.drain_all(timeout=10)
+        try:
+            service.drain_all(timeout=10)
+        except Exception as e:  # never hide the sweep's own outcome behind a logging failure
+            log.warning("could not flush Prefect %s before stopping the server: %s", service, e)
 
 
 def _start(cmd: list[str], env: dict[str, str], log: Path, stack: ExitStack) -> subprocess.Popen:

@@ -15,6 +15,7 @@ the trainer's).
 
 from __future__ import annotations
 
+import copy as copy_module
 import os
 import types
 from collections.abc import Callable
@@ -177,7 +178,6 @@ class HFGenerator:
         self.min_new_tokens = min_new_tokens
         self.lean = lean  # tasks.rollout.decode.LeanDecoder where the architecture allows
         self.compact = compact  # drop finished sequences from the lean decoder's batch
-        self.policy = model  # the trained model; self.model samples (a copy: with_weights)
         eos = model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
         self.eos_ids = {e for e in eos + [tokenizer.eos_token_id] if e is not None}
@@ -186,9 +186,7 @@ class HFGenerator:
     def with_weights(cls, model, tokenizer, max_prompt_len: int, dtype: torch.dtype, **kwargs):
         """A generator that samples from a copy of ``model`` in ``dtype``, refreshed in place by
         :meth:`sync_weights` (the trainer calls it before each rollout)."""
-        gen = cls(rollout_copy(model, dtype), tokenizer, max_prompt_len, **kwargs)
-        gen.policy = model
-        return gen
+        return cls(rollout_copy(model, dtype), tokenizer, max_prompt_len, **kwargs)
 
     @torch.no_grad()
     def sync_weights(self, model) -> None:
@@ -368,9 +366,10 @@ class VLLMGenerator:
         from vllm import SamplingParams
 
         prompt_ids, n_trunc = encode_prompts(self.tokenizer, prompts, self.max_prompt_len)
-        # vLLM's default logprobs mode is the raw distribution (before temperature): it equals the
-        # trainer's temperature-scaled one only at temperature 1 (DAPO's), so ask only then.
-        want_logprobs = temperature == 1.0
+        # vLLM V1 returns log-probs of the raw distribution (before temperature), V0 of the
+        # processed one (after temperature and top-p): both equal the trainer's temperature-scaled,
+        # unrestricted distribution only at temperature 1 and top-p 1 (DAPO's), so ask only then.
+        want_logprobs = temperature == 1.0 and top_p == 1.0
         params = SamplingParams(
             n=n,
             temperature=temperature,
@@ -401,8 +400,8 @@ def rollout_copy(model, dtype: torch.dtype):
     way), its weights cast from the model's, its buffers (the rotary table) copied as they are."""
     from transformers import AutoModelForCausalLM
 
-    with torch.device("meta"):
-        copy = AutoModelForCausalLM.from_config(model.config, dtype=dtype)
+    with torch.device("meta"):  # its own config: from_config would share (and change) the model's
+        copy = AutoModelForCausalLM.from_config(copy_module.deepcopy(model.config), dtype=dtype)
     copy = copy.to_empty(device=model.device)
     copy.tie_weights()
     copy.load_state_dict(model.state_dict())

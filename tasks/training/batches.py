@@ -56,7 +56,8 @@ class Group:
     finished: list[bool]
     acc: list[bool]
     texts: list[str]
-    logprobs: list[list[float]] | None = None  # the sampler's, per response token
+    logprobs: list[torch.Tensor] | None = None  # the sampler's, per response token (float32)
+    step: int | None = None  # the training step whose rollout sampled it (carried groups: earlier)
 
 
 @dataclass
@@ -69,6 +70,7 @@ class Sample:
     keep: bool  # False when overlong filtering masks it out
     old_logp: torch.Tensor | None = None  # (response_len,), when several updates per rollout
     rollout_logp: torch.Tensor | None = None  # (response_len,), the sampler's log-probs
+    fresh: bool = True  # sampled by this step's policy (not a group carried from an earlier step)
 
 
 def micro_batches(

@@ -25,7 +25,7 @@ from tasks.rollout.generators import HFGenerator, VLLMGenerator
 from tasks.rundir import ResumePoint, RunDir
 from tasks.runtime import configure_torch
 from tasks.training import checkpoint
-from tasks.training.distributed import barrier, init_distributed
+from tasks.training.distributed import barrier, env_world_size, init_distributed
 from tasks.training.trainer import DAPOTrainer, MetricsSink, StepResult
 
 log = logging.getLogger(__name__)
@@ -61,13 +61,18 @@ def make_generator(cfg: Config, model, tokenizer, model_path: str):
 
 def rollout_dtype(cfg: Config, model) -> torch.dtype | None:
     """The dtype of the sampler's own copy of the weights (``rollout.weights``), or None to
-    sample from the policy itself: under ZeRO-3 the policy's weights exist only in shards."""
+    sample from the policy itself: under ZeRO-3 on several ranks the policy's weights exist only
+    in shards."""
     weights, current = cfg.rollout.weights, next(model.parameters()).dtype
-    if weights == "bfloat16" and cfg.train.zero_stage == 3:
+    sharded = cfg.train.zero_stage == 3 and env_world_size() > 1
+    if weights == "bfloat16" and sharded:
         log.warning("rollout.weights=bfloat16 is ignored under ZeRO-3: sampling from the policy")
-    if weights == "policy" or cfg.train.zero_stage == 3:
+    if weights == "policy" or sharded:
         return None
-    if weights == "auto" and (model.device.type != "cuda" or current != torch.float32):
+    # auto: not under DeepSpeed either, whose bf16 mode casts the policy itself to bf16 later.
+    if weights == "auto" and (
+        model.device.type != "cuda" or current != torch.float32 or env_world_size() > 1
+    ):
         return None
     return None if current == torch.bfloat16 else torch.bfloat16
 

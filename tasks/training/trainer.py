@@ -41,6 +41,7 @@ from dapo_core.config import Config
 from dapo_core.errors import TrainingStopped
 from dapo_core.loss import long_weight_share, policy_loss
 from dapo_core.metrics import masked_mean
+from dapo_core.mismatch import mismatch_sums
 from dapo_core.overlong import overlong_filter_mask, shaped_rewards
 from dapo_core.problem import Problem
 from dapo_core.reward import extract_answer, score
@@ -72,6 +73,12 @@ from tasks.training.step_metrics import (
 )
 
 MetricsSink = Callable[[dict[str, float], int], None]
+
+
+def _as_tensors(logprobs: list) -> list[torch.Tensor]:
+    """Per-response log-probs as float32 tensors (4 bytes a token where a Python float takes 24,
+    in the carried buffer, its checkpoints and the ranks' all-gather)."""
+    return [torch.as_tensor(lp, dtype=torch.float32) for lp in logprobs]
 
 
 def seed_everything(seed: int) -> None:
@@ -261,7 +268,8 @@ class DAPOTrainer:
                         out.finished[sl],
                         acc,
                         out.texts[sl],
-                        out.logprobs[sl] if out.logprobs is not None else None,
+                        _as_tensors(out.logprobs[sl]) if out.logprobs is not None else None,
+                        self.step,
                     )
                 )
         gen_log["gen_time"] += time.perf_counter() - t0
@@ -306,6 +314,7 @@ class DAPOTrainer:
                         float(adv[k]),
                         bool(keep[k]),
                         rollout_logp=rollout_logps[j] if rollout_logps else None,
+                        fresh=getattr(g, "step", None) == self.step,
                     )
                 )
         carrying = [len(s.input_ids) - s.prompt_len for s in samples if s.keep and s.advantage]
@@ -323,11 +332,13 @@ class DAPOTrainer:
         if logprobs is None:
             if self.cfg.algo.tis_cap is not None:
                 raise TrainingStopped(
-                    "algo.tis_cap needs the sampler's log-probs and this rollout backend gives "
-                    "none (vLLM gives them only at rollout.temperature=1.0): set algo.tis_cap=null"
+                    "algo.tis_cap needs the sampler's log-probs: this rollout backend gave none "
+                    "(vLLM gives them at rollout.temperature=1.0 and top_p=1.0), or a group "
+                    "carried in a checkpoint from an older version lacks them. Set "
+                    "algo.tis_cap=null"
                 )
             return None
-        return [torch.tensor(lp, dtype=torch.float32) for lp in logprobs]
+        return _as_tensors(logprobs)
 
     # -- forward -------------------------------------------------------------------------------
 
@@ -389,6 +400,10 @@ class DAPOTrainer:
             loss, m = policy_loss(
                 logp, old, adv, mask, self.loss_cfg, normalizer=normalizer, rollout_logp=rollout
             )
+            if rollout is not None:  # the sampler's arithmetic: groups sampled this step only
+                fresh = torch.tensor([float(s.fresh) for s in batch], device=self.device)
+                gap = mismatch_sums(old, rollout, mask * fresh[:, None])
+                m |= {f"mismatch_{k}": v for k, v in gap.items()}
             self.engine.backward(loss, boundary=i == len(batches) - 1)
             if not real:
                 continue
@@ -403,7 +418,7 @@ class DAPOTrainer:
             sums["loss"] += got["loss"]
             for k in ("clip_frac_high", "clip_frac_low", "entropy"):  # token means -> sums
                 sums[k] += got[k] * t
-            if "mismatch_tokens" in got:
+            if got.get("mismatch_tokens"):
                 for k in ("mismatch_abs_diff", "mismatch_kl", "mismatch_tokens"):
                     sums[k] += got[k]
                 max_ratio = max(max_ratio, got["mismatch_max_ratio"])

@@ -168,3 +168,27 @@ def test_the_chain_preset_puts_long_chains_in_the_buffer():
     assert np.mean(longest) > buffer_start
     shortest = [min_tokens(p) for p in train if len(operands(p)) == 2]
     assert max(shortest) < buffer_start / 2
+
+
+def test_a_config_logged_before_a_key_existed_still_loads():
+    """dapo reproduce and resubmitted sweep runs read configs logged by older versions: keys
+    added since take the value that behaves as those runs did."""
+    from dapo_core.config_loader import ADDED_KEYS, from_dict
+    from tasks.params import load_params
+
+    logged = load_params().to_dict()
+    for section, key in ADDED_KEYS:
+        del logged[section][key]
+    cfg = from_dict(logged, source="the run's config")
+    assert cfg.algo.tis_cap is None and cfg.rollout.weights == "policy"
+    assert "tis_cap" not in logged["algo"]  # the caller's mapping is left as it was
+
+
+def test_tis_with_vllm_needs_the_distribution_vllm_reports():
+    from dapo_core.config import ConfigError
+    from tasks.params import load_params
+
+    ok = ["rollout.backend=vllm", "algo.tis_cap=2"]
+    assert load_params(overrides=ok).algo.tis_cap == 2.0  # temperature 1, top-p 1
+    with pytest.raises(ConfigError, match="algo.tis_cap needs the sampler's log-probs"):
+        load_params(overrides=[*ok, "rollout.temperature=0.7"])

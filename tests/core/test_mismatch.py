@@ -69,8 +69,7 @@ def test_tis_weights_each_tokens_loss_and_gradient():
     capped, g_capped, m = _loss(1.5, rollout)  # weights min(2, 1.5) = 1.5 and 0.5
     assert capped == pytest.approx(-(1.5 + 0.5) / 2)
     torch.testing.assert_close(g_capped, torch.tensor([[-0.75, -0.25]]))
-    assert m["mismatch_max_ratio"].item() == pytest.approx(2.0)
-    assert m["mismatch_tokens"].item() == 2
+    assert m["num_tokens"].item() == 2
 
 
 def test_tis_without_rollout_log_probs_is_refused():

@@ -289,7 +289,8 @@ def test_engine_weights_are_synced_before_each_rollout(tiny_cfg, tmp_path):
 def test_rollout_mismatch_is_measured_and_tis_weights_the_loss(tiny_cfg, tmp_path):
     """On CPU the sampler and the trainer agree (same weights, fp32): the measured gap is float
     noise. Rollout log-probs shifted by log 2 (pi_old / pi_rollout = 2 on every token) show up as
-    that ratio and that KL, and TIS with C = 1.5 scales the token-level loss by 1.5 exactly."""
+    that ratio and that KL, and TIS with C = 1.5 scales the token-level loss by 1.5 exactly, for
+    carried groups too (whose gap is not logged)."""
     one_update = ["algo.dynamic_sampling=false", "train.mini_batch=4"]
     base = resolve(tiny_cfg.to_dict(), overrides=one_update)
     t = _trainer(base, tmp_path / "a")
@@ -299,7 +300,7 @@ def test_rollout_mismatch_is_measured_and_tis_weights_the_loss(tiny_cfg, tmp_pat
     assert out["mismatch_abs_diff"] < 1e-4 and 0 <= out["mismatch_kl"] < 1e-6
 
     for g in groups:
-        g.logprobs = [[x - math.log(2) for x in lp] for lp in g.logprobs]
+        g.logprobs = [lp - math.log(2) for lp in g.logprobs]
 
     def loss_with(cap):
         cfg = resolve(tiny_cfg.to_dict(), overrides=[*one_update, f"algo.tis_cap={cap}"])
@@ -310,6 +311,12 @@ def test_rollout_mismatch_is_measured_and_tis_weights_the_loss(tiny_cfg, tmp_pat
     assert plain["mismatch_max_ratio"] == pytest.approx(2.0, rel=1e-3)
     assert plain["mismatch_kl"] == pytest.approx(1 - math.log(2), rel=1e-3)
     assert plain["loss"] != 0 and tis["loss"] == pytest.approx(1.5 * plain["loss"], rel=1e-5)
+    # Groups carried from an earlier step: TIS still weights them (they are off-policy), but
+    # their gap measures the policy's drift, not the sampler's arithmetic, so it is not logged.
+    for g in groups:
+        g.step = -1
+    carried = loss_with(1.5)
+    assert "mismatch_kl" not in carried and carried["loss"] == pytest.approx(tis["loss"])
 
 
 def test_tis_without_sampler_log_probs_stops_with_a_remedy(tiny_cfg, tmp_path):
@@ -343,3 +350,18 @@ def test_bf16_rollout_weights_track_the_policy_in_place(tiny_cfg, tmp_path):
     copy = dict(gen.model.named_parameters())
     assert all(torch.equal(copy[n], p.to(torch.bfloat16)) for n, p in model.named_parameters())
     assert [p.data_ptr() for p in gen.model.parameters()] == ptrs
+
+
+def test_rollout_copy_only_where_the_policy_is_whole(tiny_cfg, monkeypatch):
+    """A bf16 sampling copy needs the policy's full weights: none under ZeRO-3 on several ranks
+    (shards only), one under a ZeRO-3 setting on a single process (DeepSpeed is not used)."""
+    from tasks.training.run import rollout_dtype
+
+    model, _ = load_policy(resolve_model_path(tiny_cfg), "float32")
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["rollout.weights=bfloat16", "train.zero_stage=3"])
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert rollout_dtype(cfg, model) == torch.bfloat16
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert rollout_dtype(cfg, model) is None
+    policy = resolve(tiny_cfg.to_dict(), overrides=["rollout.weights=policy"])
+    assert rollout_dtype(policy, model) is None

@@ -446,10 +446,10 @@ class DAPOTrainer:
         rows = [getattr(s, field) for s in batch]
         if any(r is None for r in rows):
             return None
-        out = torch.zeros_like(like, dtype=torch.float32).detach()
-        for j, r in enumerate(rows):
-            out[j, : len(r)] = r
-        return out.to(like.dtype)
+        # One padding op on the rows' device and one copy to ``like``'s, not a copy per row.
+        out = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+        out = torch.nn.functional.pad(out, (0, like.shape[1] - out.shape[1]))
+        return out.to(like.device, like.dtype)
 
     # -- metrics and state ---------------------------------------------------------------------
 

@@ -27,6 +27,12 @@ def shape(text: str) -> tuple[int, int, int]:
     return P, G, L
 
 
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued kernels (asynchronous on CUDA) before reading the clock."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a count that must be at least 1."""
     if not text.isdigit() or int(text) < 1:

@@ -39,18 +39,13 @@ from tasks.rollout.generators import HFGenerator
 SIDES = ("ours", "generate", "static")
 
 
-def _sync(model) -> None:
-    if model.device.type == "cuda":
-        torch.cuda.synchronize(model.device)
-
-
 def ours(model, tok, prompts: list[str], G: int, L: int) -> float:
     """Seconds to sample len(prompts) x G completions of exactly L tokens with our sampler."""
     gen = HFGenerator(model, tok, max_prompt_len=256, min_new_tokens=L)
-    _sync(model)
+    common.sync(model.device)
     t = time.perf_counter()
     out = gen.generate(prompts, G, temperature=1.0, top_p=1.0, max_new_tokens=L)
-    _sync(model)
+    common.sync(model.device)
     elapsed = time.perf_counter() - t
     # Equal work: L decode positions per sample (a sample can still come back shorter: trailing
     # pad tokens that a random model happens to draw are stripped from a truncated response).
@@ -64,7 +59,7 @@ def baseline(model, tok, prompts: list[str], G: int, L: int, cache: str | None =
     tok.padding_side = "left"
     batch = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     batch = batch.to(model.device)
-    _sync(model)
+    common.sync(model.device)
     t = time.perf_counter()
     out = model.generate(
         **batch,
@@ -78,7 +73,7 @@ def baseline(model, tok, prompts: list[str], G: int, L: int, cache: str | None =
         pad_token_id=tok.pad_token_id,
         cache_implementation=cache,
     )
-    _sync(model)
+    common.sync(model.device)
     elapsed = time.perf_counter() - t
     assert out.shape[1] - batch["input_ids"].shape[1] == L
     return elapsed

@@ -51,7 +51,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 import tasks.training.forward
-from bench.common import positive_int
+from bench.common import positive_int, sync
 from dapo_core.problem import Problem
 from tasks.params import load_params
 from tasks.training.batches import sample_padding_fraction
@@ -173,11 +173,6 @@ def analytic_flops(
     return {**terms, "total": sum(terms.values())}
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)  # kernels are asynchronous: wait before reading the clock
-
-
 def measure(
     model, P: int, G: int, L: int, prompt_len: int, budget: int, steps: int, warmup: int = 2
 ) -> dict:
@@ -201,10 +196,10 @@ def measure(
         torch.cuda.reset_peak_memory_stats(device)
     times = []
     for _ in range(steps):
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         outs.append(trainer._update(samples))
-        _sync(device)
+        sync(device)
         times.append(time.perf_counter() - t0)
     split = time_split(trainer, samples, steps)
     median, flops = statistics.median(times), counter.get_total_flops()
@@ -237,10 +232,10 @@ def time_split(trainer: DAPOTrainer, samples: list[Sample], steps: int) -> dict[
 
     def timed(fn, key):
         def run(*args, **kwargs):
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             out = fn(*args, **kwargs)
-            _sync(device)
+            sync(device)
             spent[key] = spent.get(key, 0.0) + time.perf_counter() - t0
             return out
 
@@ -252,10 +247,10 @@ def time_split(trainer: DAPOTrainer, samples: list[Sample], steps: int) -> dict[
     try:
         for _ in range(steps):
             spent.clear()
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             trainer._update(samples)
-            _sync(device)
+            sync(device)
             total = time.perf_counter() - t0
             rows.append({**spent, "forward": total - sum(spent.values()), "total": total})
     finally:

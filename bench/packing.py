@@ -23,7 +23,7 @@ import statistics
 import numpy as np
 
 from bench.common import positive_int, shape
-from tasks.training.batches import micro_batches, padding_fraction
+from tasks.training.batches import fed_tokens, micro_batches, padding_fraction
 
 PACKINGS = ("group", "length", "best")
 # (P x G x L, token budget): the chain preset's step, the issue-12 shape, a long-response shape.
@@ -40,14 +40,6 @@ def lengths(P: int, G: int, L: int, args, rng) -> tuple[list[int], list[int], li
     return prompts, [int(prompt_len[p]) for p in prompts], resp.tolist()
 
 
-def fed_tokens(prompts, prompt_lens, response_lens, batches) -> int:
-    return sum(
-        len({prompts[i] for i in b}) * max(prompt_lens[i] for i in b)
-        + len(b) * max(response_lens[i] for i in b)
-        for b in batches
-    )
-
-
 def measure(P: int, G: int, L: int, budget: int, args) -> dict[str, dict[str, float]]:
     rng = np.random.default_rng(args.seed)
     rows: dict[str, list[tuple[int, float]]] = {k: [] for k in PACKINGS}
@@ -55,7 +47,7 @@ def measure(P: int, G: int, L: int, budget: int, args) -> dict[str, dict[str, fl
         prompts, prompt_lens, response_lens = lengths(P, G, L, args, rng)
         for k in PACKINGS:
             batches = micro_batches(prompts, prompt_lens, response_lens, budget, packing=k)
-            fed = fed_tokens(prompts, prompt_lens, response_lens, batches)
+            fed = sum(fed_tokens(b, prompts, prompt_lens, response_lens) for b in batches)
             rows[k].append((fed, padding_fraction(prompts, prompt_lens, response_lens, batches)))
     return {
         k: {

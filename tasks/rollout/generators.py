@@ -281,17 +281,14 @@ class HFGenerator:
             done |= torch.isin(nxt, eos)
             if t == max_new_tokens - 1:
                 break
-            if (t + 1) % check_every:  # not a check step: no host synchronisation
-                logits = decoder.step(nxt, next_pos)
-                next_pos = next_pos + 1
-                continue
-            finished = int(done.sum())
-            if finished == len(done):
-                break
-            if can_compact and finished >= self.COMPACT_AT * len(done):
-                keep = (~done).nonzero().squeeze(1)
-                decoder.keep(keep)
-                live, nxt, next_pos, done = live[keep], nxt[keep], next_pos[keep], done[keep]
+            if (t + 1) % check_every == 0:  # a check step: the one host synchronisation
+                finished = int(done.sum())
+                if finished == len(done):
+                    break
+                if can_compact and finished >= self.COMPACT_AT * len(done):
+                    keep = (~done).nonzero().squeeze(1)
+                    decoder.keep(keep)
+                    live, nxt, next_pos, done = live[keep], nxt[keep], next_pos[keep], done[keep]
             logits = decoder.step(nxt, next_pos)
             next_pos = next_pos + 1
         generated = tokens[:, : t + 1].tolist()  # (P*n, t + 1)

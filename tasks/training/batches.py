@@ -73,6 +73,16 @@ class Sample:
     fresh: bool = True  # sampled by this step's policy (not a group carried from an earlier step)
 
 
+def fed_tokens(
+    batch: list[int], prompts: list[int], prompt_lens: list[int], response_lens: list[int]
+) -> int:
+    """Tokens one micro-batch of sample indices feeds, padding included: its distinct prompts,
+    each run once at the longest prompt's width, and its responses at the longest one's."""
+    n_prompts = len({prompts[i] for i in batch})
+    longest_prompt = max(prompt_lens[i] for i in batch)
+    return n_prompts * longest_prompt + len(batch) * max(response_lens[i] for i in batch)
+
+
 def micro_batches(
     prompts: list[int],
     prompt_lens: list[int],
@@ -101,9 +111,7 @@ def micro_batches(
     groups = sorted(by_prompt.values(), key=lambda idx: -max(response_lens[i] for i in idx))
 
     def cost(batch: list[int]) -> int:
-        n_prompts = len({prompts[i] for i in batch})
-        longest_prompt = max(prompt_lens[i] for i in batch)
-        return n_prompts * longest_prompt + len(batch) * max(response_lens[i] for i in batch)
+        return fed_tokens(batch, prompts, prompt_lens, response_lens)
 
     def pack(units: list[list[int]]) -> list[list[int]]:
         batches: list[list[int]] = [[]]
@@ -190,11 +198,9 @@ def padding_fraction(
     padding: 1 - (each micro-batch's distinct prompts' and responses' own lengths) / fed."""
     fed = real = 0
     for b in batches:
-        first = {prompts[i]: i for i in b}  # one sample per distinct prompt
-        fed += len(first) * max(prompt_lens[i] for i in b) + len(b) * max(
-            response_lens[i] for i in b
-        )
-        real += sum(prompt_lens[i] for i in first.values()) + sum(response_lens[i] for i in b)
+        one_each = {prompts[i]: i for i in b}  # one sample per distinct prompt
+        fed += fed_tokens(b, prompts, prompt_lens, response_lens)
+        real += sum(prompt_lens[i] for i in one_each.values()) + sum(response_lens[i] for i in b)
     return 1.0 - real / fed if fed else 0.0
 
 

@@ -67,14 +67,14 @@ def rollout_dtype(cfg: Config, model) -> torch.dtype | None:
     sharded = cfg.train.zero_stage == 3 and env_world_size() > 1
     if weights == "bfloat16" and sharded:
         log.warning("rollout.weights=bfloat16 is ignored under ZeRO-3: sampling from the policy")
-    if weights == "policy" or sharded:
+    if weights == "policy" or sharded or current == torch.bfloat16:
         return None
     # auto: not under DeepSpeed either, whose bf16 mode casts the policy itself to bf16 later.
     if weights == "auto" and (
         model.device.type != "cuda" or current != torch.float32 or env_world_size() > 1
     ):
         return None
-    return None if current == torch.bfloat16 else torch.bfloat16
+    return torch.bfloat16
 
 
 def recording_sink(run_dir: RunDir, after: int, forward: MetricsSink | None) -> MetricsSink:

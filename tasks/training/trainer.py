@@ -326,8 +326,9 @@ class DAPOTrainer:
         return samples, stats
 
     def _rollout_logps(self, group: Group) -> list[torch.Tensor] | None:
-        """The sampler's log-probs of each response (None when the backend gives none, or for a
-        group carried in a checkpoint written before they were kept)."""
+        """The sampler's log-probs of each response, as ``_generate_groups`` stored them (None
+        when the backend gives none, or for a group carried in a checkpoint written before they
+        were kept)."""
         logprobs = getattr(group, "logprobs", None)
         if logprobs is None:
             if self.cfg.algo.tis_cap is not None:
@@ -338,7 +339,7 @@ class DAPOTrainer:
                     "algo.tis_cap=null"
                 )
             return None
-        return _as_tensors(logprobs)
+        return logprobs
 
     # -- forward -------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ def fixed_groups(n_prompts: int, group_size: int, vocab: int) -> list[Group]:
         ]
         acc = [(i + j) % 3 == 0 for j in range(group_size)]
         # Sampler log-probs far above the model's (~ -log vocab): TIS weights far below 1.
-        logprobs = [[-1.0 - 0.5 * (k % 3) for k in range(len(r))] for r in responses]
+        logprobs = [-1.0 - 0.5 * (torch.arange(len(r)) % 3).float() for r in responses]
         blank = [""] * group_size
         groups.append(
             Group(f"p{i}", "0", prompt, responses, [True] * group_size, acc, blank, logprobs)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -307,8 +308,13 @@ def _check_values(cfg: Config, source: str, where: typing.Callable[[str], str]) 
     """Cross-field rules that types cannot express."""
 
     def need(ok: bool, msg: str) -> None:
+        """Fail with ``msg``, blaming where its keys were set: a ``-S`` override of one of the
+        keys it names, else an overlay that set one, else ``source``."""
         if not ok:
-            raise ConfigError(f"{source}: {msg}")
+            origins = [where(k) for k in re.findall(r"\b[a-z]+\.[a-z_]+\b", msg)]
+            overrides = [o for o in origins if o.startswith("override")]
+            blamed = (overrides or [o for o in origins if o != source] or [source])[0]
+            raise ConfigError(f"{blamed}: {msg}")
 
     _check_bounds(cfg, where)
     a, t, r, e, d = cfg.algo, cfg.train, cfg.rollout, cfg.eval, cfg.data

@@ -192,3 +192,14 @@ def test_tis_with_vllm_needs_the_distribution_vllm_reports():
     assert load_params(overrides=ok).algo.tis_cap == 2.0  # temperature 1, top-p 1
     with pytest.raises(ConfigError, match="algo.tis_cap needs the sampler's log-probs"):
         load_params(overrides=[*ok, "rollout.temperature=0.7"])
+
+
+def test_a_cross_field_rule_blames_the_override_that_broke_it():
+    from dapo_core.config import ConfigError
+    from tasks.params import load_params
+
+    with pytest.raises(ConfigError, match=r"^override -S algo.tis_cap=0.5: algo.tis_cap must be"):
+        load_params(overrides=["algo.tis_cap=0.5"])
+    # prompt_batch from the preset, mini_batch from -S: the override is what to change
+    with pytest.raises(ConfigError, match=r"^override -S train.mini_batch=5: train.prompt_batch"):
+        load_params(overlays=["configs/chain.yaml"], overrides=["train.mini_batch=5"])

@@ -1,7 +1,7 @@
 """Generation throughput of the HF rollout backend against transformers ``generate``, in one run.
 
 All sides sample P prompts x G completions of exactly L new tokens (EOS suppressed before L) from
-the same model, with temperature 1 and no top-p:
+the same model, with temperature 1 and top-p 1 (``--top-p`` for another):
 - ours: ``tasks.rollout.generators.HFGenerator``. Each prompt is prefilled once, its KV cache is
   shared by its G samples, keys and values are written in place, and the lean decode step is used
   (``tasks.rollout.decode``);
@@ -14,12 +14,17 @@ Runs are interleaved, the first of each side is dropped as warm-up, and the medi
 tokens per second and of milliseconds per generated position (the call's time / L, prefill
 included) are printed, with each baseline's time over ours.
 
+On CUDA ours decodes with CUDA graphs (``tasks.rollout.graphs``); the ``eager`` side is the same
+sampler with ``graphs=False`` (the lean step launched kernel by kernel).
+
 Models (``--model``): ``tiny``, the embedded Qwen2 with random weights (fp32); ``qwen2.5-0.5b``,
-Qwen2.5-0.5B's shape with random weights and its 151,936-token vocabulary (bf16 on CUDA; the
-tiny tokenizer writes the prompts, whose ids the large vocabulary contains).
+Qwen2.5-0.5B's shape with random weights and its 151,936-token vocabulary, and
+``smollm2-135m``, SmolLM2-135M's Llama shape (bf16 on CUDA; the tiny tokenizer writes the
+prompts, whose ids the large vocabularies contain).
 
     python -m bench.generation --shapes 16x8x16 8x8x64 --repeats 5
     python -m bench.generation --model qwen2.5-0.5b --shapes 8x8x512 64x8x512   # CUDA: B=64, 512
+    python -m bench.generation --model smollm2-135m --shapes 200x8x96 --sides eager  # evaluation
 """
 
 from __future__ import annotations
@@ -36,15 +41,29 @@ from bench.mfu import SHAPES, build_model
 from tasks.models.loading import chat_prompt, load_policy
 from tasks.rollout.generators import HFGenerator
 
-SIDES = ("ours", "generate", "static")
+SIDES = ("ours", "eager", "generate", "static")
 
 
-def ours(model, tok, prompts: list[str], G: int, L: int) -> float:
-    """Seconds to sample len(prompts) x G completions of exactly L tokens with our sampler."""
-    gen = HFGenerator(model, tok, max_prompt_len=256, min_new_tokens=L)
+def sampler(model, tok, L: int, graphs: bool | None = None) -> HFGenerator:
+    """Our sampler, forced to L tokens per sample (``graphs``: see ``HFGenerator``)."""
+    return HFGenerator(model, tok, max_prompt_len=256, min_new_tokens=L, graphs=graphs)
+
+
+def ours(
+    model,
+    tok,
+    prompts: list[str],
+    G: int,
+    L: int,
+    gen: HFGenerator | None = None,
+    top_p: float = 1.0,
+) -> float:
+    """Seconds to sample len(prompts) x G completions of exactly L tokens with our sampler
+    (``gen``, kept across calls, or a new one)."""
+    gen = gen or sampler(model, tok, L)
     common.sync(model.device)
     t = time.perf_counter()
-    out = gen.generate(prompts, G, temperature=1.0, top_p=1.0, max_new_tokens=L)
+    out = gen.generate(prompts, G, temperature=1.0, top_p=top_p, max_new_tokens=L)
     common.sync(model.device)
     elapsed = time.perf_counter() - t
     # Equal work: L decode positions per sample (a sample can still come back shorter: trailing
@@ -54,7 +73,9 @@ def ours(model, tok, prompts: list[str], G: int, L: int) -> float:
 
 
 @torch.no_grad()
-def baseline(model, tok, prompts: list[str], G: int, L: int, cache: str | None = None) -> float:
+def baseline(
+    model, tok, prompts: list[str], G: int, L: int, cache: str | None = None, top_p: float = 1.0
+) -> float:
     """Seconds for transformers ``generate`` to do the same (``cache``: cache_implementation)."""
     tok.padding_side = "left"
     batch = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -68,7 +89,7 @@ def baseline(model, tok, prompts: list[str], G: int, L: int, cache: str | None =
         max_new_tokens=L,
         min_new_tokens=L,
         temperature=1.0,
-        top_p=1.0,
+        top_p=top_p,
         top_k=0,
         pad_token_id=tok.pad_token_id,
         cache_implementation=cache,
@@ -79,22 +100,30 @@ def baseline(model, tok, prompts: list[str], G: int, L: int, cache: str | None =
     return elapsed
 
 
-def bench_shape(model, tok, problems, P: int, G: int, L: int, repeats: int) -> dict[str, float]:
+def bench_shape(
+    model, tok, problems, P: int, G: int, L: int, repeats: int, sides=SIDES, top_p: float = 1.0
+) -> dict[str, float]:
     """Median seconds of each side (interleaved, first run dropped), and derived figures."""
     prompts = [chat_prompt(tok, p.prompt) for p in problems[:P]]
+    # One generator per side for the whole shape, as training keeps one: CUDA graphs are
+    # captured in the dropped first run and replayed after.
+    gens = {"ours": sampler(model, tok, L), "eager": sampler(model, tok, L, graphs=False)}
     runs = {
-        "ours": lambda: ours(model, tok, prompts, G, L),
-        "generate": lambda: baseline(model, tok, prompts, G, L),
-        "static": lambda: baseline(model, tok, prompts, G, L, cache="static"),
+        "ours": lambda: ours(model, tok, prompts, G, L, gens["ours"], top_p),
+        "eager": lambda: ours(model, tok, prompts, G, L, gens["eager"], top_p),
+        "generate": lambda: baseline(model, tok, prompts, G, L, top_p=top_p),
+        "static": lambda: baseline(model, tok, prompts, G, L, cache="static", top_p=top_p),
     }
-    times: dict[str, list[float]] = {k: [] for k in SIDES}
+    times: dict[str, list[float]] = {k: [] for k in sides}
     for _ in range(repeats + 1):
-        for k in SIDES:
+        for k in sides:
             times[k].append(runs[k]())
     med = {k: statistics.median(v[1:]) for k, v in times.items()}
-    out = {f"{k}_tps": P * G * L / med[k] for k in SIDES}
-    out |= {f"{k}_ms": 1000 * med[k] / L for k in SIDES}
-    out |= {f"{k}_over_ours": med[k] / med["ours"] for k in SIDES[1:]}
+    out = {f"{k}_tps": P * G * L / med[k] for k in sides}
+    out |= {f"{k}_ms": 1000 * med[k] / L for k in sides}
+    out |= {f"{k}_s": med[k] for k in sides}
+    out |= {f"{k}_first_s": times[k][0] for k in sides}
+    out |= {f"{k}_over_ours": med[k] / med["ours"] for k in sides}
     return out
 
 
@@ -116,25 +145,44 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--model", choices=["tiny", *(k for k in SHAPES if k != "tiny")], default="tiny"
     )
+    ap.add_argument(
+        "--top-p", type=float, default=1.0, help="nucleus sampling (evaluation uses 0.7)"
+    )
+    ap.add_argument(
+        "--sides",
+        nargs="*",
+        choices=SIDES[1:],
+        default=None,
+        help="baselines besides ours (default: all; eager only on CUDA, where ours uses graphs)",
+    )
     args = common.parse(ap, argv)
     train = common.problems()
     with tempfile.TemporaryDirectory() as d:
         model, tok = load_model(args.model, Path(d) / "m")
-        device = torch.cuda.get_device_name() if model.device.type == "cuda" else "cpu"
+        cuda = model.device.type == "cuda"
+        device = torch.cuda.get_device_name() if cuda else "cpu"
+        others = args.sides
+        if others is None:
+            others = [k for k in SIDES[1:] if cuda or k != "eager"]
+        sides = ("ours", *others)
         print(
             f"generation: {args.model} ({model.dtype}) on {device}, torch {torch.__version__}, "
-            f"{args.threads} thread(s), medians of {args.repeats} interleaved runs"
+            f"{args.threads} thread(s), top-p {args.top_p}, medians of {args.repeats} "
+            "interleaved runs"
         )
-        head = ("shape PxGxL", "ours tok/s", "ms/pos: ours", "generate", "static")
-        print(" ".join(f"{h:>{w}}" for h, w in zip(head, (12, 11, 13, 14, 14), strict=True)))
+        head = ("shape PxGxL", "ours tok/s", "ours s", "first s", "ms/pos: ours", *others)
+        widths = (12, 11, 8, 8, 13, *(14,) * len(others))
+        print(" ".join(f"{h:>{w}}" for h, w in zip(head, widths, strict=True)))
         for P, G, L in args.shapes:
-            r = bench_shape(model, tok, train, P, G, L, args.repeats)
-            base = [f"{r[f'{k}_ms']:.2f} ({r[f'{k}_over_ours']:.2f}x)" for k in SIDES[1:]]
+            r = bench_shape(model, tok, train, P, G, L, args.repeats, sides, args.top_p)
+            base = [f"{r[f'{k}_ms']:.2f} ({r[f'{k}_over_ours']:.2f}x)" for k in others]
             print(
-                f"{common.label(P, G, L):>12} {r['ours_tps']:11.0f} {r['ours_ms']:13.2f} "
-                f"{base[0]:>14} {base[1]:>14}"
+                f"{common.label(P, G, L):>12} {r['ours_tps']:11.0f} {r['ours_s']:8.3f} "
+                f"{r['ours_first_s']:8.3f} {r['ours_ms']:13.2f} "
+                + " ".join(f"{b:>14}" for b in base)
             )
-    print("(x: that side's time over ours; above 1, ours is faster)")
+    print("(ours s: one call's median seconds, first s: the first call's, CUDA graphs captured;")
+    print(" x: that side's time over ours; above 1, ours is faster)")
 
 
 if __name__ == "__main__":

@@ -51,13 +51,9 @@ class LeanDecoder:
         attention_mask: torch.Tensor,
         max_new_tokens: int,
     ):
-        self.model, self.decoder = model, model.get_decoder()
-        cfg = model.config
-        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.length = keys[0].shape[-2]
-        capacity = self.length + max_new_tokens
-        shape = (*keys[0].shape[:2], capacity, self.head_dim)
+        self._bind(model, self.length + max_new_tokens)
+        shape = (*keys[0].shape[:2], self.length + max_new_tokens, self.head_dim)
         self.k_buf = [k.new_empty(shape) for k in keys]
         self.v_buf = [v.new_empty(shape) for v in values]
         for kb, vb, k, v in zip(self.k_buf, self.v_buf, keys, values, strict=True):
@@ -68,6 +64,13 @@ class LeanDecoder:
         if not bool(attention_mask.all()):
             bias = torch.zeros_like(attention_mask, dtype=torch.float32)
             self.mask_bias = bias.masked_fill(attention_mask == 0, float("-inf"))[:, None, None]
+
+    def _bind(self, model, capacity: int) -> None:
+        """The model's shapes, its rotary table for ``capacity`` positions, the fused weights."""
+        self.model, self.decoder = model, model.get_decoder()
+        cfg = model.config
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         probe = self.decoder.embed_tokens.weight[:1, None]  # dtype and device of the states
         positions = torch.arange(capacity, device=probe.device)[None]
         self.cos, sin = self.decoder.rotary_emb(probe, positions)  # (1, capacity, d)
@@ -75,6 +78,11 @@ class LeanDecoder:
         half = self.head_dim // 2
         self.sin_signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
         self.fused = probe.device.type in self.FUSED_DEVICES
+        self._fuse()
+
+    def _fuse(self) -> None:
+        """Concatenate q/k/v and gate/up weights (fused devices only): copies, so they are made
+        again whenever the weights may have changed."""
         if self.fused:
             self.qkv = [self._fuse_qkv(layer.self_attn) for layer in self.decoder.layers]
             self.gate_up = [
@@ -137,21 +145,29 @@ class LeanDecoder:
 
     def _attention(self, i: int, layer, h: torch.Tensor, cos, sin) -> torch.Tensor:
         """(B, 1, H) normed hidden -> (B, 1, H) attention output of layer i for the new token."""
-        attn, B, T, d = layer.self_attn, h.shape[0], self.length + 1, self.head_dim
+        attn, B, d = layer.self_attn, h.shape[0], self.head_dim
         group = self.n_heads // self.n_kv
         qkv = self._qkv(i, layer, h)
         # Queries laid out (B, kv head, query heads of that group, d); rotary on q and k at once.
         qk = qkv[:, :, : group + 1]
         qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
-        q, k, v = qk[:, :, :group], qk[:, :, group:], qkv[:, :, group + 1 :]
+        q = qk[:, :, :group]
+        keys, values, bias = self._kv_window(i, qk[:, :, group:], qkv[:, :, group + 1 :])
+        scores = q @ keys.transpose(-1, -2) * attn.scaling  # (B, kv, g, T)
+        if bias is not None:
+            scores = scores + bias
+        weights = scores.softmax(dim=-1, dtype=torch.float32)
+        out = weights.to(q.dtype) @ values  # (B, kv, g, d)
+        return attn.o_proj(out.reshape(B, 1, self.n_heads * d))
+
+    def _kv_window(self, i: int, k: torch.Tensor, v: torch.Tensor):
+        """Store the new token's key and value (B, kv, 1, d) of layer i; return the keys and
+        values attention reads (B, kv, T, d) and the additive mask over them (or None)."""
+        T = self.length + 1
         self.k_buf[i][:, :, self.length : T] = k
         self.v_buf[i][:, :, self.length : T] = v
-        scores = q @ self.k_buf[i][:, :, :T].transpose(-1, -2) * attn.scaling  # (B, kv, g, T)
-        if self.mask_bias is not None:
-            scores = scores + self.mask_bias[..., :T]
-        weights = scores.softmax(dim=-1, dtype=torch.float32)
-        out = weights.to(q.dtype) @ self.v_buf[i][:, :, :T]  # (B, kv, g, d)
-        return attn.o_proj(out.reshape(B, 1, self.n_heads * d))
+        bias = None if self.mask_bias is None else self.mask_bias[..., :T]
+        return self.k_buf[i][:, :, :T], self.v_buf[i][:, :, :T], bias
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only these batch rows (sequences still decoding): later steps take their tokens
@@ -163,6 +179,11 @@ class LeanDecoder:
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """(B,) next tokens at (B, 1) positions -> (B, V) logits for the token after them."""
+        logits = self._decode(tokens, positions)
+        self.length += 1
+        return logits
+
+    def _decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         d = self.decoder
         x = d.embed_tokens(tokens[:, None])  # (B, 1, H)
         cos = self.cos[0, positions][:, :, None]  # (B, 1, 1, d): broadcast over heads
@@ -170,5 +191,4 @@ class LeanDecoder:
         for i, layer in enumerate(d.layers):
             x = x + self._attention(i, layer, self._norm(layer.input_layernorm, x), cos, sin)
             x = x + self._mlp(i, layer, self._norm(layer.post_attention_layernorm, x))
-        self.length += 1
         return self.model.get_output_embeddings()(self._norm(d.norm, x))[:, -1]

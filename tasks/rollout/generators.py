@@ -28,6 +28,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 from dapo_core.problem import Problem
 from tasks.models.loading import chat_prompt
 from tasks.rollout.decode import LeanDecoder
+from tasks.rollout.graphs import StaticDecoder
 
 
 @dataclass
@@ -170,6 +171,7 @@ class HFGenerator:
         min_new_tokens: int = 0,
         lean: bool = True,
         compact: bool = True,
+        graphs: bool | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -178,6 +180,9 @@ class HFGenerator:
         self.min_new_tokens = min_new_tokens
         self.lean = lean  # tasks.rollout.decode.LeanDecoder where the architecture allows
         self.compact = compact  # drop finished sequences from the lean decoder's batch
+        # CUDA-graph decode (tasks.rollout.graphs); None: on CUDA, where the lean step applies.
+        self.graphs = graphs
+        self._static: StaticDecoder | None = None  # kept across calls with its graphs
         eos = model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
         self.eos_ids = {e for e in eos + [tokenizer.eos_token_id] if e is not None}
@@ -198,10 +203,25 @@ class HFGenerator:
         for name, param in self.model.named_parameters():
             param.copy_(source[name])
 
-    def _decoder(self, keys, values, attn, max_new_tokens):
+    def _decoder(self, keys, values, prompt_attn, max_new_tokens):
         """An object whose ``step(tokens (B,), positions (B, 1))`` gives the (B, V) next-token
-        logits, one call per token; the lean decoder also has ``keep(rows)``."""
-        if self.lean and LeanDecoder.supports(self.model):
+        logits, one call per token; the lean decoders also have ``keep(rows)``."""
+        B, W = prompt_attn.shape
+        # Generated positions are all attended to: a finished sample's later tokens are pads that
+        # nothing reads.
+        attn = torch.cat([prompt_attn, prompt_attn.new_ones(B, max_new_tokens)], dim=1)
+        lean = self.lean and LeanDecoder.supports(self.model)
+        graphs = self.model.device.type == "cuda" if self.graphs is None else self.graphs
+        if lean and graphs:
+            capacity = self.max_prompt_len + max_new_tokens
+            if self._static is None or not self._static.fits(self.model, B, capacity):
+                self._static = None  # free the old buffers and graphs first
+                self._static = StaticDecoder(
+                    self.model, B, capacity, graphs=self.model.device.type == "cuda"
+                )
+            self._static.load(keys, values, prompt_attn)
+            return self._static
+        if lean:
             return LeanDecoder(self.model, keys, values, attn, max_new_tokens)
         cache = DynamicCache()  # the generic forward, with keys and values written in place
         cache.layers = [
@@ -255,12 +275,7 @@ class HFGenerator:
         keys = [layer.keys.repeat_interleave(n, dim=0) for layer in out.past_key_values.layers]
         values = [layer.values.repeat_interleave(n, dim=0) for layer in out.past_key_values.layers]
         logits = out.logits[:, -1].repeat_interleave(n, dim=0)  # (P*n, V)
-        # Generated positions are all attended to: a finished sample's later tokens are pads that
-        # nothing reads.
-        attn = torch.cat(
-            [attn.repeat_interleave(n, dim=0), attn.new_ones(len(logits), max_new_tokens)], dim=1
-        )
-        decoder = self._decoder(keys, values, attn, max_new_tokens)
+        decoder = self._decoder(keys, values, attn.repeat_interleave(n, dim=0), max_new_tokens)
         can_compact = self.compact and hasattr(decoder, "keep")
         check_every = self.CHECK_EVERY.get(device.type, 1)
         next_pos = pos[:, -1:].repeat_interleave(n, dim=0) + 1  # (P*n, 1)

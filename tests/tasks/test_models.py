@@ -84,7 +84,9 @@ def _policy_path(arch, tiny_cfg, request):
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 @pytest.mark.parametrize(
-    "decode", ["lean-fused", "lean-unfused", "transformers"], ids=lambda d: f"{d}-decode"
+    "decode",
+    ["lean-fused", "lean-unfused", "static", "transformers"],
+    ids=lambda d: f"{d}-decode",
 )
 def test_sampling_logprobs_equal_the_trainers_forward(
     tiny_cfg, tmp_path, decode, monkeypatch, arch, request
@@ -96,15 +98,18 @@ def test_sampling_logprobs_equal_the_trainers_forward(
     from dapo_core.config_loader import resolve
     from tasks.data.splits import splits
     from tasks.rollout.decode import LeanDecoder
+    from tasks.rollout.graphs import StaticDecoder
     from tasks.training.trainer import DAPOTrainer, Sample
 
     lean = decode != "transformers"
     if decode == "lean-unfused":
         monkeypatch.setattr(LeanDecoder, "FUSED_DEVICES", ())
+    monkeypatch.setattr(StaticDecoder, "WINDOW", 4)  # attention's window grows mid-rollout
     cfg = resolve(tiny_cfg.to_dict(), overrides=["rollout.temperature=0.7"])
     model, tok = load_policy(_policy_path(arch, cfg, request))
     assert LeanDecoder.supports(model)  # Qwen2 and Llama take the lean path when asked
-    gen = HFGenerator(model, tok, max_prompt_len=64, lean=lean)
+    # static: the CUDA-graph decoder's fixed-shape step, run eagerly (no graphs on CPU)
+    gen = HFGenerator(model, tok, max_prompt_len=64, lean=lean, graphs=decode == "static")
     trainer = DAPOTrainer(cfg, model, tok, gen, splits(cfg).train)
     torch.manual_seed(0)
     short, long = chat_prompt(tok, "Compute 1 + 2."), chat_prompt(tok, "Compute 10 + 20 + 3 + 4.")
@@ -293,3 +298,40 @@ def test_dropping_finished_sequences_changes_no_sample(tiny_cfg, monkeypatch, ch
     assert len(set(map(len, a.response_ids))) > 1  # lengths differ: there was something to drop
     for x, y in zip(a.logprobs, b.logprobs, strict=True):
         torch.testing.assert_close(torch.tensor(x), torch.tensor(y), rtol=1e-5, atol=1e-5)
+
+
+def test_fixed_shape_decoder_gives_the_lean_decoders_rollouts(tiny_cfg, monkeypatch):
+    """The CUDA-graph decoder's step (buffers for the longest rollout, a device-side write
+    position, attention over a window grown in steps, the batch padded to a power of two and
+    compacted), run eagerly on CPU, samples what the lean decoder samples from the same seed:
+    the same tokens and flags, the same log-probs. Its buffers are kept across calls with
+    different prompt widths and batch sizes, and rebuilt when a call needs longer rollouts."""
+    from tasks.data.splits import splits
+    from tasks.rollout.graphs import StaticDecoder
+
+    model, tok = load_policy(resolve_model_path(tiny_cfg))
+    prompts = [chat_prompt(tok, p.prompt) for p in splits(tiny_cfg).train[:5]]
+    monkeypatch.setattr(HFGenerator, "COMPACT_AT", 0.25)
+    monkeypatch.setattr(StaticDecoder, "WINDOW", 8)
+    kept: list[int] = []
+    keep = StaticDecoder.keep
+    monkeypatch.setattr(
+        StaticDecoder, "keep", lambda self, rows: (kept.append(len(rows)), keep(self, rows))[1]
+    )
+    lean = HFGenerator(model, tok, max_prompt_len=64, graphs=False)
+    static = HFGenerator(model, tok, max_prompt_len=64, graphs=True)
+    decoders = []
+    for batch, n, new in ((prompts, 4, 24), (prompts[3:], 2, 24), (prompts[:2], 3, 40)):
+        outs = []
+        for gen in (lean, static):
+            torch.manual_seed(0)
+            outs.append(gen.generate(batch, n, temperature=1.0, top_p=0.9, max_new_tokens=new))
+        a, b = outs
+        assert a.response_ids == b.response_ids and a.finished == b.finished
+        for x, y in zip(a.logprobs, b.logprobs, strict=True):
+            torch.testing.assert_close(torch.tensor(x), torch.tensor(y), rtol=1e-5, atol=1e-5)
+        decoders.append(static._static)
+    assert kept  # compaction ran on the fixed-shape buffers
+    assert decoders[0] is decoders[1]  # a narrower batch reuses the buffers
+    assert decoders[2] is not decoders[1]  # 40 new tokens outgrow them: rebuilt
+    assert decoders[0].rows == 32 and decoders[0].capacity == 64 + 24  # 20 rows -> 32

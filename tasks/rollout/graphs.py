@@ -1,0 +1,154 @@
+"""The lean decode step with every shape fixed, captured once as a CUDA graph and replayed.
+
+Why: on a GPU a decode step of a small model is launch-bound. The lean step (``decode.py``)
+issues ~25 kernels per layer, each a few microseconds of GPU work behind ~10 us of Python and
+dispatch, so the GPU idles while the host queues kernels. A CUDA graph records the step's kernels
+once; a replay launches all of them in one call.
+
+A graph replays fixed kernels on fixed memory, so everything a step touches stays in place:
+- key/value buffers sized for the longest rollout (``capacity`` positions, ``rows`` sequences)
+  live as long as the decoder, and so do the token, position and logits buffers;
+- the write position ``cur`` is a device tensor that the step advances itself;
+- attention reads a window of the buffers that grows in steps of ``WINDOW`` positions, with
+  positions not yet written masked out, so one graph serves ``WINDOW`` decode steps;
+- the batch is padded up to a power of two: compaction (``keep``) halves it, and the smaller
+  batch gets its own graphs (the padding rows compute finite garbage that nobody reads).
+
+Graphs are keyed by (batch rows, window) and captured on first use: that step runs eagerly on a
+side stream (its real work, and the warm-up capture needs), then is recorded. They stay valid as
+long as the weights keep their storage: the bf16 rollout copy is refreshed in place, and the
+optimizer updates the policy in place; the generator rebuilds the decoder when a weight moved.
+
+Sampling stays eager, beside the graph: a handful of kernels per step, queued while the graph
+runs. Without CUDA (or ``graphs=False``) the same fixed-shape step runs eagerly: that is how the
+CPU tests hold it to ``LeanDecoder``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tasks.rollout.decode import LeanDecoder
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+class StaticDecoder(LeanDecoder):
+    """Decodes up to ``rows`` sequences of up to ``capacity`` positions (prompt included)."""
+
+    WINDOW = 128  # positions by which attention's window grows: one graph per window and batch
+
+    def __init__(self, model, rows: int, capacity: int, graphs: bool):
+        capacity = _round_up(capacity, self.WINDOW)
+        self._bind(model, capacity)
+        self.rows, self.capacity = _pow2_at_least(rows), capacity
+        weight = self.decoder.embed_tokens.weight
+        dev = weight.device
+        shape = (self.rows, self.n_kv, capacity, self.head_dim)
+        # Zeros, not empty: padding rows must compute finite values.
+        self.k_buf = [
+            torch.zeros(shape, dtype=weight.dtype, device=dev) for _ in self.decoder.layers
+        ]
+        self.v_buf = [torch.zeros_like(k) for k in self.k_buf]
+        self.bias = torch.zeros(self.rows, capacity, device=dev)  # additive attention mask
+        self.tok = torch.zeros(self.rows, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(self.rows, 1, dtype=torch.long, device=dev)
+        self.cur = torch.zeros(1, dtype=torch.long, device=dev)  # the position written next
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        self.logits = torch.zeros(self.rows, vocab, dtype=weight.dtype, device=dev)
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.pool = torch.cuda.graph_pool_handle() if graphs else None
+        self.weights = self._weight_pointers(model)
+        self.length = self.live = 0
+        self._shape = (self.rows, capacity)
+
+    @staticmethod
+    def _weight_pointers(model) -> tuple[int, ...]:
+        return tuple(p.data_ptr() for p in model.parameters())
+
+    def fits(self, model, rows: int, capacity: int) -> bool:
+        """Whether this decoder (its buffers and graphs) can serve that batch for ``model``."""
+        return (
+            model is self.model
+            and rows <= self.rows
+            and capacity <= self.capacity
+            and self._weight_pointers(model) == self.weights
+        )
+
+    def load(self, keys: list[torch.Tensor], values: list[torch.Tensor], mask: torch.Tensor):
+        """Start a rollout from the prefilled prompt cache: ``keys[l]``, ``values[l]``
+        (B, kv heads, W, d) and the prompt's attention mask (B, W), 0 at left padding."""
+        B, W = mask.shape
+        for kb, vb, k, v in zip(self.k_buf, self.v_buf, keys, values, strict=True):
+            kb[:B, :, :W] = k
+            vb[:B, :, :W] = v
+        self.bias[:B] = float("-inf")  # unwritten positions; each step unmasks its own
+        self.bias[:B, :W].masked_fill_(mask.bool(), 0.0)
+        self.cur.fill_(W)
+        self.length, self.live = W, B
+        self._fuse()  # the fused copies (CPU only) would otherwise be the last rollout's
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only these rows (sequences still decoding), moved to the front of the buffers."""
+        n = len(rows)
+        for buf in (*self.k_buf, *self.v_buf, self.bias):
+            buf[:n] = buf[rows]
+        self.live = n
+
+    def _kv_window(self, i: int, k: torch.Tensor, v: torch.Tensor):
+        rows, window = self._shape
+        keys, values = self.k_buf[i][:rows], self.v_buf[i][:rows]
+        keys.index_copy_(2, self.cur, k)
+        values.index_copy_(2, self.cur, v)
+        bias = self.bias[:rows, None, None, :window]
+        return keys[:, :, :window], values[:, :, :window], bias
+
+    def _run(self) -> None:
+        """One decode step at ``self._shape``: tokens and positions in, logits out, ``cur``
+        advanced. Only buffers, so it can be recorded as a graph."""
+        rows = self._shape[0]
+        self.bias[:rows].index_fill_(1, self.cur, 0.0)  # the new token attends to itself
+        self.logits[:rows].copy_(self._decode(self.tok[:rows], self.pos[:rows]))
+        self.cur += 1
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        n = len(tokens)
+        self.tok[:n].copy_(tokens)
+        self.pos[:n].copy_(positions)
+        rows = min(self.rows, _pow2_at_least(n))
+        shape = (rows, min(self.capacity, _round_up(self.length + 1, self.WINDOW)))
+        graph = self.graphs.get(shape)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._shape = shape
+            self._run_eagerly()  # this step's work, and the warm-up before a capture
+            if self.pool is not None:
+                self.graphs[shape] = self._capture()
+        self.length += 1
+        return self.logits[:n]
+
+    def _run_eagerly(self) -> None:
+        if self.pool is None:
+            self._run()
+            return
+        # Before a capture, on a side stream as torch asks: lazy initialisations (cuBLAS
+        # workspaces) happen outside the graph.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._run()
+        torch.cuda.current_stream().wait_stream(stream)
+
+    def _capture(self) -> torch.cuda.CUDAGraph:
+        """Record ``_run`` at the current shape (recording runs nothing)."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self._run()
+        return graph

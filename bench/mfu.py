@@ -48,7 +48,7 @@ import types
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
-from transformers import AutoModelForCausalLM, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 import tasks.training.forward
 from bench.common import positive_int, sync
@@ -65,7 +65,9 @@ FIELDS += ("num_key_value_heads", "vocab_size", "rope_theta", "max_position_embe
 SHAPES = {
     "qwen2.5-0.5b": (896, 4864, 24, 14, 2, 151936, 1e6, 32768),  # its config.json, 494M params
     "tiny": (128, 256, 2, 4, 2, 384, 1e4, 32768),  # the embedded CPU model's shape
+    "smollm2-135m": (576, 1536, 30, 9, 3, 49152, 1e5, 8192),  # its config.json (Llama), 135M
 }
+LLAMA_SHAPES = ("smollm2-135m",)
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s. NVIDIA's datasheets print the sparse
 # figure, twice these: H100 SXM 1,979 (132 SMs x 1.83 GHz x 4096 FLOP/clock = 989.4 dense), H200
 # SXM the same, H100 PCIe 1,513; A100 312 dense; L40S 362.05 dense; A10 125 dense (A10G is AWS's
@@ -75,18 +77,20 @@ PEAK_TFLOPS = {"H100 PCIe": 756.5, "H100": 989.4, "H200": 989.4}
 PEAK_TFLOPS |= {"A100": 312.0, "L40S": 362.05, "A10G": 125.0}
 
 
-def model_config(shape: str) -> Qwen2Config:
-    return Qwen2Config(**dict(zip(FIELDS, SHAPES[shape], strict=True)), tie_word_embeddings=True)
+def model_config(shape: str) -> Qwen2Config | LlamaConfig:
+    family = LlamaConfig if shape in LLAMA_SHAPES else Qwen2Config
+    return family(**dict(zip(FIELDS, SHAPES[shape], strict=True)), tie_word_embeddings=True)
 
 
-def build_model(shape: str, device: torch.device, seed: int = 0):
-    """Random weights, built on the device (no download); bf16 + SDPA on CUDA, fp32 on CPU."""
+def build_model(shape: str, device: torch.device, seed: int = 0, dtype: torch.dtype | None = None):
+    """Random weights, built on the device (no download), with SDPA attention; ``dtype``
+    defaults to bf16 on CUDA, fp32 on CPU."""
     cuda = device.type == "cuda"
     torch.manual_seed(seed)
     with torch.device(device):
         return AutoModelForCausalLM.from_config(
             model_config(shape),
-            dtype=torch.bfloat16 if cuda else torch.float32,
+            dtype=dtype or (torch.bfloat16 if cuda else torch.float32),
             attn_implementation="sdpa",  # ATTENTION_FLOPS counts every fused kernel
         )
 
@@ -174,7 +178,15 @@ def analytic_flops(
 
 
 def measure(
-    model, P: int, G: int, L: int, prompt_len: int, budget: int, steps: int, warmup: int = 2
+    model,
+    P: int,
+    G: int,
+    L: int,
+    prompt_len: int,
+    budget: int,
+    steps: int,
+    warmup: int = 2,
+    profile: bool = False,
 ) -> dict:
     """Counted and analytic FLOPs of one update, and the median seconds of ``steps`` updates."""
     device, config = model.device, model.config
@@ -202,6 +214,8 @@ def measure(
         sync(device)
         times.append(time.perf_counter() - t0)
     split = time_split(trainer, samples, steps)
+    if profile:
+        print_profile(trainer, samples)
     median, flops = statistics.median(times), counter.get_total_flops()
     tokens = passes * prompt_len + len(samples) * (L - 1)
     return {
@@ -258,6 +272,19 @@ def time_split(trainer: DAPOTrainer, samples: list[Sample], steps: int) -> dict[
     return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
 
 
+def print_profile(trainer: DAPOTrainer, samples: list[Sample], rows: int = 25) -> None:
+    """The kernels of one update by device time (self time on CPU), from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = trainer.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        trainer._update(samples)
+        sync(trainer.device)
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60))
+
+
 def _flop(x: float) -> str:
     return f"{x / 1e12:.4g} TFLOP" if x >= 1e12 else f"{x / 1e9:.4g} GFLOP"
 
@@ -273,14 +300,30 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--micro-batch-tokens", type=positive_int, default=16384 if cuda else 4096)
     ap.add_argument("--steps", type=positive_int, default=5)
     ap.add_argument("--peak-tflops", type=float, default=None, help="overrides the table")
+    ap.add_argument(
+        "--weights",
+        choices=["bfloat16", "float32"],
+        default=None,
+        help="parameter dtype (default: bfloat16 on CUDA, float32 on CPU); CUDA computes in "
+        "bf16 under autocast either way",
+    )
+    ap.add_argument(
+        "--compile-head",
+        action="store_true",
+        help="log-softmax and entropy through torch.compile (tasks.training.forward.COMPILE_HEAD)",
+    )
+    ap.add_argument(
+        "--profile", action="store_true", help="print the top kernels of one update (profiler)"
+    )
     a = ap.parse_args(argv)
+    tasks.training.forward.COMPILE_HEAD = a.compile_head
     device = torch.device("cuda" if cuda else "cpu")
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
-    model = build_model(a.shape, device)
+    model = build_model(a.shape, device, dtype=a.weights and getattr(torch, a.weights))
     P, G, L = a.prompts, a.group_size, a.response_len
     print(f"{a.shape} on {name}, torch {torch.__version__}, {model.dtype}")
     print(f"P={P} prompts x G={G} samples, prompt {a.prompt_len} + response {L} tokens, ", end="")
-    r = measure(model, P, G, L, a.prompt_len, a.micro_batch_tokens, a.steps)
+    r = measure(model, P, G, L, a.prompt_len, a.micro_batch_tokens, a.steps, profile=a.profile)
     an = r["analytic"]
     print(
         f"{r['micro_batches']} micro-batch(es) of <= {a.micro_batch_tokens} tokens, "

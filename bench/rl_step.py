@@ -16,6 +16,10 @@ medians of the remaining step times and their ratio are printed. TRL is a benchm
 ``pip install -e '.[bench]'``.
 
     python -m bench.rl_step --shapes 16x8x16 8x8x64 --rounds 3 --steps 4
+    python -m bench.rl_step --model qwen2.5-0.5b --shapes 8x8x512 --rounds 1 --steps 3   # CUDA
+
+On CUDA both sides compute in bf16 (ours as training runs by default, TRL with ``bf16=True``)
+and the target is 0.25 (0.5 on CPU).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import torch
 from bench import common
 from tasks.models.loading import load_policy
 from tasks.params import load_params
-from tasks.rollout.generators import HFGenerator
+from tasks.training.run import make_generator
 from tasks.training.trainer import DAPOTrainer
 
 
@@ -42,6 +46,7 @@ def coin(text: str) -> bool:
 
 
 def our_steps(model_dir: Path, problems, P: int, G: int, L: int, steps: int) -> list[float]:
+    cuda = torch.cuda.is_available()
     cfg = load_params(
         overrides=[
             f"rollout.group_size={G}",
@@ -55,21 +60,22 @@ def our_steps(model_dir: Path, problems, P: int, G: int, L: int, steps: int) -> 
             f"train.mini_batch={P}",  # one update per rollout
             "train.micro_batch_tokens=1000000",  # one micro-batch, like TRL's single forward
             "rollout.max_prompt_len=256",
+            # CUDA: the training default (bf16 compute); CPU: fp32 as TRL runs there
+            f"model.dtype={'auto' if cuda else 'float32'}",
         ]
     )
-    model, tok = load_policy(str(model_dir), "float32")
+    device = "cuda" if cuda else "cpu"
+    model, tok = load_policy(str(model_dir), cfg.model.dtype, device)
+    generator = make_generator(cfg, model, tok, str(model_dir))  # as training builds it
+    generator.min_new_tokens = L
     trainer = DAPOTrainer(
-        cfg,
-        model,
-        tok,
-        HFGenerator(model, tok, 256, min_new_tokens=L),
-        problems,
-        reward_fn=lambda response, answer: coin(response),
+        cfg, model, tok, generator, problems, reward_fn=lambda response, answer: coin(response)
     )
     times = []
     for _ in range(steps):
         t = time.perf_counter()
         trainer.train_step()
+        common.sync(model.device)
         times.append(time.perf_counter() - t)
     return times
 
@@ -116,7 +122,8 @@ def trl_steps(model_dir: Path, problems, P: int, G: int, L: int, steps: int) -> 
             logging_steps=10**6,
             save_strategy="no",
             report_to="none",
-            use_cpu=True,
+            use_cpu=not torch.cuda.is_available(),
+            bf16=torch.cuda.is_available(),
             shuffle_dataset=False,
             disable_tqdm=True,
             dataloader_num_workers=0,
@@ -134,6 +141,24 @@ def trl_steps(model_dir: Path, problems, P: int, G: int, L: int, steps: int) -> 
     return timer.times
 
 
+def model_directory(name: str, root: Path) -> Path:
+    """A saved model both sides load: the embedded tiny model, or a ``bench.mfu`` shape with
+    random weights and the tiny tokenizer (saved in bf16)."""
+    tiny = common.random_tiny_model(root / "tiny")
+    if name == "tiny":
+        return tiny
+    from bench.mfu import build_model
+
+    _, tok = load_policy(str(tiny))
+    model = build_model(name, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    out = root / name
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 def trl_version() -> str:
     from importlib.metadata import version
 
@@ -148,26 +173,37 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--steps", type=common.positive_int, default=4, help="steps per run (the first is dropped)"
     )
+    ap.add_argument(
+        "--model",
+        choices=["tiny", "qwen2.5-0.5b"],
+        default="tiny",
+        help="qwen2.5-0.5b: its shape, random weights (CUDA)",
+    )
     args = common.parse(ap, argv)
     if importlib.util.find_spec("trl") is None:
         ap.exit(2, "bench.rl_step needs TRL, a benchmark-only extra: pip install -e '.[bench]'\n")
     train = common.problems()
+    cuda = torch.cuda.is_available()
+    device = torch.cuda.get_device_name() if cuda else "cpu"
+    target = 0.25 if cuda else 0.5
     print(
-        f"RL step against TRL {trl_version()}: torch {torch.__version__}, {args.threads} "
-        f"thread(s), {args.rounds} interleaved rounds of {args.steps} steps (first dropped)"
+        f"RL step against TRL {trl_version()}: {args.model} on {device}, torch "
+        f"{torch.__version__}, {args.threads} thread(s), {args.rounds} interleaved rounds of "
+        f"{args.steps} steps (first dropped)"
     )
     print(
-        f"{'shape PxGxL':>12} {'ours s/step':>12} {'TRL s/step':>11} {'ours/TRL':>9}  target <= 0.5"
+        f"{'shape PxGxL':>12} {'ours s/step':>12} {'TRL s/step':>11} {'ours/TRL':>9}  "
+        f"target <= {target}"
     )
     with tempfile.TemporaryDirectory() as d:
-        model_dir = common.random_tiny_model(Path(d) / "tiny")
+        model_dir = model_directory(args.model, Path(d))
         for P, G, L in args.shapes:
             ours, trl = [], []
             for _ in range(args.rounds):
                 ours += our_steps(model_dir, train, P, G, L, args.steps)[1:]
                 trl += trl_steps(model_dir, train, P, G, L, args.steps)[1:]
             o, t = statistics.median(ours), statistics.median(trl)
-            verdict = "PASS" if o / t <= 0.5 else "FAIL"
+            verdict = "PASS" if o / t <= target else "FAIL"
             print(f"{common.label(P, G, L):>12} {o:12.3f} {t:11.3f} {o / t:9.2f}  {verdict}")
 
 

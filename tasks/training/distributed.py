@@ -146,7 +146,10 @@ class OptimizerEngine:
 
         Returns (gradient norm before clipping, whether the update was applied)."""
         if self.ds is None:
-            params = [p for p in self.model.parameters() if p.requires_grad]
+            if hasattr(self.optimizer, "master_grads"):  # bf16 weights, float32 master copies
+                params = self.optimizer.master_grads()
+            else:
+                params = [p for p in self.model.parameters() if p.requires_grad]
             norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip).item()
             applied = finite and math.isfinite(norm)
             if applied:

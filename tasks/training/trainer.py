@@ -65,6 +65,7 @@ from tasks.training.distributed import (
 )
 from tasks.training.forward import PolicyForward
 from tasks.training.kernels import install_rms_norm, use_cpu_sdpa
+from tasks.training.precision import MasterWeights, needs_master_weights
 from tasks.training.step_metrics import (
     StallWatch,
     dynamic_sampling_metrics,
@@ -134,14 +135,7 @@ class DAPOTrainer:
         self.autocast = self.device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16")
         self.rank, self.world = init_distributed(self.device.type)
         self.sink = sink if self.rank == 0 else None  # one writer of metrics and files
-        optimizer = optimizer or torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=cfg.train.lr,
-            weight_decay=cfg.train.weight_decay,
-            # One fused kernel over all parameters instead of a loop of elementwise ops (2.5x
-            # faster on CPU for the embedded model's shapes); torch has it for CPU and CUDA.
-            fused=self.device.type in ("cpu", "cuda"),
-        )
+        optimizer = optimizer or self._adamw(model, cfg)
         self.engine = OptimizerEngine(
             model, optimizer, cfg.train.grad_clip, self.world, cfg.train.zero_stage, self.autocast
         )
@@ -161,6 +155,26 @@ class DAPOTrainer:
         # Everything alive now (libraries, the model) lives as long as the run: keep it out of
         # the cyclic garbage collector, whose full passes over it cost most of a tiny step.
         gc.freeze()
+
+    def _adamw(self, model, cfg: Config):
+        """AdamW over the trainable parameters; through float32 master weights when they are
+        bf16 on one process (``tasks.training.precision``; DeepSpeed's bf16 mode does that
+        itself)."""
+        params = [p for p in model.parameters() if p.requires_grad]
+
+        def adamw(tensors):
+            return torch.optim.AdamW(
+                tensors,
+                lr=cfg.train.lr,
+                weight_decay=cfg.train.weight_decay,
+                # One fused kernel over all parameters instead of a loop of elementwise ops (2.5x
+                # faster on CPU for the embedded model's shapes); torch has it for CPU and CUDA.
+                fused=self.device.type in ("cpu", "cuda"),
+            )
+
+        if self.world == 1 and needs_master_weights(params):
+            return MasterWeights(params, adamw)
+        return adamw(params)
 
     # -- one step: rollout -> loss inputs -> updates -> metrics ---------------------------------
 

@@ -1,0 +1,82 @@
+"""bf16 parameters trained through float32 master weights (mixed-precision training).
+
+Why: bf16 keeps 8 bits of mantissa, so an update smaller than ~1/256 of a weight rounds away.
+DAPO's learning rate is 1e-6: an AdamW step moves each weight by about lr, far below the spacing
+of bf16 numbers near a typical weight (~1e-4 at 0.02), and a model whose parameters are bf16
+would barely change. Keeping the parameters in float32 and computing under autocast is correct
+but re-casts every weight at every use; ``bench.mfu --weights float32`` measures what that costs.
+
+So the model keeps bf16 parameters (its forward and backward run in bf16 at full speed) and this
+wrapper keeps a float32 copy of each. A step copies the bf16 gradients onto the float32 copies,
+lets the inner optimizer (AdamW) update those, and writes them back, rounded, into the bf16
+parameters in place (so a sampler's CUDA graphs, which read the parameters' memory, stay valid).
+Gradients are clipped on the float32 copies. Its state (the inner optimizer's and the float32
+weights) is checkpointed, so a resumed run continues from the unrounded weights.
+DeepSpeed's bf16 mode does the same under ZeRO; this is the one-process path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+class MasterWeights:
+    """The optimizer interface the trainer uses (``param_groups``, ``step``, ``zero_grad``,
+    ``state_dict``, ``load_state_dict``) over float32 copies of low-precision parameters."""
+
+    def __init__(
+        self,
+        params: list[torch.nn.Parameter],
+        make_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
+    ):
+        self.params = list(params)
+        self.master = [p.detach().float().clone().requires_grad_(True) for p in self.params]
+        self.optimizer = make_optimizer(self.master)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    def master_grads(self) -> list[torch.Tensor]:
+        """Copy the parameters' gradients onto the float32 copies; returns those copies (the
+        tensors to clip)."""
+        for p, m in zip(self.params, self.master, strict=True):
+            m.grad = None if p.grad is None else p.grad.float()
+        return self.master
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.optimizer.step()
+        torch._foreach_copy_(self.params, self.master)  # rounded to bf16, in place
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "master": [m.detach() for m in self.master],
+        }
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore; a plain optimizer state (a checkpoint written without master weights) takes
+        its float32 copies from the parameters as loaded (the checkpoint's weights)."""
+        if "master" not in state:
+            self.optimizer.load_state_dict(state)
+            torch._foreach_copy_(self.master, self.params)
+            return
+        self.optimizer.load_state_dict(state["optimizer"])
+        for m, saved in zip(self.master, state["master"], strict=True):
+            m.copy_(saved)
+        torch._foreach_copy_(self.params, self.master)
+
+
+def needs_master_weights(params: list[torch.nn.Parameter]) -> bool:
+    """Parameters stored in a 16-bit float type: updates of ~1e-6 would round away."""
+    return any(p.dtype in (torch.bfloat16, torch.float16) for p in params)

@@ -9,8 +9,9 @@ A graph replays fixed kernels on fixed memory, so everything a step touches stay
 - key/value buffers sized for the longest rollout (``capacity`` positions, ``rows`` sequences)
   live as long as the decoder, and so do the token, position and logits buffers;
 - the write position ``cur`` is a device tensor that the step advances itself;
-- attention reads a window of the buffers that grows in steps of ``WINDOW`` positions, with
-  positions not yet written masked out, so one graph serves ``WINDOW`` decode steps;
+- attention reads a window of the buffers that grows in steps of ``WINDOW`` positions (more for
+  rollouts so long that there would be over ``MAX_WINDOWS`` steps), with positions not yet
+  written masked out, so one graph serves a whole step of the window;
 - the batch is padded up to a power of two: compaction (``keep``) halves it, and the smaller
   batch gets its own graphs (the padding rows compute finite garbage that nobody reads).
 
@@ -18,6 +19,8 @@ Graphs are keyed by (batch rows, window) and captured on first use: that step ru
 side stream (its real work, and the warm-up capture needs), then is recorded. They stay valid as
 long as the weights keep their storage: the bf16 rollout copy is refreshed in place, and the
 optimizer updates the policy in place; the generator rebuilds the decoder when a weight moved.
+The buffers are kept between rollouts with the graphs, so the update runs beside them: they hold
+what one rollout's key/value cache needs (the lean decoder allocated as much, per rollout).
 
 Sampling stays eager, beside the graph: a handful of kernels per step, queued while the graph
 runs. Without CUDA (or ``graphs=False``) the same fixed-shape step runs eagerly: that is how the
@@ -43,9 +46,11 @@ class StaticDecoder(LeanDecoder):
     """Decodes up to ``rows`` sequences of up to ``capacity`` positions (prompt included)."""
 
     WINDOW = 128  # positions by which attention's window grows: one graph per window and batch
+    MAX_WINDOWS = 32  # bounds the graphs per batch size (capture time) for very long rollouts
 
     def __init__(self, model, rows: int, capacity: int, graphs: bool):
-        capacity = _round_up(capacity, self.WINDOW)
+        self.window = _round_up(-(-capacity // self.MAX_WINDOWS), self.WINDOW)
+        capacity = _round_up(capacity, self.window)
         self._bind(model, capacity)
         self.rows, self.capacity = _pow2_at_least(rows), capacity
         weight = self.decoder.embed_tokens.weight
@@ -122,7 +127,7 @@ class StaticDecoder(LeanDecoder):
         self.tok[:n].copy_(tokens)
         self.pos[:n].copy_(positions)
         rows = min(self.rows, _pow2_at_least(n))
-        shape = (rows, min(self.capacity, _round_up(self.length + 1, self.WINDOW)))
+        shape = (rows, min(self.capacity, _round_up(self.length + 1, self.window)))
         graph = self.graphs.get(shape)
         if graph is not None:
             graph.replay()

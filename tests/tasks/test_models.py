@@ -335,3 +335,6 @@ def test_fixed_shape_decoder_gives_the_lean_decoders_rollouts(tiny_cfg, monkeypa
     assert decoders[0] is decoders[1]  # a narrower batch reuses the buffers
     assert decoders[2] is not decoders[1]  # 40 new tokens outgrow them: rebuilt
     assert decoders[0].rows == 32 and decoders[0].capacity == 64 + 24  # 20 rows -> 32
+    long = StaticDecoder(model, 4, 100 * StaticDecoder.WINDOW, graphs=False)
+    assert long.window == 4 * StaticDecoder.WINDOW  # 100 windows of 8 would exceed MAX_WINDOWS
+    assert long.capacity // long.window <= StaticDecoder.MAX_WINDOWS

@@ -60,7 +60,7 @@ def our_steps(model_dir: Path, problems, P: int, G: int, L: int, steps: int) -> 
             f"train.mini_batch={P}",  # one update per rollout
             "train.micro_batch_tokens=1000000",  # one micro-batch, like TRL's single forward
             "rollout.max_prompt_len=256",
-            # CUDA: the training default (bf16 compute); CPU: fp32 as TRL runs there
+            # CUDA: the training default (bf16 weights, float32 master copies); CPU: fp32 as TRL
             f"model.dtype={'auto' if cuda else 'float32'}",
         ]
     )

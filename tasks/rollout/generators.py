@@ -161,6 +161,9 @@ class HFGenerator:
     # Tokens between checks of "all finished?" (a host synchronisation) per device type: on a GPU
     # each check stalls the launch queue; decoding up to 7 tokens of pads past the end costs less.
     CHECK_EVERY = {"cuda": 8}
+    # The CUDA-graph decoder's buffers are kept between calls (with its graphs) while they hold at
+    # most this share of the GPU's memory.
+    KEEP_FRACTION = 0.125
 
     def __init__(
         self,
@@ -206,21 +209,16 @@ class HFGenerator:
     def _decoder(self, keys, values, prompt_attn, max_new_tokens):
         """An object whose ``step(tokens (B,), positions (B, 1))`` gives the (B, V) next-token
         logits, one call per token; the lean decoders also have ``keep(rows)``."""
-        B, W = prompt_attn.shape
+        B = len(prompt_attn)
+        lean = self.lean and LeanDecoder.supports(self.model)
+        cuda = self.model.device.type == "cuda"
+        if lean and (cuda if self.graphs is None else self.graphs):
+            decoder = self._static_decoder(B, self.max_prompt_len + max_new_tokens, cuda)
+            decoder.load(keys, values, prompt_attn)
+            return decoder
         # Generated positions are all attended to: a finished sample's later tokens are pads that
         # nothing reads.
         attn = torch.cat([prompt_attn, prompt_attn.new_ones(B, max_new_tokens)], dim=1)
-        lean = self.lean and LeanDecoder.supports(self.model)
-        graphs = self.model.device.type == "cuda" if self.graphs is None else self.graphs
-        if lean and graphs:
-            capacity = self.max_prompt_len + max_new_tokens
-            if self._static is None or not self._static.fits(self.model, B, capacity):
-                self._static = None  # free the old buffers and graphs first
-                self._static = StaticDecoder(
-                    self.model, B, capacity, graphs=self.model.device.type == "cuda"
-                )
-            self._static.load(keys, values, prompt_attn)
-            return self._static
         if lean:
             return LeanDecoder(self.model, keys, values, attn, max_new_tokens)
         cache = DynamicCache()  # the generic forward, with keys and values written in place
@@ -242,6 +240,29 @@ class HFGenerator:
 
         return types.SimpleNamespace(step=step)  # no keep(): the batch stays whole
 
+    def _static_decoder(self, rows: int, capacity: int, capture: bool) -> StaticDecoder:
+        """The kept fixed-shape decoder if it serves this call, else a new one large enough for
+        this call and the last (so alternating rollouts and validations do not rebuild it)."""
+        old = self._static
+        if old is not None and old.fits(self.model, rows, capacity):
+            return old
+        if old is not None and old.model is self.model:
+            rows, capacity = max(rows, old.rows), max(capacity, old.capacity)
+        self._static = None  # free the old buffers and graphs first
+        self._static = StaticDecoder(self.model, rows, capacity, capture)
+        return self._static
+
+    def _release_if_large(self) -> None:
+        """Drop the kept decoder when its buffers hold over ``KEEP_FRACTION`` of the GPU: the
+        update that follows a rollout needs the memory more than the next rollout needs the
+        graphs (they are captured again)."""
+        decoder = self._static
+        if decoder is None or self.model.device.type != "cuda":
+            return
+        total = torch.cuda.get_device_properties(self.model.device).total_memory
+        if decoder.nbytes > self.KEEP_FRACTION * total:
+            self._static = None
+
     @torch.no_grad()
     def generate(
         self, prompts: list[str], n: int, temperature: float, top_p: float, max_new_tokens: int
@@ -260,6 +281,7 @@ class HFGenerator:
             finished += f
             logprobs += lp
         self.model.train(was_training)
+        self._release_if_large()
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         return Rollouts(n, prompt_ids, responses, finished, texts, n_trunc, logprobs)
 

@@ -48,10 +48,16 @@ class StaticDecoder(LeanDecoder):
     WINDOW = 128  # positions by which attention's window grows: one graph per window and batch
     MAX_WINDOWS = 32  # bounds the graphs per batch size (capture time) for very long rollouts
 
-    def __init__(self, model, rows: int, capacity: int, graphs: bool):
+    def __init__(self, model, rows: int, capacity: int, capture: bool):
+        """Buffers for ``rows`` sequences of ``capacity`` positions; ``capture``: record CUDA
+        graphs (else every step runs eagerly, as on CPU)."""
         self.window = _round_up(-(-capacity // self.MAX_WINDOWS), self.WINDOW)
         capacity = _round_up(capacity, self.window)
         self._bind(model, capacity)
+        if capture and self.fused:  # _fuse() makes new tensors, which graphs would not see
+            raise ValueError(
+                "fused projections cannot be captured: remove the device from FUSED_DEVICES"
+            )
         self.rows, self.capacity = _pow2_at_least(rows), capacity
         weight = self.decoder.embed_tokens.weight
         dev = weight.device
@@ -68,10 +74,15 @@ class StaticDecoder(LeanDecoder):
         vocab = self.model.get_output_embeddings().weight.shape[0]
         self.logits = torch.zeros(self.rows, vocab, dtype=weight.dtype, device=dev)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.pool = torch.cuda.graph_pool_handle() if graphs else None
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.weights = self._weight_pointers(model)
-        self.length = self.live = 0
-        self._shape = (self.rows, capacity)
+        self.length = 0
+        self._shape = (self.rows, self.window)  # (batch rows, attention window) of a step
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the key/value buffers."""
+        return sum(b.numel() * b.element_size() for b in (*self.k_buf, *self.v_buf))
 
     @staticmethod
     def _weight_pointers(model) -> tuple[int, ...]:
@@ -96,15 +107,15 @@ class StaticDecoder(LeanDecoder):
         self.bias[:B] = float("-inf")  # unwritten positions; each step unmasks its own
         self.bias[:B, :W].masked_fill_(mask.bool(), 0.0)
         self.cur.fill_(W)
-        self.length, self.live = W, B
+        self.length = W
         self._fuse()  # the fused copies (CPU only) would otherwise be the last rollout's
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only these rows (sequences still decoding), moved to the front of the buffers."""
-        n = len(rows)
-        for buf in (*self.k_buf, *self.v_buf, self.bias):
-            buf[:n] = buf[rows]
-        self.live = n
+        n, end = len(rows), self.length  # positions past ``length`` hold nothing yet
+        for buf in (*self.k_buf, *self.v_buf):
+            buf[:n, :, :end] = buf[rows, :, :end]
+        self.bias[:n] = self.bias[rows]
 
     def _kv_window(self, i: int, k: torch.Tensor, v: torch.Tensor):
         rows, window = self._shape

@@ -178,6 +178,11 @@ class OptimizerEngine:
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "master" in state and not hasattr(self.optimizer, "master_grads"):
+            raise RuntimeError(
+                "this checkpoint was trained on bf16 weights with float32 master copies; resume "
+                "it with the same model.dtype on one process (e.g. -S model.dtype=bfloat16)"
+            )
         if self.ds is None:
             self.optimizer.load_state_dict(state)
             return

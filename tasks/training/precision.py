@@ -35,27 +35,34 @@ class MasterWeights:
         self.params = list(params)
         self.master = [p.detach().float().clone().requires_grad_(True) for p in self.params]
         self.optimizer = make_optimizer(self.master)
+        self._grads_moved = False  # master_grads() ran since the last step
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
         return self.optimizer.param_groups
 
     def master_grads(self) -> list[torch.Tensor]:
-        """Copy the parameters' gradients onto the float32 copies; returns those copies (the
-        tensors to clip)."""
+        """Move the parameters' gradients onto the float32 copies (the bf16 ones are freed);
+        returns those copies, the tensors to clip before :meth:`step`."""
         for p, m in zip(self.params, self.master, strict=True):
             m.grad = None if p.grad is None else p.grad.float()
+            p.grad = None
+        self._grads_moved = True
         return self.master
 
     @torch.no_grad()
     def step(self) -> None:
+        if not self._grads_moved:  # called as a plain optimizer: no clipping in between
+            self.master_grads()
         self.optimizer.step()
         torch._foreach_copy_(self.params, self.master)  # rounded to bf16, in place
+        self._grads_moved = False
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
             p.grad = None
         self.optimizer.zero_grad(set_to_none=set_to_none)
+        self._grads_moved = False
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -77,6 +77,13 @@ def rollout_dtype(cfg: Config, model) -> torch.dtype | None:
     return torch.bfloat16
 
 
+def weights_dtype(cfg: Config, world: int) -> str:
+    """The dtype the policy's weights are loaded in (``model.dtype``). On one process bf16
+    weights train through float32 master copies (``tasks.training.precision``); several ranks
+    load float32 and DeepSpeed's bf16 mode keeps its own master copies."""
+    return "float32" if world > 1 else cfg.model.dtype
+
+
 def recording_sink(run_dir: RunDir, after: int, forward: MetricsSink | None) -> MetricsSink:
     """Append each step's metrics to the run directory, then pass them on; steps <= ``after``
     were recorded by an earlier attempt and are skipped (the run directory's resume rule)."""
@@ -119,7 +126,7 @@ def run_training(
     barrier(world)
     start = run_dir.resume_point()
     model_path = resolve_model_path(cfg)
-    model, tokenizer = load_policy(model_path, "float32", device)
+    model, tokenizer = load_policy(model_path, weights_dtype(cfg, world), device)
     if cfg.model.gradient_checkpointing:
         model.activation_checkpointing_enable()
     generator = make_generator(cfg, model, tokenizer, model_path)

@@ -86,6 +86,18 @@ def test_cuda_graph_sampling_logprobs_equal_the_trainers_within_bf16_tolerance(
     again = gen.generate(prompts, n=4, temperature=1.0, top_p=1.0, max_new_tokens=40)
     assert again.response_ids == out.response_ids  # replayed graphs: the same samples
     assert all(gen._static.graphs.get(k) is g for k, g in captured.items())
+    with torch.no_grad():  # an optimizer step's worth of change, copied in place
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    gen.sync_weights(model)
+    moved = gen.generate(prompts, n=4, temperature=1.0, top_p=1.0, max_new_tokens=40)
+    assert all(gen._static.graphs.get(k) is g for k, g in captured.items())  # no recapture
+    for i, (resp, lps) in enumerate(zip(moved.response_ids, moved.logprobs, strict=True)):
+        prompt = moved.prompt_ids[i // 4]
+        with torch.no_grad():
+            logp, _, _ = trainer._forward_logprobs([Sample(prompt + resp, len(prompt), 1.0, True)])
+        gap = (logp[0].cpu() - torch.tensor(lps)).abs()
+        assert gap.max() < 0.3  # the replayed graphs read the new weights
 
 
 @pytest.mark.gpu

@@ -305,7 +305,8 @@ def test_fixed_shape_decoder_gives_the_lean_decoders_rollouts(tiny_cfg, monkeypa
     position, attention over a window grown in steps, the batch padded to a power of two and
     compacted), run eagerly on CPU, samples what the lean decoder samples from the same seed:
     the same tokens and flags, the same log-probs. Its buffers are kept across calls with
-    different prompt widths and batch sizes, and rebuilt when a call needs longer rollouts."""
+    different prompt widths and batch sizes, and rebuilt, no smaller than before, when a call
+    needs longer rollouts."""
     from tasks.data.splits import splits
     from tasks.rollout.graphs import StaticDecoder
 
@@ -335,6 +336,7 @@ def test_fixed_shape_decoder_gives_the_lean_decoders_rollouts(tiny_cfg, monkeypa
     assert decoders[0] is decoders[1]  # a narrower batch reuses the buffers
     assert decoders[2] is not decoders[1]  # 40 new tokens outgrow them: rebuilt
     assert decoders[0].rows == 32 and decoders[0].capacity == 64 + 24  # 20 rows -> 32
-    long = StaticDecoder(model, 4, 100 * StaticDecoder.WINDOW, graphs=False)
+    assert decoders[2].rows == 32  # rebuilt large enough for the earlier calls too
+    long = StaticDecoder(model, 4, 100 * StaticDecoder.WINDOW, capture=False)
     assert long.window == 4 * StaticDecoder.WINDOW  # 100 windows of 8 would exceed MAX_WINDOWS
     assert long.capacity // long.window <= StaticDecoder.MAX_WINDOWS

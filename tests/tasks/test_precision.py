@@ -67,6 +67,35 @@ def test_master_weights_resume_exactly_and_accept_a_plain_state():
     assert torch.equal(opt_d.master[0], d.detach().float())
 
 
+def test_step_alone_moves_the_gradients_and_frees_the_bf16_ones():
+    """Called as a plain optimizer (no master_grads() first) it still applies the gradient;
+    after master_grads() the bf16 gradients are gone (the float32 ones replace them)."""
+    p = torch.nn.Parameter(torch.zeros(8, dtype=torch.bfloat16))
+    opt = MasterWeights([p], lambda ts: torch.optim.SGD(ts, lr=0.5))
+    p.grad = torch.ones_like(p)
+    opt.step()
+    assert torch.equal(opt.master[0].detach(), torch.full((8,), -0.5))
+    p.grad = torch.ones_like(p)
+    (master,) = opt.master_grads()
+    assert p.grad is None and master.grad.dtype == torch.float32
+    master.grad.mul_(0.5)  # clipped between the two calls: the step must use the clipped one
+    opt.step()
+    assert torch.equal(opt.master[0].detach(), torch.full((8,), -0.75))
+
+
+def test_a_master_weights_checkpoint_into_a_plain_optimizer_is_a_clear_error():
+    import pytest
+
+    from tasks.training.distributed import OptimizerEngine
+
+    p = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
+    state = MasterWeights([p], _adamw).state_dict()
+    model = torch.nn.Linear(2, 2)
+    engine = OptimizerEngine(model, _adamw(list(model.parameters())), 1.0, 1, 0, False)
+    with pytest.raises(RuntimeError, match="model.dtype"):
+        engine.load_state_dict(state)
+
+
 def test_trainer_uses_master_weights_for_bf16_parameters_only(tiny_cfg):
     from tasks.data.splits import splits
     from tasks.models.loading import load_policy

@@ -125,8 +125,10 @@ def _weights(run_dir):
 
 
 @pytest.mark.slow
-def test_resume_reproduces_uninterrupted_run(tiny_cfg, tmp_path):
-    cfg = resolve(tiny_cfg.to_dict(), overrides=["train.steps=4"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_resume_reproduces_uninterrupted_run(tiny_cfg, tmp_path, dtype):
+    """bfloat16: weights in bf16, float32 master copies in the optimizer's checkpoint."""
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["train.steps=4", f"model.dtype={dtype}"])
     full = run_training(cfg, RunDir(tmp_path / "full"), progress=False)
     first = run_training(cfg, RunDir(tmp_path / "cut"), progress=False, max_steps=2)
     assert first.steps == 2 and not (tmp_path / "cut" / "final").exists()

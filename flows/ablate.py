@@ -20,6 +20,7 @@ written to the sweep's directory.
 from __future__ import annotations
 
 import io
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -174,11 +175,27 @@ def ablate_flow(
         raise
     table = log_tables(parent, results, cfg, root)
     failed = [f"{r['variant']} seed {r['seed']}" for r in results if r["status"] != "ok"]
+    view = parent.save_runs_view(
+        re.sub(r"[^A-Za-z0-9_-]", "-", name), f"ablation {name}", children_view(parent.run_id)
+    )
     parent.end("FAILED" if failed else "FINISHED")
     log.info("ablate: tables written to %s and to MLflow run %s", root, parent.run_id)
+    if view:
+        log.info("ablate: every run side by side in MLflow: `dapo ui`, then %s", view)
     if failed:
         raise PipelineError(f"ablation variants failed: {', '.join(failed)} (see the table)")
     return table
+
+
+def children_view(parent_id: str | None) -> dict[str, Any]:
+    """The MLflow runs table for a sweep: its child runs only, one row each, with the columns a
+    reader compares (variant, seed, avg@k and each switch's signal)."""
+    metrics = ["eval/avg_at_k", *sorted({s.metric for s in SIGNALS})]
+    return {
+        "searchFilter": f"tags.mlflow.parentRunId = '{parent_id}'",
+        "selectedColumns": [f"tags.`{t}`" for t in ("variant", "seed")]
+        + [f"metrics.`{m}`" for m in metrics],
+    }
 
 
 def _result(cfg: Config, parent_id: str | None, child: Child, status: str) -> dict[str, Any]:

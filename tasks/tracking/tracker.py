@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 MAX_TAG_LEN = 5000
 # MLflow 3 opens an experiment in its GenAI view unless told it holds model training runs.
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+# MLflow (3.15+) keeps a saved view of an experiment's runs table (columns, filter, order) as an
+# experiment tag with this prefix; the UI lists it under Views and opens it from a share link.
+SAVED_VIEW_TAG = "mlflow.sharedViewState."
 PARAMS_PER_BATCH = 100  # MLflow's log_batch limits
 METRICS_PER_BATCH = 1000
 MAX_BUFFER = 100_000  # metrics held while the store is unreachable; the oldest go first
@@ -322,6 +325,24 @@ class Tracker:
                 self.client.log_table(self.run_id, frame, artifact_file)
 
         self._guard(f"logging {artifact_file}", write)
+
+    def save_runs_view(self, view_id: str, name: str, state: Mapping[str, Any]) -> str | None:
+        """Save a view of the experiment's runs table (``state``: the UI's view state, e.g.
+        ``selectedColumns`` and ``searchFilter``) under ``name``; returns the UI path that opens
+        it, or None when tracking is off or failed."""
+        if not self.active:
+            return None
+        now = int(time.time() * 1000)
+        envelope = {"name": name, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
+
+        def write() -> str:
+            experiment_id = self._experiment_id()
+            self.client.set_experiment_tag(
+                experiment_id, SAVED_VIEW_TAG + view_id, json.dumps(envelope)
+            )
+            return f"#/experiments/{experiment_id}?viewStateShareKey={view_id}"
+
+        return self._guard(f"saving the runs view {name!r}", write)
 
     def log_figure(self, figure: Any, artifact_file: str) -> None:
         if self.active:

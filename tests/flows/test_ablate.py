@@ -148,6 +148,21 @@ def test_ablate_flow_parent_with_six_children(flows_env, flow_cfg, tmp_path):
     assert {"ablation.csv", "ablation.md", "ablation.png", "mechanisms.md"} <= {
         p.name for p in sweep.iterdir()
     }
+    # A saved runs-table view of the sweep: its filter finds exactly the children, and every
+    # column it shows is a tag or metric of theirs (some signals only some variants log).
+    from mlflow import MlflowClient
+
+    exp = MlflowClient(store.tracking_uri(cfg)).get_experiment_by_name(
+        store.experiment_name(cfg, "ablate")
+    )
+    envelope = json.loads(exp.tags["mlflow.sharedViewState.ablate-test"])
+    assert envelope["name"] == "ablation ablate-test" and envelope["createdAt"] > 0
+    view = json.loads(envelope["state"])
+    found = store.search_runs(cfg, "ablate", view["searchFilter"])
+    assert sorted(r["run_id"] for r in found) == sorted(c["run_id"] for c in children)
+    for column in view["selectedColumns"]:
+        kind, key = re.fullmatch(r"(tags|metrics)\.`(.+)`", column).groups()
+        assert any(key in c[kind] for c in children), column
     print(f"ablate flow (6 variants x 1 step + eval): {elapsed:.1f}s")
 
 

@@ -69,9 +69,9 @@ class ModelConfig:
     name_or_path: str
     """Hugging Face model directory or hub id; ``tiny`` = the embedded model (built if missing)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"]
-    """Parameter dtype for training; ``auto`` = bfloat16 on GPU, float32 on CPU. 16-bit weights
-    train through float32 master copies (one process) or DeepSpeed's bf16 mode (several), and
-    compute under bf16 autocast on GPU."""
+    """Parameter dtype; ``auto`` = bfloat16 on GPU, float32 on CPU. bf16 weights train through
+    float32 master copies (one process) or DeepSpeed's bf16 mode (several) and compute under bf16
+    autocast on GPU; ``float16`` applies to evaluation only (training keeps float32 weights)."""
     gradient_checkpointing: bool
     """Recompute activations in the backward pass to save memory."""
     warm_start_steps: int

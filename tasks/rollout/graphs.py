@@ -19,8 +19,10 @@ Graphs are keyed by (batch rows, window) and captured on first use: that step ru
 side stream (its real work, and the warm-up capture needs), then is recorded. They stay valid as
 long as the weights keep their storage: the bf16 rollout copy is refreshed in place, and the
 optimizer updates the policy in place; the generator rebuilds the decoder when a weight moved.
-The buffers are kept between rollouts with the graphs, so the update runs beside them: they hold
-what one rollout's key/value cache needs (the lean decoder allocated as much, per rollout).
+The buffers are kept between rollouts with the graphs, so the update runs beside them. They are
+sized for ``max_prompt_len + max_new_tokens`` positions and a power-of-two batch (more than the
+lean decoder's per-rollout buffers), so the generator frees them after a rollout when they hold
+over ``HFGenerator.KEEP_FRACTION`` of the GPU, and captures the graphs again at the next.
 
 Sampling stays eager, beside the graph: a handful of kernels per step, queued while the graph
 runs. Without CUDA (or ``graphs=False``) the same fixed-shape step runs eagerly: that is how the

@@ -78,10 +78,14 @@ def rollout_dtype(cfg: Config, model) -> torch.dtype | None:
 
 
 def weights_dtype(cfg: Config, world: int) -> str:
-    """The dtype the policy's weights are loaded in (``model.dtype``). On one process bf16
-    weights train through float32 master copies (``tasks.training.precision``); several ranks
-    load float32 and DeepSpeed's bf16 mode keeps its own master copies."""
-    return "float32" if world > 1 else cfg.model.dtype
+    """The dtype the policy's weights are loaded in for training (``model.dtype``). On one
+    process bf16 weights train through float32 master copies (``tasks.training.precision``);
+    several ranks load float32 and DeepSpeed's bf16 mode keeps its own master copies. float16
+    would need loss scaling, which this trainer does not do: it trains float32 weights (float16
+    still applies to evaluation)."""
+    if world > 1 or cfg.model.dtype == "float16":
+        return "float32"
+    return cfg.model.dtype
 
 
 def recording_sink(run_dir: RunDir, after: int, forward: MetricsSink | None) -> MetricsSink:

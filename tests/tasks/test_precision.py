@@ -107,3 +107,18 @@ def test_trainer_uses_master_weights_for_bf16_parameters_only(tiny_cfg):
         assert needs_master_weights(list(model.parameters())) is wrapped
         trainer = DAPOTrainer(tiny_cfg, model, tok, None, splits(tiny_cfg).train)
         assert isinstance(trainer.engine.optimizer, MasterWeights) is wrapped
+
+
+def test_training_loads_weights_in_model_dtype_except_float16_and_several_ranks(tiny_cfg):
+    from dapo_core.config_loader import resolve
+    from tasks.training.run import weights_dtype
+
+    for dtype, world, expected in (
+        ("auto", 1, "auto"),  # bf16 on a GPU (master copies), float32 on CPU
+        ("bfloat16", 1, "bfloat16"),
+        ("float32", 1, "float32"),
+        ("float16", 1, "float32"),  # would need loss scaling
+        ("bfloat16", 2, "float32"),  # DeepSpeed's bf16 mode keeps the master copies
+    ):
+        cfg = resolve(tiny_cfg.to_dict(), overrides=[f"model.dtype={dtype}"])
+        assert weights_dtype(cfg, world) == expected, (dtype, world)

@@ -31,19 +31,26 @@ from tasks.models.resolve import resolve_model_path
 from tasks.params import load_params
 from tasks.rollout.decode import LeanDecoder
 from tasks.rollout.generators import HFGenerator
+from tasks.rollout.graphs import StaticDecoder
+
+DECODERS = (LeanDecoder, StaticDecoder)  # the decode steps whose rows are counted
 
 
 def rollout(gen: HFGenerator, prompts: list[str], cfg, seed: int):
     """(rollouts, seconds, rows decoded) of one seeded call."""
     rows = 0
-    step = LeanDecoder.step
+    steps = {cls: cls.step for cls in DECODERS}  # StaticDecoder (CUDA) has its own step
 
-    def counting(self, tokens, positions):
-        nonlocal rows
-        rows += len(tokens)
-        return step(self, tokens, positions)
+    def counting(step):
+        def count(self, tokens, positions):
+            nonlocal rows
+            rows += len(tokens)
+            return step(self, tokens, positions)
 
-    LeanDecoder.step = counting
+        return count
+
+    for cls, step in steps.items():
+        cls.step = counting(step)
     try:
         torch.manual_seed(seed)
         t0 = time.perf_counter()
@@ -51,7 +58,8 @@ def rollout(gen: HFGenerator, prompts: list[str], cfg, seed: int):
         out = gen.generate(prompts, r.group_size, r.temperature, r.top_p, r.max_response_len)
         return out, time.perf_counter() - t0, rows
     finally:
-        LeanDecoder.step = step
+        for cls, step in steps.items():
+            cls.step = step
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -308,15 +308,9 @@ def main(argv: list[str] | None = None) -> None:
         "bf16 under autocast either way",
     )
     ap.add_argument(
-        "--compile-head",
-        action="store_true",
-        help="log-softmax and entropy through torch.compile (tasks.training.forward.COMPILE_HEAD)",
-    )
-    ap.add_argument(
         "--profile", action="store_true", help="print the top kernels of one update (profiler)"
     )
     a = ap.parse_args(argv)
-    tasks.training.forward.COMPILE_HEAD = a.compile_head
     device = torch.device("cuda" if cuda else "cpu")
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     model = build_model(a.shape, device, dtype=a.weights and getattr(torch, a.weights))

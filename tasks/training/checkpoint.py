@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from dapo_core.errors import PipelineError
 from tasks.rundir import RunDir
 from tasks.training.distributed import barrier
 from tasks.training.trainer import DAPOTrainer
@@ -47,7 +48,7 @@ def load_checkpoint(trainer: DAPOTrainer, ckpt: Path) -> None:
     """Restore the trainer from a checkpoint written with the same number of ranks."""
     state = torch.load(ckpt / TRAINER_STATE, weights_only=False)
     if state["world"] != trainer.world:
-        raise RuntimeError(
+        raise PipelineError(
             f"{ckpt} was written by {state['world']} rank(s); resume it with as many"
         )
     # Under ZeRO-3 each rank's optimizer state holds its partition of the fp32 weights, and
@@ -66,6 +67,6 @@ def _load_weights(model: torch.nn.Module, model_dir: Path) -> None:
     missing, unexpected = model.load_state_dict(weights, strict=False)
     # Tied embeddings are saved once; anything else missing means a different model.
     if unexpected or any("lm_head" not in k for k in missing):
-        raise RuntimeError(
+        raise PipelineError(
             f"checkpoint {model_dir.parent} does not match the model ({missing[:3]})"
         )

@@ -22,6 +22,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dapo_core.errors import PipelineError
+from tasks.training.precision import MasterWeights
+
 
 def env_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
@@ -146,7 +149,7 @@ class OptimizerEngine:
 
         Returns (gradient norm before clipping, whether the update was applied)."""
         if self.ds is None:
-            if hasattr(self.optimizer, "master_grads"):  # bf16 weights, float32 master copies
+            if isinstance(self.optimizer, MasterWeights):  # bf16 weights, float32 master copies
                 params = self.optimizer.master_grads()
             else:
                 params = [p for p in self.model.parameters() if p.requires_grad]
@@ -178,8 +181,8 @@ class OptimizerEngine:
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "master" in state and not hasattr(self.optimizer, "master_grads"):
-            raise RuntimeError(
+        if "master" in state and not isinstance(self.optimizer, MasterWeights):
+            raise PipelineError(
                 "this checkpoint was trained on bf16 weights with float32 master copies; resume "
                 "it with the same model.dtype on one process (e.g. -S model.dtype=bfloat16)"
             )

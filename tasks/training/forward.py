@@ -17,9 +17,6 @@ from tasks.rollout.generators import left_pad
 from tasks.training.batches import Sample, distinct_prompts
 
 LOGITS_BUDGET = 2**26  # logits per chunk (256 MB in fp32): ~440 rows of a 151k vocabulary
-# Per-logit arithmetic (log-softmax, entropy) through torch.compile. Off: on an H100 it changed the
-# 0.5B update by 0-6% (BENCHMARKS.md), not worth a compile at the start of every run.
-COMPILE_HEAD = False
 
 
 class PolicyForward:
@@ -60,7 +57,6 @@ class PolicyForward:
             resp_ids[rows, cols],
             self.temperature,
             chunk=max(256, LOGITS_BUDGET // self.vocab_size),
-            compiled=COMPILE_HEAD,
         )
         logp = torch.zeros(len(batch), R, device=dev, dtype=logp_flat.dtype)
         logp = logp.index_put((rows, cols), logp_flat)  # differentiable scatter

@@ -86,13 +86,14 @@ def test_step_alone_moves_the_gradients_and_frees_the_bf16_ones():
 def test_a_master_weights_checkpoint_into_a_plain_optimizer_is_a_clear_error():
     import pytest
 
+    from dapo_core.errors import PipelineError
     from tasks.training.distributed import OptimizerEngine
 
     p = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
     state = MasterWeights([p], _adamw).state_dict()
     model = torch.nn.Linear(2, 2)
     engine = OptimizerEngine(model, _adamw(list(model.parameters())), 1.0, 1, 0, False)
-    with pytest.raises(RuntimeError, match="model.dtype"):
+    with pytest.raises(PipelineError, match="model.dtype"):  # the CLI's one-line errors
         engine.load_state_dict(state)
 
 

@@ -28,6 +28,12 @@ def test_cli_train_and_evaluate_are_tracked(flows_env, flow_cfg, flow_params, tm
     # The same directory again without --resume: refused, with the way out.
     again = runner.invoke(app, ["train", "--params", flow_params, "--run-dir", str(run_dir)])
     assert again.exit_code == 2 and "--resume" in again.output
+    # --resume with an override it would ignore: refused in one line, the run untouched.
+    metrics = (run_dir / "metrics.jsonl").read_text()
+    changed = runner.invoke(app, ["train", "--resume", str(run_dir), "-S", "train.steps=9"])
+    assert changed.exit_code == 2 and "drop them" in changed.output
+    assert "Traceback" not in changed.output
+    assert (run_dir / "metrics.jsonl").read_text() == metrics
 
     ev = runner.invoke(
         app, ["evaluate", "--params", flow_params, "--model", str(run_dir / "final")]

@@ -136,6 +136,11 @@ class RolloutConfig:
     (``train/mismatch_*``) and ``algo.tis_cap`` corrects for it."""
 
 
+UPDATE_SWITCHES = ("overlong_filtering", "clip_higher", "overlong_shaping", "token_level_loss")
+"""The Table 1 switches that act on the update made from a given batch (its rewards, loss mask
+or loss); the other, ``dynamic_sampling``, acts on which groups make up the batch."""
+
+
 @dataclass(frozen=True)
 class AlgoConfig:
     """The DAPO algorithm and its ablation switches (DAPO section 3, Table 1)."""
@@ -269,6 +274,12 @@ class TrackingConfig:
     """Experiments are named <prefix>-<flow kind> (one per flow kind)."""
     log_samples: int
     """Sample generations logged per step as a table."""
+    switch_probe: str | None
+    """An ``algo`` switch whose effect on each update is measured all else equal (one of
+    ``UPDATE_SWITCHES``): every step also makes its update from the same weights, optimizer state
+    and batch with the switch flipped, and logs the policy's entropy after each (``probe/*``,
+    ``tasks.training.probe``); the run itself is unchanged. It doubles the update's cost; null =
+    off. ``dapo ablate`` sets it for the rungs whose signal is read this way."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from dapo_core.config import Config, ConfigError
+from dapo_core.config import UPDATE_SWITCHES, Config, ConfigError
 
 
 def resolve(
@@ -340,6 +340,17 @@ def _check_values(cfg: Config, source: str, where: typing.Callable[[str], str]) 
     need(t.zero_stage in (1, 2, 3), "train.zero_stage must be 1, 2 or 3")
     need(0 < d.decontam_threshold <= 1, "data.decontam_threshold must be in (0, 1]")
     need(0 <= t.preflight_min_mixed <= 1, "train.preflight_min_mixed must be in [0, 1]")
+    probe = cfg.tracking.switch_probe
+    need(
+        probe is None or probe in UPDATE_SWITCHES,
+        f"tracking.switch_probe must be null or one of {', '.join(UPDATE_SWITCHES)}, got {probe!r}"
+        + (
+            " (dynamic sampling changes which groups are trained on, not the update made from "
+            "them: compare it across runs with dapo ablate)"
+            if probe == "dynamic_sampling"
+            else ""
+        ),
+    )
     need(
         cfg.tiny.num_heads % cfg.tiny.num_kv_heads == 0,
         "tiny.num_heads must be a multiple of tiny.num_kv_heads",

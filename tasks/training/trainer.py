@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from dapo_core.advantages import group_advantages
-from dapo_core.config import Config
+from dapo_core.config import AlgoConfig, Config, LossConfig
 from dapo_core.errors import TrainingStopped
 from dapo_core.loss import long_weight_share, policy_loss
 from dapo_core.metrics import masked_mean
@@ -66,6 +66,7 @@ from tasks.training.distributed import (
 from tasks.training.forward import PolicyForward
 from tasks.training.kernels import install_rms_norm, use_cpu_sdpa
 from tasks.training.precision import MasterWeights, needs_master_weights
+from tasks.training.probe import SwitchProbe
 from tasks.training.step_metrics import (
     StallWatch,
     dynamic_sampling_metrics,
@@ -148,6 +149,8 @@ class DAPOTrainer:
         )
         self.lr_at = warmup_lambda(cfg.train.warmup_steps)
         self.loss_cfg = cfg.algo.loss_config()
+        switch = cfg.tracking.switch_probe
+        self.probe = SwitchProbe(self, switch) if switch else None
         install_rms_norm(
             model
         )  # same arithmetic, half the backward cost (tasks/training/kernels.py)
@@ -192,7 +195,11 @@ class DAPOTrainer:
         if groups:
             samples, batch_stats = self._samples(groups)
             metrics.update(batch_stats)
-            updates = self._updates(samples)
+            if self.probe:  # the update, and beside it the same update with the switch flipped
+                updates, probed = self.probe.updates(groups, samples)
+                metrics.update(probed)
+            else:
+                updates = self._updates(samples)
         self.step += 1
         self.bad_steps = 0 if all(u["finite"] for u in updates) else self.bad_steps + 1
         metrics.update(update_metrics(updates, lr))
@@ -233,13 +240,16 @@ class DAPOTrainer:
             sized=cfg.algo.size_gen_batches,
         )
 
-    def _updates(self, samples: list[Sample]) -> list[dict[str, float]]:
-        """``prompt_batch / mini_batch`` gradient updates over the step's samples."""
+    def _updates(
+        self, samples: list[Sample], loss_cfg: LossConfig | None = None
+    ) -> list[dict[str, float]]:
+        """``prompt_batch / mini_batch`` gradient updates over the step's samples (with the run's
+        loss unless ``loss_cfg`` says otherwise: a switch probe's flipped update)."""
         per_update = self.cfg.train.mini_batch * self.cfg.rollout.group_size
         minis = [samples[i : i + per_update] for i in range(0, len(samples), per_update)]
         if len(minis) > 1:  # with one update the ratio is exactly 1: no extra pass
             self._compute_old_logprobs(minis)
-        return [self._update(mini) for mini in minis]
+        return [self._update(mini, loss_cfg) for mini in minis]
 
     # -- rollout -------------------------------------------------------------------------------
 
@@ -299,8 +309,12 @@ class DAPOTrainer:
 
     # -- loss inputs ---------------------------------------------------------------------------
 
-    def _samples(self, groups: list[Group]) -> tuple[list[Sample], dict[str, float]]:
-        cfg, a = self.cfg, self.cfg.algo
+    def _samples(
+        self, groups: list[Group], algo: AlgoConfig | None = None
+    ) -> tuple[list[Sample], dict[str, float]]:
+        """The groups' responses with their advantages and loss mask, under the run's switches
+        unless ``algo`` says otherwise (a switch probe's flipped update)."""
+        cfg, a = self.cfg, algo or self.cfg.algo
         acc = torch.tensor([g.acc for g in groups], dtype=torch.bool)  # (P, G)
         lengths = torch.tensor([[len(r) for r in g.response_ids] for g in groups])  # (P, G)
         finished = torch.tensor([g.finished for g in groups])  # (P, G)
@@ -393,9 +407,12 @@ class DAPOTrainer:
 
     # -- one update ----------------------------------------------------------------------------
 
-    def _update(self, samples: list[Sample]) -> dict[str, float]:
+    def _update(
+        self, samples: list[Sample], loss_cfg: LossConfig | None = None
+    ) -> dict[str, float]:
         """One gradient update over a mini-batch of samples (the same list on every rank)."""
-        token_level = self.loss_cfg.token_level_loss
+        loss_cfg = loss_cfg or self.loss_cfg
+        token_level = loss_cfg.token_level_loss
         # The normalizer counts every sample of the whole mini-batch (every rank holds all of it),
         # including the ones skipped because their loss is identically zero.
         kept = [s for s in samples if s.keep]
@@ -413,7 +430,7 @@ class DAPOTrainer:
             adv = torch.tensor([s.advantage for s in batch], device=self.device)
             rollout = self._padded(batch, "rollout_logp", logp)
             loss, m = policy_loss(
-                logp, old, adv, mask, self.loss_cfg, normalizer=normalizer, rollout_logp=rollout
+                logp, old, adv, mask, loss_cfg, normalizer=normalizer, rollout_logp=rollout
             )
             if rollout is not None:  # the sampler's arithmetic: groups sampled this step only
                 fresh = torch.tensor([float(s.fresh) for s in batch], device=self.device)

@@ -203,3 +203,13 @@ def test_a_cross_field_rule_blames_the_override_that_broke_it():
     # prompt_batch from the preset, mini_batch from -S: the override is what to change
     with pytest.raises(ConfigError, match=r"^override -S train.mini_batch=5: train.prompt_batch"):
         load_params(overlays=["configs/chain.yaml"], overrides=["train.mini_batch=5"])
+
+
+def test_switch_probe_takes_an_update_switch_only(base):
+    from dapo_core.config_loader import resolve
+
+    assert resolve(base, overrides=["tracking.switch_probe=clip_higher"]).tracking.switch_probe
+    with pytest.raises(ConfigError, match="dynamic sampling changes which groups"):
+        resolve(base, overrides=["tracking.switch_probe=dynamic_sampling"])
+    with pytest.raises(ConfigError, match="tracking.switch_probe must be null or one of"):
+        resolve(base, overrides=["tracking.switch_probe=eps_high"])

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dapo_core.ablation import ABLATION_LADDER
+
 
 @dataclass(frozen=True)
 class Signal:
@@ -49,9 +51,32 @@ SIGNALS: tuple[Signal, ...] = (
 )
 """Every per-run signal the ablation table reports (the ``train/*`` metric each reads)."""
 
+
+@dataclass(frozen=True)
+class Probe:
+    """A signal read inside each run by a switch probe (``tracking.switch_probe``): every step
+    makes the same update with the rung's switch on and off and reads ``on`` and ``off`` after
+    each. Paired within the step, it is free of the trajectory noise that separates two runs."""
+
+    name: str
+    on: str  # the per-step metric after the update with the switch on
+    off: str  # and with it off
+    label: str
+
+
+PROBES: dict[str, Probe] = {
+    "entropy_probe": Probe(
+        "entropy_probe",
+        "probe/entropy_on",
+        "probe/entropy_off",
+        "entropy after the same update, switch on against off",
+    ),
+}
+"""Every probe signal the mechanism table reports, by name."""
+
 MECHANISM_SIGNALS: dict[str, tuple[tuple[str, int], ...]] = {
     "+overlong_filtering": (("truncated_frac", 0),),
-    "+clip_higher": (("entropy", +1), ("clip_frac_high", -1)),
+    "+clip_higher": (("entropy", +1), ("entropy_probe", +1), ("clip_frac_high", -1)),
     "+overlong_shaping": (("truncated_frac", -1), ("response_len", -1)),
     "+token_level_loss": (("long_weight_share", +1), ("len_growth", +1)),
     "+dynamic_sampling": (("train_acc", +1), ("samples_per_step", +1)),
@@ -61,8 +86,9 @@ MECHANISM_SIGNALS: dict[str, tuple[tuple[str, int], ...]] = {
 
 - overlong filtering stops punishing truncated responses (3.4): the paper claims stability, not a
   direction of the truncated share, so it is reported without one;
-- clip-higher (3.1) keeps entropy up by letting low-probability tokens grow; mechanically, fewer
-  tokens reach the raised upper clip;
+- clip-higher (3.1) keeps entropy up by letting low-probability tokens grow: across runs, and
+  within each step by a probe (the same update with the switch off); mechanically, fewer tokens
+  reach the raised upper clip;
 - overlong shaping (3.4) penalises the buffer before the limit: fewer truncated, shorter responses;
 - token-level loss (3.3) weighs long responses by their tokens, and the paper reports healthier
   length growth under it (Fig. 4);
@@ -78,6 +104,23 @@ def run_signals(history: Sequence[Mapping[str, float]]) -> dict[str, float]:
         x = np.array([h[s.metric] for h in history if s.metric in h], dtype=np.float64)
         out[s.name] = _reduce(x, s.window)
     return out
+
+
+def probed_switch(variant: str) -> str | None:
+    """The switch a rung's runs probe: the one it adds to the rung before, when one of its
+    signals is a probe's (``PROBES``); None otherwise."""
+    if not any(name in PROBES for name, _ in MECHANISM_SIGNALS.get(variant, ())):
+        return None
+    rungs = list(ABLATION_LADDER)
+    before = ABLATION_LADDER[rungs[rungs.index(variant) - 1]]
+    (added,) = (k for k, on in ABLATION_LADDER[variant].items() if on and not before[k])
+    return added
+
+
+def probe_steps(history: Sequence[Mapping[str, float]], probe: Probe) -> np.ndarray:
+    """One run's per-step (on, off) readings of a probe, as an (steps, 2) array."""
+    rows = [(h[probe.on], h[probe.off]) for h in history if probe.on in h and probe.off in h]
+    return np.array(rows, dtype=np.float64).reshape(-1, 2)
 
 
 def _reduce(x: np.ndarray, window: str) -> float:

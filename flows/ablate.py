@@ -29,7 +29,7 @@ import pandas as pd
 from prefect import flow
 
 from dapo_core.ablation import ABLATION_LADDER, apply_variant
-from dapo_core.ablation_stats import SIGNALS, run_signals
+from dapo_core.ablation_stats import PROBES, SIGNALS, probe_steps, probed_switch, run_signals
 from dapo_core.config import Config, ConfigError
 from dapo_core.config_loader import from_dict, resolve
 from dapo_core.errors import PipelineError, TrainingInterrupted
@@ -41,6 +41,10 @@ from tasks.orchestration import run_logger
 from tasks.rundir import RunDir
 from tasks.training.task import train_task
 
+SIGNAL_METRICS = sorted(
+    {s.metric for s in SIGNALS} | {m for p in PROBES.values() for m in (p.on, p.off)}
+)
+"""The per-step metrics the sweep reads back from each child (its signals and probes)."""
 CHILD_DEPLOYMENT = "ablate-run"
 POLL_S = 2.0
 MAX_SUBMISSIONS = 2  # a child whose flow run fails or crashes is submitted once more
@@ -190,7 +194,7 @@ def ablate_flow(
 def children_view(parent_id: str | None) -> dict[str, Any]:
     """The MLflow runs table for a sweep: its child runs only, one row each, with the columns a
     reader compares (variant, seed, avg@k and each switch's signal)."""
-    metrics = ["eval/avg_at_k", *sorted({s.metric for s in SIGNALS})]
+    metrics = ["eval/avg_at_k", *sorted({s.metric for s in SIGNALS}), "probe/entropy_delta"]
     return {
         "searchFilter": f"tags.mlflow.parentRunId = '{parent_id}'",
         "selectedColumns": [f"tags.`{t}`" for t in ("variant", "seed")]
@@ -210,7 +214,12 @@ def _result(cfg: Config, parent_id: str | None, child: Child, status: str) -> di
 
 
 def _child_config(cfg: Config, variant: str, seed: int) -> Config:
-    return apply_variant(resolve(cfg.to_dict(), overrides=[f"train.seed={seed}"]), variant)
+    """The variant's config for one seed, probing the rung's switch where its signal is read by
+    a probe (``dapo_core.ablation_stats.probed_switch``)."""
+    overrides = [f"train.seed={seed}"]
+    if switch := probed_switch(variant):
+        overrides.append(f"tracking.switch_probe={switch}")
+    return apply_variant(resolve(cfg.to_dict(), overrides=overrides), variant)
 
 
 def _in_process(children: list[Child], parent_id, eval_set, progress, pool):
@@ -327,15 +336,17 @@ def gather(cfg: Config, parent_id: str | None, child: Child) -> dict[str, Any]:
         io.StringIO(store.read_artifact_text(run_id, f"eval/{eval_name}/per_problem.csv", uri))
     )
     history: dict[int, dict[str, float]] = {}
-    for metric in {s.metric for s in SIGNALS}:
+    for metric in SIGNAL_METRICS:
         for step, value in store.metric_history(run_id, metric, uri):
             history.setdefault(step, {})[metric] = value
+    steps = [history[s] for s in sorted(history)]
     return {
         "run_id": run_id,
         "metrics": metrics,
         "avg_at_k": metrics["eval/avg_at_k"],
         "per_problem": per_problem[["problem_id", "accuracy"]],
-        "signals": run_signals([history[s] for s in sorted(history)]),
+        "signals": run_signals(steps),
+        "probes": {name: probe_steps(steps, p) for name, p in PROBES.items()},
         "steps": int(run["tags"].get("train.steps_done", 0)),
         "train_wall_s": float(run["tags"].get("train.wall_s", "nan")),
         "eval_wall_s": metrics.get("perf/eval_time_s", float("nan")),

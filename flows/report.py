@@ -49,7 +49,10 @@ def report_ablation(table: Any) -> None:
     mechanisms = table.attrs.get("mechanisms")
     if mechanisms is None or not len(mechanisms):
         return
-    view = Table(title="Each switch's own signal, against the rung before (paired over seeds)")
+    view = Table(
+        title="Each switch's own signal, against the rung before (paired over seeds; a probe's "
+        "within each step of the rung's runs)"
+    )
     for col in ("rung", "signal", "paper says", "before", "after", "change [95% CI]", "as paper"):
         view.add_column(col)
     for r in mechanisms.to_dict("records"):
@@ -66,6 +69,8 @@ def report_ablation(table: Any) -> None:
 
 
 def _paired(delta: float, low: float, high: float, distinguishable: bool) -> str:
+    if pd.isna(delta):
+        return "not measured"
     if pd.isna(low):
         return f"{delta:+.3g} (one seed: no CI)"
     mark = "" if distinguishable else " ~0"

@@ -7,9 +7,10 @@ and wall times. Two tables come out, both in the paper's Table 1 order:
 - ``ablation_table``: one row per variant: avg@k over seeds with a bootstrap CI over problems, the
   paired difference to the previous rung (over seeds and problems) and whether its 95% CI excludes
   zero, the mean of every signal over seeds, and the paper's AIME 2024 number.
-- ``mechanism_table``: one row per rung after the first: the signal its switch should move, the
+- ``mechanism_table``: one row per rung after the first and signal its switch should move: the
   paired difference to the previous rung with its CI, and whether it moved in the paper's direction
-  distinguishably from zero.
+  distinguishably from zero. A probe's signal (``PROBES``) is instead the difference the switch
+  makes within each step of the rung's own runs (``probes``: per-step on/off readings).
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ import numpy as np
 import pandas as pd
 
 from dapo_core.ablation import ABLATION_LADDER, PAPER_TABLE1_AIME24
-from dapo_core.ablation_stats import MECHANISM_SIGNALS, SIGNALS, Paired, paired_bootstrap
+from dapo_core.ablation_stats import (
+    MECHANISM_SIGNALS,
+    PROBES,
+    SIGNALS,
+    Paired,
+    paired_bootstrap,
+)
 from dapo_core.metrics import bootstrap_ci
 
 SIGNAL_NAMES = [s.name for s in SIGNALS]
@@ -42,6 +49,7 @@ TABLE_COLUMNS = [
     "paper_aime24",
     "status",
 ]
+_DIRECTIONS = {1: "up", -1: "down", 0: "none claimed"}  # a signal's direction in the paper
 MECHANISM_COLUMNS = [
     "variant",
     "signal",
@@ -133,7 +141,12 @@ def mechanism_table(
         now, prev = _ok(results, variant), _ok(results, before)
         common = sorted(set(now) & set(prev))
         for name, direction in MECHANISM_SIGNALS[variant]:
-            rows.append(_paired_signal(variant, name, direction, now, prev, common, n_boot, seed))
+            if name in PROBES:
+                rows.append(_probe_signal(variant, name, direction, now, n_boot, seed))
+            else:
+                rows.append(
+                    _paired_signal(variant, name, direction, now, prev, common, n_boot, seed)
+                )
     return pd.DataFrame(rows, columns=MECHANISM_COLUMNS)
 
 
@@ -144,9 +157,42 @@ def _paired_signal(variant, name, direction, now, prev, common, n_boot, seed) ->
     return {
         "variant": variant,
         "signal": name,
-        "paper_direction": {1: "up", -1: "down", 0: "none claimed"}[direction],
+        "paper_direction": _DIRECTIONS[direction],
         "previous": float(np.mean(y)),
         "value": float(np.mean(x)),
+        "delta": p.diff,
+        "ci_low": p.low,
+        "ci_high": p.high,
+        "distinguishable": p.distinguishable,
+        "as_paper": _verdict(direction, p),
+    }
+
+
+def _probe_signal(variant, name, direction, now, n_boot, seed) -> dict[str, Any]:
+    """A probe's signal: on minus off at every step of the rung's own runs, paired within the
+    step; the bootstrap resamples seeds and steps (``previous`` and ``value`` are the readings
+    with the switch off and on)."""
+    runs = [
+        now[s]["probes"][name] for s in sorted(now) if len(now[s].get("probes", {}).get(name, []))
+    ]
+    row = {"variant": variant, "signal": name, "paper_direction": _DIRECTIONS[direction]}
+    if not runs:  # the runs were trained without tracking.switch_probe
+        nan = float("nan")
+        return (
+            row
+            | dict.fromkeys(("previous", "value", "delta", "ci_low", "ci_high"), nan)
+            | {
+                "distinguishable": False,
+                "as_paper": "not probed",
+            }
+        )
+    steps = min(len(r) for r in runs)
+    on = np.stack([r[:steps, 0] for r in runs])  # (seeds, steps)
+    off = np.stack([r[:steps, 1] for r in runs])
+    p = paired_bootstrap(on - off, n_boot, seed=seed)
+    return row | {
+        "previous": float(off.mean()),
+        "value": float(on.mean()),
         "delta": p.diff,
         "ci_low": p.low,
         "ci_high": p.high,

@@ -30,9 +30,10 @@ def test_variants_run_in_table1_order():
         ordered_variants(["dapo"])
 
 
-def _result(variant, seed, per_problem_acc, **signals):
+def _result(variant, seed, per_problem_acc, probes=None, **signals):
     acc = np.array(per_problem_acc, dtype=float)
     return {
+        "probes": probes or {},
         "variant": variant,
         "seed": seed,
         "status": "ok",
@@ -70,17 +71,27 @@ def test_ablation_table_over_seeds():
 
 def test_mechanism_table_pairs_each_switch_with_its_signal():
     acc = [0.5, 0.5]
+
+    def probe(s):  # (steps, [on, off]): the probe's per-step readings
+        off = 0.1 + 0.01 * s + 0.003 * np.arange(3)
+        return np.stack([off + 0.002, off], axis=1)
+
     results = [
         r
         for s in range(4)
         for r in (
             _result("+overlong_filtering", s, acc, entropy=0.10 + 0.01 * s),
-            _result("+clip_higher", s, acc, entropy=0.15 + 0.01 * s),  # +0.05 on every seed
+            # +0.05 on every seed; within each of its 3 steps, on - off = +0.002
+            _result("+clip_higher", s, acc, {"entropy_probe": probe(s)}, entropy=0.15 + 0.01 * s),
             _result("+overlong_shaping", s, acc, truncated_frac=0.1 * (s % 2)),  # 0 or 0.1
         )
     ]
     table = mechanism_table(results, n_boot=300).set_index(["variant", "signal"], drop=False)
-    assert list(table["variant"]) == ["+clip_higher"] * 2 + ["+overlong_shaping"] * 2  # no grpo
+    assert list(table["variant"]) == ["+clip_higher"] * 3 + ["+overlong_shaping"] * 2  # no grpo
+    probed = table.loc[("+clip_higher", "entropy_probe")]  # paired within each step
+    assert probed["delta"] == pytest.approx(0.002) and probed["ci_low"] == pytest.approx(0.002)
+    assert probed["value"] - probed["previous"] == pytest.approx(0.002)
+    assert probed["as_paper"] == "yes"
     clip = table.loc[("+clip_higher", "entropy")]
     shaping = table.loc[("+overlong_shaping", "truncated_frac")]
     assert clip["signal"] == "entropy" and clip["paper_direction"] == "up"
@@ -93,6 +104,9 @@ def test_mechanism_table_pairs_each_switch_with_its_signal():
     single = mechanism_table(one_seed, n_boot=100).set_index(["variant", "signal"])
     assert single.loc[("+clip_higher", "entropy"), "as_paper"] == "needs 2+ seeds"
     assert not single.loc[("+clip_higher", "entropy"), "distinguishable"]
+    unprobed = [{**r, "probes": {}} for r in results]  # trained without tracking.switch_probe
+    row = mechanism_table(unprobed, n_boot=100).set_index(["variant", "signal"])
+    assert row.loc[("+clip_higher", "entropy_probe"), "as_paper"] == "not probed"
 
 
 @pytest.mark.slow
@@ -121,6 +135,10 @@ def test_ablate_flow_parent_with_six_children(flows_env, flow_cfg, tmp_path):
         assert c["params"]["algo.clip_higher"] == json.dumps(
             ABLATION_LADDER[c["tags"]["variant"]]["clip_higher"]
         )
+        # the rung whose signal a probe reads probes its own switch; the others do not probe
+        probing = c["tags"]["variant"] == "+clip_higher"
+        assert c["params"]["tracking.switch_probe"] == ("clip_higher" if probing else "null")
+        assert ("probe/entropy_delta" in c["metrics"]) == probing
     # the ladder as one series over the rungs (step = Table 1 index), with its CI
     ladder = store.metric_history(parent["run_id"], "ladder/avg_at_k")
     assert [s for s, _ in ladder] == list(range(len(ABLATION_LADDER)))
@@ -139,6 +157,8 @@ def test_ablate_flow_parent_with_six_children(flows_env, flow_cfg, tmp_path):
         ("+token_level_loss", "long_weight_share")
     ]
     assert token_level["value"] >= token_level["previous"]  # weight moves to long responses
+    probed = mechanisms.set_index(["variant", "signal"]).loc[("+clip_higher", "entropy_probe")]
+    assert math.isfinite(probed["value"]) and math.isfinite(probed["previous"])
     csv = store.read_artifact_text(parent["run_id"], "ablation/table.csv")
     logged = pd.read_csv(io.StringIO(csv))
     assert list(logged["variant"]) == list(ABLATION_LADDER)

@@ -6,7 +6,16 @@ import numpy as np
 import pytest
 
 from dapo_core.ablation import ABLATION_LADDER
-from dapo_core.ablation_stats import MECHANISM_SIGNALS, SIGNALS, paired_bootstrap, run_signals
+from dapo_core.ablation_stats import (
+    MECHANISM_SIGNALS,
+    PROBES,
+    SIGNALS,
+    paired_bootstrap,
+    probe_steps,
+    probed_switch,
+    run_signals,
+)
+from dapo_core.config import UPDATE_SWITCHES
 from dapo_core.loss import long_weight_share
 
 
@@ -44,7 +53,22 @@ def test_run_signals_windows_by_hand():
 def test_every_rung_after_grpo_has_a_signal():
     assert set(MECHANISM_SIGNALS) == set(list(ABLATION_LADDER)[1:])
     named = {name for signals in MECHANISM_SIGNALS.values() for name, _ in signals}
-    assert named <= {s.name for s in SIGNALS}
+    assert named <= {s.name for s in SIGNALS} | set(PROBES)
+
+
+def test_a_rung_probes_the_switch_it_adds_where_a_probe_reads_its_signal():
+    assert probed_switch("+clip_higher") == "clip_higher"
+    assert probed_switch("+overlong_shaping") is None  # its signals are read across runs
+    assert probed_switch("grpo") is None
+    for variant in MECHANISM_SIGNALS:  # every probed switch is one a probe can flip
+        assert probed_switch(variant) in (None, *UPDATE_SWITCHES)
+
+
+def test_probe_steps_reads_the_steps_that_logged_both_sides():
+    p = PROBES["entropy_probe"]
+    history = [{p.on: 0.5, p.off: 0.4}, {"train/entropy": 1.0}, {p.on: 0.3, p.off: 0.3}]
+    assert probe_steps(history, p).tolist() == [[0.5, 0.4], [0.3, 0.3]]
+    assert probe_steps([], p).shape == (0, 2)
 
 
 def test_paired_bootstrap_constant_difference_is_exact():

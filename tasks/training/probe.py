@@ -15,90 +15,81 @@ probe doubles the cost of the update. Logged per step:
 - ``probe/entropy_on`` and ``probe/entropy_off``: after the update with the switch on, and off;
 - ``probe/entropy_delta``: on minus off, the switch's effect on entropy in one step (paired:
   same state, same batch, same order of mini-batches).
+
+``DAPOTrainer._probed_updates`` makes the two updates; this module holds what it needs around
+them: the flipped switches, the entropy reading, and the snapshot that undoes an update.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 
-from dapo_core.errors import PipelineError
-from tasks.training.batches import Group, Sample, distinct_prompts, micro_batches
+from dapo_core.config import AlgoConfig
+from tasks.training.batches import Sample, distinct_prompts, micro_batches
+from tasks.training.distributed import OptimizerEngine
 
-if TYPE_CHECKING:
-    from tasks.training.trainer import DAPOTrainer
+Saved = tuple[dict[str, torch.Tensor], dict]
 
 
-class SwitchProbe:
-    """The flipped update beside the real one, for one switch of ``cfg.algo``."""
+def flipped(algo: AlgoConfig, switch: str) -> AlgoConfig:
+    """``algo`` with ``switch`` turned the other way."""
+    return dataclasses.replace(algo, **{switch: not getattr(algo, switch)})
 
-    def __init__(self, trainer: DAPOTrainer, switch: str):
-        if trainer.world > 1:
-            raise PipelineError(
-                "tracking.switch_probe runs on one process (it undoes an update, which ZeRO "
-                "shards across ranks): set tracking.switch_probe=null, or train on one GPU"
-            )
-        self.trainer, self.switch = trainer, switch
-        self.on = bool(getattr(trainer.cfg.algo, switch))
-        self.flipped = dataclasses.replace(trainer.cfg.algo, **{switch: not self.on})
 
-    def updates(
-        self, groups: list[Group], samples: list[Sample]
-    ) -> tuple[list[dict[str, float]], dict[str, float]]:
-        """The step's updates (as ``DAPOTrainer._updates`` makes them) and the probe's metrics."""
-        t = self.trainer
-        before = mean_entropy(t, samples)
-        saved = _snapshot(t)
-        # The flipped update draws no random numbers today; forking keeps it so if one ever does.
-        with torch.random.fork_rng(devices=_cuda_devices(t.device)):
-            flipped, _ = t._samples(groups, self.flipped)
-            t._updates(flipped, self.flipped.loss_config())
-            after_flipped = mean_entropy(t, samples)
-        _restore(t, saved)
-        updates = t._updates(samples)
-        after = mean_entropy(t, samples)
-        on, off = (after, after_flipped) if self.on else (after_flipped, after)
-        return updates, {
-            "probe/entropy_before": before,
-            "probe/entropy_on": on,
-            "probe/entropy_off": off,
-            "probe/entropy_delta": on - off,
-        }
+def probe_metrics(
+    switch_on: bool, before: float, after: float, after_flipped: float
+) -> dict[str, float]:
+    """The step's ``probe/*`` metrics from the entropy before the update, after it, and after the
+    flipped one; ``switch_on``: whether the run's own update has the switch on."""
+    on, off = (after, after_flipped) if switch_on else (after_flipped, after)
+    return {
+        "probe/entropy_before": before,
+        "probe/entropy_on": on,
+        "probe/entropy_off": off,
+        "probe/entropy_delta": on - off,
+    }
 
 
 @torch.no_grad()
-def mean_entropy(trainer: DAPOTrainer, samples: list[Sample]) -> float:
+def mean_entropy(
+    forward: Callable[[list[Sample]], tuple[torch.Tensor, ...]],
+    samples: list[Sample],
+    micro_batch_tokens: int,
+) -> float:
     """The policy's token-mean entropy over every response in ``samples``, whether or not it
-    carries loss (the same tokens whichever switch made the update)."""
+    carries loss (the same tokens whichever switch made the update). ``forward`` is the
+    trainer's ``PolicyForward``."""
     _, keys = distinct_prompts(samples)
     batches = micro_batches(
         keys,
         [s.prompt_len for s in samples],
         [len(s.input_ids) - s.prompt_len for s in samples],
-        trainer.cfg.train.micro_batch_tokens,
+        micro_batch_tokens,
     )
     total = tokens = 0.0
     for idx in batches:
-        _, entropy, mask = trainer.forward([samples[i] for i in idx])
+        _, entropy, mask = forward([samples[i] for i in idx])
         total += float((entropy * mask).sum())
         tokens += float(mask.sum())
     return total / max(tokens, 1.0)
 
 
-def _snapshot(trainer: DAPOTrainer) -> tuple[dict[str, torch.Tensor], dict]:
-    engine = trainer.engine
+def snapshot(engine: OptimizerEngine) -> Saved:
+    """The weights and optimizer state an update changes (one process)."""
     # state_dict() holds references to the live optimizer state: copy it.
     return engine.full_state_dict(), copy.deepcopy(engine.state_dict())
 
 
-def _restore(trainer: DAPOTrainer, saved: tuple[dict[str, torch.Tensor], dict]) -> None:
+def restore(engine: OptimizerEngine, saved: Saved) -> None:
     weights, optimizer = saved
-    trainer.model.load_state_dict(weights)  # in place: the sampler's views stay bound
-    trainer.engine.load_state_dict(optimizer)
+    engine.model.load_state_dict(weights)  # in place: the sampler's views stay bound
+    engine.load_state_dict(optimizer)
 
 
-def _cuda_devices(device: torch.device) -> list[int]:
+def cuda_devices(device: torch.device) -> list[int]:
+    """The devices whose random state ``torch.random.fork_rng`` must keep."""
     return [device.index or 0] if device.type == "cuda" else []

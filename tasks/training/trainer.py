@@ -38,7 +38,7 @@ import torch
 
 from dapo_core.advantages import group_advantages
 from dapo_core.config import AlgoConfig, Config, LossConfig
-from dapo_core.errors import TrainingStopped
+from dapo_core.errors import PipelineError, TrainingStopped
 from dapo_core.loss import long_weight_share, policy_loss
 from dapo_core.metrics import masked_mean
 from dapo_core.mismatch import mismatch_sums
@@ -48,6 +48,7 @@ from dapo_core.reward import extract_answer, score
 from dapo_core.sampling import BatchStats, GroupAccumulator, fill_batch
 from tasks.models.loading import chat_prompt
 from tasks.rollout.generators import Generator
+from tasks.training import probe
 from tasks.training.batches import (
     Group,
     ProblemStream,
@@ -66,7 +67,6 @@ from tasks.training.distributed import (
 from tasks.training.forward import PolicyForward
 from tasks.training.kernels import install_rms_norm, use_cpu_sdpa
 from tasks.training.precision import MasterWeights, needs_master_weights
-from tasks.training.probe import SwitchProbe
 from tasks.training.step_metrics import (
     StallWatch,
     dynamic_sampling_metrics,
@@ -149,8 +149,12 @@ class DAPOTrainer:
         )
         self.lr_at = warmup_lambda(cfg.train.warmup_steps)
         self.loss_cfg = cfg.algo.loss_config()
-        switch = cfg.tracking.switch_probe
-        self.probe = SwitchProbe(self, switch) if switch else None
+        self.probed = cfg.tracking.switch_probe  # the switch a probe flips, or None
+        if self.probed and self.world > 1:
+            raise PipelineError(
+                "tracking.switch_probe runs on one process (it undoes an update, which ZeRO "
+                "shards across ranks): set tracking.switch_probe=null, or train on one GPU"
+            )
         install_rms_norm(
             model
         )  # same arithmetic, half the backward cost (tasks/training/kernels.py)
@@ -195,9 +199,9 @@ class DAPOTrainer:
         if groups:
             samples, batch_stats = self._samples(groups)
             metrics.update(batch_stats)
-            if self.probe:  # the update, and beside it the same update with the switch flipped
-                updates, probed = self.probe.updates(groups, samples)
-                metrics.update(probed)
+            if self.probed:  # the update, and beside it the same update with a switch flipped
+                updates, readings = self._probed_updates(groups, samples)
+                metrics.update(readings)
             else:
                 updates = self._updates(samples)
         self.step += 1
@@ -250,6 +254,27 @@ class DAPOTrainer:
         if len(minis) > 1:  # with one update the ratio is exactly 1: no extra pass
             self._compute_old_logprobs(minis)
         return [self._update(mini, loss_cfg) for mini in minis]
+
+    def _probed_updates(
+        self, groups: list[Group], samples: list[Sample]
+    ) -> tuple[list[dict[str, float]], dict[str, float]]:
+        """The step's updates, and the ``probe/*`` metrics of the same updates made with the
+        switch ``tracking.switch_probe`` flipped, from the same weights, optimizer state and
+        groups, then undone (``tasks.training.probe``)."""
+        algo = probe.flipped(self.cfg.algo, self.probed)
+
+        def entropy() -> float:
+            return probe.mean_entropy(self.forward, samples, self.cfg.train.micro_batch_tokens)
+
+        before, saved = entropy(), probe.snapshot(self.engine)
+        # The flipped update draws no random numbers today; forking keeps it so if one ever does.
+        with torch.random.fork_rng(devices=probe.cuda_devices(self.device)):
+            self._updates(self._samples(groups, algo)[0], algo.loss_config())
+            after_flipped = entropy()
+        probe.restore(self.engine, saved)
+        updates = self._updates(samples)
+        on = bool(getattr(self.cfg.algo, self.probed))
+        return updates, probe.probe_metrics(on, before, entropy(), after_flipped)
 
     # -- rollout -------------------------------------------------------------------------------
 

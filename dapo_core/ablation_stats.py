@@ -36,6 +36,12 @@ class Signal:
 SIGNALS: tuple[Signal, ...] = (
     Signal("entropy", "train/entropy", "all", "mean token entropy of the policy (nats)"),
     Signal("clip_frac_high", "train/clip_frac_high", "all", "share of tokens clipped above"),
+    Signal(
+        "clip_high_prob",
+        "train/clip_high_old_prob",
+        "all",
+        "mean probability (before the step) of the tokens clipped above",
+    ),
     Signal("truncated_frac", "train/truncated_frac", "late", "share of responses truncated"),
     Signal("response_len", "train/response_len_mean", "late", "mean response length (tokens)"),
     Signal("len_growth", "train/response_len_mean", "growth", "response length growth (tokens)"),

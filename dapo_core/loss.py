@@ -96,7 +96,9 @@ def policy_loss(
     ``response_mask`` is 1 on response tokens that count (0 on padding, prompt, and
     overlong-filtered responses). Metrics are detached 0-dim tensors (no host sync in the hot path):
     ``clip_frac_high`` = share of valid tokens with A > 0 and r > 1 + eps_high, ``clip_frac_low`` =
-    share with A < 0 and r < 1 - eps_low, plus ``ratio_mean`` and ``num_tokens``.
+    share with A < 0 and r < 1 - eps_low, ``clip_high_old_prob_sum`` = the sum of pi_old over the
+    tokens clipped above (whether the upper clip binds on low-probability tokens, as DAPO section
+    3.1 argues it does), plus ``ratio_mean`` and ``num_tokens``.
 
     ``rollout_logp`` (B, T), the sampler's log-probs of the same tokens: when ``cfg.tis_cap`` is
     set, each token's loss is weighted by the truncated importance weight
@@ -125,6 +127,7 @@ def policy_loss(
         low = ((advantages < 0) & (ratio < 1.0 - cfg.eps_low)).to(torch.float32)
         metrics = {
             "clip_frac_high": (high * mask).sum() / n,
+            "clip_high_old_prob_sum": (high * mask * old_logp.exp()).sum(),
             "clip_frac_low": (low * mask).sum() / n,
             "ratio_mean": (ratio.detach() * mask).sum() / n,
             "num_tokens": mask.sum(),

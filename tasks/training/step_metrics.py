@@ -85,6 +85,10 @@ def update_metrics(updates: list[dict[str, float]], lr: float) -> dict[str, floa
         }
     else:
         extra = {}
+    clipped_above = sum(u.get("clip_high_tokens", 0.0) for u in updates)
+    if clipped_above:  # the mean pi_old of the step's tokens clipped above
+        prob = sum(u["clip_high_old_prob_sum"] for u in updates) / clipped_above
+        extra["train/clip_high_old_prob"] = prob
     return extra | {
         "train/entropy": mean("entropy"),
         "train/clip_frac_low": mean("clip_frac_low"),

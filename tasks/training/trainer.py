@@ -445,6 +445,7 @@ class DAPOTrainer:
         normalizer = max(float(count), 1.0)
         sums = dict.fromkeys(["clip_frac_high", "clip_frac_low", "entropy", "loss", "tokens"], 0.0)
         sums |= dict.fromkeys(["mismatch_abs_diff", "mismatch_kl", "mismatch_tokens"], 0.0)
+        sums["clip_high_old_prob_sum"] = 0.0
         max_ratio = 0.0
         batches = self._my_micro_batches(samples)
         for i, real in enumerate(batches):
@@ -466,13 +467,16 @@ class DAPOTrainer:
                 continue
             # One host transfer per micro-batch for all of its statistics.
             stats = {"tokens": m["num_tokens"], "entropy": masked_mean(ent, mask), "loss": loss}
-            stats |= {k: m[k] for k in ("clip_frac_high", "clip_frac_low")}
+            stats |= {
+                k: m[k] for k in ("clip_frac_high", "clip_frac_low", "clip_high_old_prob_sum")
+            }
             stats |= {k: v for k, v in m.items() if k.startswith("mismatch_")}
             values = torch.stack([v.detach().float() for v in stats.values()]).tolist()
             got = dict(zip(stats, values, strict=True))
             t = got["tokens"]
             sums["tokens"] += t
             sums["loss"] += got["loss"]
+            sums["clip_high_old_prob_sum"] += got["clip_high_old_prob_sum"]
             for k in ("clip_frac_high", "clip_frac_low", "entropy"):  # token means -> sums
                 sums[k] += got[k] * t
             if got.get("mismatch_tokens"):
@@ -489,6 +493,9 @@ class DAPOTrainer:
             for k in ("clip_frac_high", "clip_frac_low", "entropy")
         }
         out.update(loss=sums["loss"], grad_norm=grad_norm, finite=float(applied), tokens=n_tok)
+        # tokens clipped above (sums of token shares x tokens are counts), and their pi_old
+        out["clip_high_tokens"] = sums["clip_frac_high"]
+        out["clip_high_old_prob_sum"] = sums["clip_high_old_prob_sum"]
         out["padding_frac"] = sample_padding_fraction([b for b in batches if b])  # this rank's
         if n_mis := sums["mismatch_tokens"]:
             out["mismatch_abs_diff"] = sums["mismatch_abs_diff"] / n_mis

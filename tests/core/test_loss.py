@@ -148,3 +148,14 @@ def test_per_micro_batch_mean_differs_from_global():
     eq12 = aggregate(loss, mask, True).item()  # (3 + 4) / 4
     per_micro = (aggregate(loss[:1], mask[:1], True) + aggregate(loss[1:], mask[1:], True)) / 2
     assert eq12 == 1.75 and per_micro.item() == 2.5
+
+
+def test_old_probability_of_tokens_clipped_above_hand_computed():
+    """pi_old summed over the tokens clipped above only: A > 0 and r > 1.28, unmasked."""
+    old = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5]])
+    ratios = torch.tensor([[1.5, 1.5, 1.1, 1.5, 1.5]])
+    adv = torch.tensor([[1.0, 1.0, 1.0, -1.0, 1.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]])  # token 4 would be clipped but is padding
+    _, m = policy_loss(torch.log(old * ratios), torch.log(old), adv, mask, DAPO)
+    assert math.isclose(m["clip_high_old_prob_sum"].item(), 0.1 + 0.2, rel_tol=1e-6)
+    assert math.isclose(m["clip_frac_high"].item(), 2 / 4, rel_tol=1e-6)

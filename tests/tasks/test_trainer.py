@@ -367,3 +367,19 @@ def test_rollout_copy_only_where_the_policy_is_whole(tiny_cfg, monkeypatch):
     assert rollout_dtype(cfg, model) is None
     policy = resolve(tiny_cfg.to_dict(), overrides=["rollout.weights=policy"])
     assert rollout_dtype(policy, model) is None
+
+
+def test_step_mean_old_probability_of_tokens_clipped_above():
+    from tasks.training.step_metrics import update_metrics
+
+    def update(clipped, prob_sum):
+        return {
+            **dict.fromkeys(["entropy", "clip_frac_low", "clip_frac_high", "loss"], 0.0),
+            **{"grad_norm": 1.0, "finite": 1.0, "padding_frac": 0.0},
+            **{"clip_high_tokens": clipped, "clip_high_old_prob_sum": prob_sum},
+        }
+
+    # token-weighted over the step: (0.3 + 0.5) / (2 + 1), not the mean of 0.15 and 0.5
+    m = update_metrics([update(2, 0.3), update(1, 0.5), update(0, 0.0)], lr=1.0)
+    assert m["train/clip_high_old_prob"] == pytest.approx(0.8 / 3)
+    assert "train/clip_high_old_prob" not in update_metrics([update(0, 0.0)], lr=1.0)

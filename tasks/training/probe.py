@@ -9,7 +9,7 @@ A probe measures the effect directly. At every step the update is made twice fro
 weights, optimizer state and groups: once with the switch flipped, which is then undone, and once
 as the run has it. The policy's token entropy over all of the step's responses is read before and
 after each. The run's trajectory is the same with or without a probe (a test checks it); the
-probe doubles the cost of the update. Logged per step:
+probe costs a second update and three forward passes over the step's responses. Per step:
 
 - ``probe/entropy_before``: before the update;
 - ``probe/entropy_on`` and ``probe/entropy_off``: after the update with the switch on, and off;

@@ -15,6 +15,7 @@ from dapo_core.errors import TrainingStopped
 from dapo_core.overlong import shaped_rewards
 from dapo_core.sampling import BatchStats
 from dapo_core.signal import diagnose, group_signal
+from tasks.training.distributed import all_reduce_max, all_reduce_sum
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,51 @@ def dynamic_sampling_metrics(ds: BatchStats) -> dict[str, float]:
         "train/hit_gen_cap": float(ds.hit_cap),
         "train/dropped_groups": float(ds.dropped),
     }
+
+
+class UpdateSums:
+    """One update's statistics, summed over its micro-batches (then over ranks) and turned into
+    the per-update values ``update_metrics`` reads. A micro-batch's token means (clip shares,
+    entropy) are weighted by its tokens; the mismatch sums count only freshly sampled tokens."""
+
+    TOKEN_MEANS = ("clip_frac_high", "clip_frac_low", "entropy")
+    TOTALS = ("loss", "tokens", "clip_high_old_prob_sum")
+    MISMATCH = ("mismatch_abs_diff", "mismatch_kl", "mismatch_tokens")
+
+    def __init__(self) -> None:
+        self.sums = dict.fromkeys(self.TOKEN_MEANS + self.TOTALS + self.MISMATCH, 0.0)
+        self.max_ratio = 0.0
+
+    def add(self, micro: dict[str, float]) -> None:
+        """One micro-batch's statistics (``policy_loss`` metrics, its entropy, loss, tokens)."""
+        for k in self.TOKEN_MEANS:
+            self.sums[k] += micro[k] * micro["tokens"]
+        for k in self.TOTALS:
+            self.sums[k] += micro[k]
+        if micro.get("mismatch_tokens"):
+            for k in self.MISMATCH:
+                self.sums[k] += micro[k]
+            self.max_ratio = max(self.max_ratio, micro["mismatch_max_ratio"])
+
+    def all_reduce(self, world: int) -> None:
+        keys = list(self.sums)
+        self.sums = dict(
+            zip(keys, all_reduce_sum([self.sums[k] for k in keys], world), strict=True)
+        )
+        self.max_ratio = all_reduce_max(self.max_ratio, world)
+
+    def result(self) -> dict[str, float]:
+        """Token means, the loss and token count, the tokens clipped above (shares x tokens are
+        counts) with their summed pi_old, and the mismatch means when any were measured."""
+        s, n = self.sums, self.sums["tokens"]
+        out = {k: s[k] / n if n else 0.0 for k in self.TOKEN_MEANS}
+        out |= {"loss": s["loss"], "tokens": n, "clip_high_tokens": s["clip_frac_high"]}
+        out["clip_high_old_prob_sum"] = s["clip_high_old_prob_sum"]
+        if n_mis := s["mismatch_tokens"]:
+            out["mismatch_abs_diff"] = s["mismatch_abs_diff"] / n_mis
+            out["mismatch_kl"] = s["mismatch_kl"] / n_mis
+            out["mismatch_max_ratio"] = self.max_ratio
+        return out
 
 
 def update_metrics(updates: list[dict[str, float]], lr: float) -> dict[str, float]:

@@ -61,7 +61,6 @@ from tasks.training.distributed import (
     OptimizerEngine,
     all_gather_objects,
     all_reduce_max,
-    all_reduce_sum,
     init_distributed,
 )
 from tasks.training.forward import PolicyForward
@@ -69,6 +68,7 @@ from tasks.training.kernels import install_rms_norm, use_cpu_sdpa
 from tasks.training.precision import MasterWeights, needs_master_weights
 from tasks.training.step_metrics import (
     StallWatch,
+    UpdateSums,
     dynamic_sampling_metrics,
     rollout_metrics,
     update_metrics,
@@ -443,10 +443,7 @@ class DAPOTrainer:
         kept = [s for s in samples if s.keep]
         count = sum(len(s.input_ids) - s.prompt_len for s in kept) if token_level else len(kept)
         normalizer = max(float(count), 1.0)
-        sums = dict.fromkeys(["clip_frac_high", "clip_frac_low", "entropy", "loss", "tokens"], 0.0)
-        sums |= dict.fromkeys(["mismatch_abs_diff", "mismatch_kl", "mismatch_tokens"], 0.0)
-        sums["clip_high_old_prob_sum"] = 0.0
-        max_ratio = 0.0
+        sums = UpdateSums()
         batches = self._my_micro_batches(samples)
         for i, real in enumerate(batches):
             batch = real or self._dummy()
@@ -472,35 +469,12 @@ class DAPOTrainer:
             }
             stats |= {k: v for k, v in m.items() if k.startswith("mismatch_")}
             values = torch.stack([v.detach().float() for v in stats.values()]).tolist()
-            got = dict(zip(stats, values, strict=True))
-            t = got["tokens"]
-            sums["tokens"] += t
-            sums["loss"] += got["loss"]
-            sums["clip_high_old_prob_sum"] += got["clip_high_old_prob_sum"]
-            for k in ("clip_frac_high", "clip_frac_low", "entropy"):  # token means -> sums
-                sums[k] += got[k] * t
-            if got.get("mismatch_tokens"):
-                for k in ("mismatch_abs_diff", "mismatch_kl", "mismatch_tokens"):
-                    sums[k] += got[k]
-                max_ratio = max(max_ratio, got["mismatch_max_ratio"])
-        keys = list(sums)
-        sums = dict(zip(keys, all_reduce_sum([sums[k] for k in keys], self.world), strict=True))
-        max_ratio = all_reduce_max(max_ratio, self.world)
-        grad_norm, applied = self.engine.step(finite=math.isfinite(sums["loss"]))
-        n_tok = sums["tokens"]
-        out = {
-            k: sums[k] / n_tok if n_tok else 0.0
-            for k in ("clip_frac_high", "clip_frac_low", "entropy")
-        }
-        out.update(loss=sums["loss"], grad_norm=grad_norm, finite=float(applied), tokens=n_tok)
-        # tokens clipped above (sums of token shares x tokens are counts), and their pi_old
-        out["clip_high_tokens"] = sums["clip_frac_high"]
-        out["clip_high_old_prob_sum"] = sums["clip_high_old_prob_sum"]
+            sums.add(dict(zip(stats, values, strict=True)))
+        sums.all_reduce(self.world)
+        grad_norm, applied = self.engine.step(finite=math.isfinite(sums.sums["loss"]))
+        out = sums.result()
+        out.update(grad_norm=grad_norm, finite=float(applied))
         out["padding_frac"] = sample_padding_fraction([b for b in batches if b])  # this rank's
-        if n_mis := sums["mismatch_tokens"]:
-            out["mismatch_abs_diff"] = sums["mismatch_abs_diff"] / n_mis
-            out["mismatch_kl"] = sums["mismatch_kl"] / n_mis
-            out["mismatch_max_ratio"] = max_ratio
         return out
 
     @staticmethod

@@ -383,3 +383,43 @@ def test_step_mean_old_probability_of_tokens_clipped_above():
     m = update_metrics([update(2, 0.3), update(1, 0.5), update(0, 0.0)], lr=1.0)
     assert m["train/clip_high_old_prob"] == pytest.approx(0.8 / 3)
     assert "train/clip_high_old_prob" not in update_metrics([update(0, 0.0)], lr=1.0)
+
+
+def test_update_sums_weigh_token_means_by_tokens():
+    from tasks.training.step_metrics import UpdateSums
+
+    def micro(tokens, entropy, clip_high, prob_sum, loss, **mismatch):
+        return {
+            "tokens": tokens,
+            "entropy": entropy,
+            "clip_frac_high": clip_high,
+            "clip_frac_low": 0.0,
+            "clip_high_old_prob_sum": prob_sum,
+            "loss": loss,
+            **mismatch,
+        }
+
+    sums = UpdateSums()
+    sums.add(micro(10, 1.0, 0.2, 0.5, 0.1))  # 2 tokens clipped above
+    sums.add(
+        micro(
+            30,
+            2.0,
+            0.1,
+            0.9,
+            0.3,
+            mismatch_tokens=6,
+            mismatch_abs_diff=0.6,
+            mismatch_kl=0.3,
+            mismatch_max_ratio=1.5,
+        )
+    )  # 3 clipped
+    sums.all_reduce(world=1)
+    out = sums.result()
+    assert out["entropy"] == pytest.approx((10 * 1.0 + 30 * 2.0) / 40)
+    assert out["clip_frac_high"] == pytest.approx(5 / 40)
+    assert out["clip_high_tokens"] == pytest.approx(5) and out["clip_high_old_prob_sum"] == 1.4
+    assert out["loss"] == pytest.approx(0.4) and out["tokens"] == 40
+    assert out["mismatch_abs_diff"] == pytest.approx(0.1) and out["mismatch_max_ratio"] == 1.5
+    empty = UpdateSums().result()
+    assert empty["entropy"] == 0.0 and "mismatch_kl" not in empty

@@ -7,7 +7,9 @@ sampling keeps every group in the batch informative (3.2), token-level loss lets
 weigh in proportion to their tokens (3.3, Fig. 4), and overlong shaping penalises responses that
 run into the length limit (3.4, Fig. 5). ``run_signals`` reduces one run's per-step ``train/*``
 metrics to those quantities; ``paired_bootstrap`` compares two rungs run on the same seeds and
-problems.
+problems. A switch whose effect is too small to see across runs is also read within each step of
+its rung's runs by a probe (``PROBES``, ``probed_switch``, ``probe_steps``): the same update made
+with the switch on and off.
 
 Rungs are compared pairwise with the rung before them because the ladder is cumulative: the
 difference between adjacent rungs is the effect of the one switch that differs.

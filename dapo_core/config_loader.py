@@ -58,6 +58,7 @@ def from_dict(
 ADDED_KEYS: dict[tuple[str, str], Any] = {
     ("algo", "tis_cap"): None,  # no truncated importance sampling
     ("rollout", "weights"): "policy",  # sampling from the trained weights themselves
+    ("tracking", "switch_probe"): None,  # no probe
 }
 
 

@@ -181,6 +181,7 @@ def test_a_config_logged_before_a_key_existed_still_loads():
         del logged[section][key]
     cfg = from_dict(logged, source="the run's config")
     assert cfg.algo.tis_cap is None and cfg.rollout.weights == "policy"
+    assert cfg.tracking.switch_probe is None
     assert "tis_cap" not in logged["algo"]  # the caller's mapping is left as it was
 
 
@@ -213,3 +214,10 @@ def test_switch_probe_takes_an_update_switch_only(base):
         resolve(base, overrides=["tracking.switch_probe=dynamic_sampling"])
     with pytest.raises(ConfigError, match="tracking.switch_probe must be null or one of"):
         resolve(base, overrides=["tracking.switch_probe=eps_high"])
+
+
+def test_update_switches_are_the_ladder_but_dynamic_sampling():
+    from dapo_core.ablation import ABLATION_SWITCHES
+    from dapo_core.config import UPDATE_SWITCHES
+
+    assert set(UPDATE_SWITCHES) == set(ABLATION_SWITCHES) - {"dynamic_sampling"}

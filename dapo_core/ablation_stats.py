@@ -181,3 +181,28 @@ def paired_bootstrap(
     means = np.array([d[np.ix_(si[b], pi[b])].mean() for b in range(n_boot)])
     low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2])
     return Paired(float(d.mean()), float(low), float(high))
+
+
+def nested_bootstrap(
+    runs: Sequence[np.ndarray], n_boot: int = 2000, alpha: float = 0.05, seed: int = 0
+) -> Paired:
+    """Mean of per-step paired differences over runs, with a two-stage percentile bootstrap.
+
+    ``runs`` holds one array per run (seed): its per-step differences, switch on minus off (a
+    probe's). Unlike problems, steps are not shared between runs (step 5 of one seed has nothing
+    in common with step 5 of another), so they are nested in runs, not crossed with them: each
+    replicate resamples runs, then steps within each resampled run. Every run weighs the same,
+    whatever its length; one run still gets an interval (over its steps), but one step does not."""
+    kept = [np.asarray(r, dtype=np.float64) for r in runs if len(r)]
+    if not kept:
+        return Paired(float("nan"), float("nan"), float("nan"))
+    diff = float(np.mean([r.mean() for r in kept]))
+    if sum(r.size for r in kept) == 1:
+        return Paired(diff, float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    means = np.empty(n_boot)
+    for b in range(n_boot):
+        picked = (kept[i] for i in rng.integers(0, len(kept), size=len(kept)))
+        means[b] = np.mean([r[rng.integers(0, r.size, size=r.size)].mean() for r in picked])
+    low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    return Paired(diff, float(low), float(high))

@@ -26,6 +26,7 @@ from dapo_core.ablation_stats import (
     PROBES,
     SIGNALS,
     Paired,
+    nested_bootstrap,
     paired_bootstrap,
 )
 from dapo_core.metrics import bootstrap_ci
@@ -170,11 +171,10 @@ def _paired_signal(variant, name, direction, now, prev, common, n_boot, seed) ->
 
 def _probe_signal(variant, name, direction, now, n_boot, seed) -> dict[str, Any]:
     """A probe's signal: on minus off at every step of the rung's own runs, paired within the
-    step; the bootstrap resamples seeds and steps (``previous`` and ``value`` are the readings
-    with the switch off and on)."""
-    runs = [
-        now[s]["probes"][name] for s in sorted(now) if len(now[s].get("probes", {}).get(name, []))
-    ]
+    step (``nested_bootstrap``: runs, then steps within them); ``previous`` and ``value`` are the
+    readings with the switch off and on."""
+    runs = [now[s].get("probes", {}).get(name) for s in sorted(now)]
+    runs = [r for r in runs if r is not None and len(r)]
     row = {"variant": variant, "signal": name, "paper_direction": _DIRECTIONS[direction]}
     if not runs:  # the runs were trained without tracking.switch_probe
         nan = float("nan")
@@ -186,13 +186,10 @@ def _probe_signal(variant, name, direction, now, n_boot, seed) -> dict[str, Any]
                 "as_paper": "not probed",
             }
         )
-    steps = min(len(r) for r in runs)
-    on = np.stack([r[:steps, 0] for r in runs])  # (seeds, steps)
-    off = np.stack([r[:steps, 1] for r in runs])
-    p = paired_bootstrap(on - off, n_boot, seed=seed)
+    p = nested_bootstrap([r[:, 0] - r[:, 1] for r in runs], n_boot, seed=seed)
     return row | {
-        "previous": float(off.mean()),
-        "value": float(on.mean()),
+        "previous": float(np.mean([r[:, 1].mean() for r in runs])),
+        "value": float(np.mean([r[:, 0].mean() for r in runs])),
         "delta": p.diff,
         "ci_low": p.low,
         "ci_high": p.high,

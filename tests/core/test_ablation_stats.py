@@ -10,6 +10,7 @@ from dapo_core.ablation_stats import (
     MECHANISM_SIGNALS,
     PROBES,
     SIGNALS,
+    nested_bootstrap,
     paired_bootstrap,
     probe_steps,
     probed_switch,
@@ -100,3 +101,27 @@ def test_one_pair_has_no_interval_and_is_never_distinguishable():
     p = paired_bootstrap(np.array([[0.3]]), n_boot=100)
     assert p.diff == pytest.approx(0.3) and math.isnan(p.low) and math.isnan(p.high)
     assert not p.distinguishable
+
+
+def test_nested_bootstrap_by_hand():
+    constant = nested_bootstrap([np.full(4, 0.5), np.full(7, 0.5)], n_boot=200)
+    assert (constant.diff, constant.low, constant.high) == (0.5, 0.5, 0.5)
+    # every run weighs the same whatever its length: (1 + 3) / 2, not (4 * 1 + 3) / 5
+    assert nested_bootstrap([np.ones(4), np.array([3.0])], n_boot=200).diff == pytest.approx(2.0)
+    one_step = nested_bootstrap([np.array([0.2])])
+    assert one_step.diff == 0.2 and math.isnan(one_step.low) and not one_step.distinguishable
+    assert math.isnan(nested_bootstrap([np.array([])]).diff)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_nested_bootstrap_of_noise_spans_zero_and_of_a_shift_does_not(seed):
+    rng = np.random.default_rng(seed)
+    noise = [rng.normal(0.0, 1.0, size=n) for n in (60, 80, 70)]
+    assert not nested_bootstrap(noise, n_boot=500).distinguishable
+    shifted = nested_bootstrap([x + 1.0 for x in noise], n_boot=500)
+    assert shifted.low > 0 and shifted.low <= shifted.diff <= shifted.high
+
+
+def test_one_run_gets_an_interval_over_its_steps():
+    p = nested_bootstrap([np.array([0.0, 1.0, 0.0, 1.0, 1.0, 0.0])], n_boot=500)
+    assert p.low < p.diff == 0.5 < p.high

@@ -72,8 +72,8 @@ def test_ablation_table_over_seeds():
 def test_mechanism_table_pairs_each_switch_with_its_signal():
     acc = [0.5, 0.5]
 
-    def probe(s):  # (steps, [on, off]): the probe's per-step readings
-        off = 0.1 + 0.01 * s + 0.003 * np.arange(3)
+    def probe(s):  # (steps, [on, off]): the probe's per-step readings; runs differ in length
+        off = 0.1 + 0.01 * s + 0.003 * np.arange(3 + s % 2)
         return np.stack([off + 0.002, off], axis=1)
 
     results = [
@@ -81,7 +81,7 @@ def test_mechanism_table_pairs_each_switch_with_its_signal():
         for s in range(4)
         for r in (
             _result("+overlong_filtering", s, acc, entropy=0.10 + 0.01 * s),
-            # +0.05 on every seed; within each of its 3 steps, on - off = +0.002
+            # +0.05 on every seed; within each of its steps, on - off = +0.002
             _result("+clip_higher", s, acc, {"entropy_probe": probe(s)}, entropy=0.15 + 0.01 * s),
             _result("+overlong_shaping", s, acc, truncated_frac=0.1 * (s % 2)),  # 0 or 0.1
         )

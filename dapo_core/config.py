@@ -278,8 +278,9 @@ class TrackingConfig:
     """An ``algo`` switch whose effect on each update is measured all else equal (one of
     ``UPDATE_SWITCHES``): every step also makes its update from the same weights, optimizer state
     and batch with the switch flipped, and logs the policy's entropy after each (``probe/*``,
-    ``tasks.training.probe``); the run itself is unchanged. It costs a second update per step;
-    null = off. ``dapo ablate`` sets it for the rungs whose signal is read this way."""
+    ``tasks.training.probe``); the run itself is unchanged. It costs a second update per step
+    and holds a second copy of the weights and optimizer state on the training device; null =
+    off. ``dapo ablate`` sets it for the rungs whose signal is read this way."""
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ probe costs a second update and three forward passes over the step's responses. 
 - ``probe/entropy_before``: before the update;
 - ``probe/entropy_on`` and ``probe/entropy_off``: after the update with the switch on, and off;
 - ``probe/entropy_delta``: on minus off, the switch's effect on entropy in one step (paired:
-  same state, same batch, same order of mini-batches).
+  same state, same batch, same order of mini-batches);
+- ``perf/probe_time_s``: what the probe added to the step's time.
 
 ``DAPOTrainer._probed_updates`` makes the two updates; this module holds what it needs around
 them: the flipped switches, the entropy reading, and the snapshot that undoes an update.

@@ -75,6 +75,7 @@ class UpdateSums:
     the per-update values ``update_metrics`` reads. A micro-batch's token means (clip shares,
     entropy) are weighted by its tokens; the mismatch sums count only freshly sampled tokens."""
 
+    # summed as mean x tokens: clip_frac_high's sum is the count of tokens clipped above
     TOKEN_MEANS = ("clip_frac_high", "clip_frac_low", "entropy")
     TOTALS = ("loss", "tokens", "clip_high_old_prob_sum")
     MISMATCH = ("mismatch_abs_diff", "mismatch_kl", "mismatch_tokens")
@@ -116,7 +117,8 @@ class UpdateSums:
 
 
 def update_metrics(updates: list[dict[str, float]], lr: float) -> dict[str, float]:
-    """The step's loss-side metrics: means over its updates."""
+    """The step's loss-side metrics: means over its updates, except ``clip_high_old_prob``,
+    pooled over every token the step clipped above."""
 
     def mean(key: str) -> float:
         return float(np.mean([u[key] for u in updates])) if updates else 0.0

@@ -149,8 +149,8 @@ class DAPOTrainer:
         )
         self.lr_at = warmup_lambda(cfg.train.warmup_steps)
         self.loss_cfg = cfg.algo.loss_config()
-        self.probed = cfg.tracking.switch_probe  # the switch a probe flips, or None
-        if self.probed and self.world > 1:
+        self.probed_switch = cfg.tracking.switch_probe  # the switch a probe flips, or None
+        if self.probed_switch and self.world > 1:
             raise PipelineError(
                 "tracking.switch_probe runs on one process (it undoes an update, which ZeRO "
                 "shards across ranks): set tracking.switch_probe=null, or train on one GPU"
@@ -199,7 +199,7 @@ class DAPOTrainer:
         if groups:
             samples, batch_stats = self._samples(groups)
             metrics.update(batch_stats)
-            if self.probed:  # the update, and beside it the same update with a switch flipped
+            if self.probed_switch:  # the update, and beside it the same with a switch flipped
                 updates, readings = self._probed_updates(groups, samples)
                 metrics.update(readings)
             else:
@@ -261,20 +261,27 @@ class DAPOTrainer:
         """The step's updates, and the ``probe/*`` metrics of the same updates made with the
         switch ``tracking.switch_probe`` flipped, from the same weights, optimizer state and
         groups, then undone (``tasks.training.probe``)."""
-        algo = probe.flipped(self.cfg.algo, self.probed)
+        algo = probe.flipped(self.cfg.algo, self.probed_switch)
 
         def entropy() -> float:
             return probe.mean_entropy(self.forward, samples, self.cfg.train.micro_batch_tokens)
 
+        t0 = time.perf_counter()
         before, saved = entropy(), probe.snapshot(self.engine)
         # The flipped update draws no random numbers today; forking keeps it so if one ever does.
         with torch.random.fork_rng(devices=probe.cuda_devices(self.device)):
             self._updates(self._samples(groups, algo)[0], algo.loss_config())
             after_flipped = entropy()
         probe.restore(self.engine, saved)
+        probe_time = time.perf_counter() - t0
         updates = self._updates(samples)
-        on = bool(getattr(self.cfg.algo, self.probed))
-        return updates, probe.probe_metrics(on, before, entropy(), after_flipped)
+        t0 = time.perf_counter()
+        after = entropy()
+        on = bool(getattr(self.cfg.algo, self.probed_switch))
+        readings = probe.probe_metrics(on, before, after, after_flipped)
+        # What the probe added to the step's time (perf/train_time_s includes it)
+        readings["perf/probe_time_s"] = probe_time + time.perf_counter() - t0
+        return updates, readings
 
     # -- rollout -------------------------------------------------------------------------------
 

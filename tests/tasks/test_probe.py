@@ -14,8 +14,8 @@ from tasks.training.probe import mean_entropy
 from tasks.training.trainer import DAPOTrainer
 
 
-def _trainer(cfg):
-    model, tok = load_policy(resolve_model_path(cfg), "float32")
+def _trainer(cfg, dtype="float32"):
+    model, tok = load_policy(resolve_model_path(cfg), dtype)
     gen = HFGenerator(model, tok, cfg.rollout.max_prompt_len)
     # The fixture's model writes no answers yet: reward by length parity, so groups are mixed.
     return DAPOTrainer(
@@ -46,14 +46,26 @@ def _recording(t):
     return seen
 
 
+def _same(a, b) -> bool:
+    """Nested state (dicts, lists, tensors) equal, bit for bit."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
 def _train_metrics(m):
     return {k: v for k, v in m.items() if k.startswith("train/")}
 
 
 @pytest.mark.slow
-def test_a_probed_run_is_the_same_run(tiny_cfg):
-    plain = _trainer(_cfg(tiny_cfg, "true"))
-    probed = _trainer(_cfg(tiny_cfg, "true", "clip_higher"))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # bf16: through float32 masters
+def test_a_probed_run_is_the_same_run(tiny_cfg, dtype):
+    plain = _trainer(_cfg(tiny_cfg, "true"), dtype)
+    probed = _trainer(_cfg(tiny_cfg, "true", "clip_higher"), dtype)
     start = {k: v.clone() for k, v in plain.model.state_dict().items()}
     deltas = []
     for _ in range(3):
@@ -64,6 +76,7 @@ def test_a_probed_run_is_the_same_run(tiny_cfg):
     assert any(d != 0.0 for d in deltas)  # the flipped updates differed, and were undone
     wa, wb = plain.model.state_dict(), probed.model.state_dict()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert _same(plain.engine.state_dict(), probed.engine.state_dict())  # optimizer state too
     assert any(not torch.equal(wa[k], start[k]) for k in wa)  # the run did train
 
 

@@ -223,3 +223,16 @@ def distinct_prompts(samples: list[Sample]) -> tuple[list[list[int]], list[int]]
     index: dict[tuple[int, ...], int] = {}
     owner = [index.setdefault(tuple(s.input_ids[: s.prompt_len]), len(index)) for s in samples]
     return [list(p) for p in index], owner
+
+
+def pack_samples(samples: list[Sample], budget: int) -> list[list[Sample]]:
+    """``samples`` packed into micro-batches of at most ``budget`` padded tokens
+    (:func:`micro_batches`, each distinct prompt counted once)."""
+    _, keys = distinct_prompts(samples)
+    idx = micro_batches(
+        keys,
+        [s.prompt_len for s in samples],
+        [len(s.input_ids) - s.prompt_len for s in samples],
+        budget,
+    )
+    return [[samples[i] for i in b] for b in idx]

@@ -30,10 +30,20 @@ from collections.abc import Callable
 import torch
 
 from dapo_core.config import AlgoConfig
-from tasks.training.batches import Sample, distinct_prompts, micro_batches
+from dapo_core.errors import PipelineError
+from tasks.training.batches import Sample, pack_samples
 from tasks.training.distributed import OptimizerEngine
 
 Saved = tuple[dict[str, torch.Tensor], dict]
+
+
+def check_world(switch: str | None, world: int) -> None:
+    """Refuse a probe on several ranks: it undoes an update, whose state ZeRO shards."""
+    if switch and world > 1:
+        raise PipelineError(
+            "tracking.switch_probe runs on one process (it undoes an update, which ZeRO "
+            "shards across ranks): set tracking.switch_probe=null, or train on one GPU"
+        )
 
 
 def flipped(algo: AlgoConfig, switch: str) -> AlgoConfig:
@@ -64,16 +74,9 @@ def mean_entropy(
     """The policy's token-mean entropy over every response in ``samples``, whether or not it
     carries loss (the same tokens whichever switch made the update). ``forward`` is the
     trainer's ``PolicyForward``."""
-    _, keys = distinct_prompts(samples)
-    batches = micro_batches(
-        keys,
-        [s.prompt_len for s in samples],
-        [len(s.input_ids) - s.prompt_len for s in samples],
-        micro_batch_tokens,
-    )
     total = tokens = 0.0
-    for idx in batches:
-        _, entropy, mask = forward([samples[i] for i in idx])
+    for batch in pack_samples(samples, micro_batch_tokens):
+        _, entropy, mask = forward(batch)
         total += float((entropy * mask).sum())
         tokens += float(mask.sum())
     return total / max(tokens, 1.0)

@@ -24,7 +24,7 @@ from tasks.models.resolve import resolve_model_path
 from tasks.rollout.generators import HFGenerator, VLLMGenerator
 from tasks.rundir import ResumePoint, RunDir
 from tasks.runtime import configure_torch
-from tasks.training import checkpoint
+from tasks.training import checkpoint, probe
 from tasks.training.distributed import barrier, env_world_size, init_distributed
 from tasks.training.trainer import DAPOTrainer, MetricsSink, StepResult
 
@@ -122,6 +122,7 @@ def run_training(
     t0 = time.perf_counter()
     device = configure_torch(cfg.train.cpu_threads)
     rank, world = init_distributed(device)  # several ranks under the deepspeed launcher
+    probe.check_world(cfg.tracking.switch_probe, world)  # before anything is written
     run_dir.refuse_unless(resume)
     barrier(world)  # every rank has checked before rank 0 writes
     if rank == 0:

@@ -38,7 +38,7 @@ import torch
 
 from dapo_core.advantages import group_advantages
 from dapo_core.config import AlgoConfig, Config, LossConfig
-from dapo_core.errors import PipelineError, TrainingStopped
+from dapo_core.errors import TrainingStopped
 from dapo_core.loss import long_weight_share, policy_loss
 from dapo_core.metrics import masked_mean
 from dapo_core.mismatch import mismatch_sums
@@ -54,7 +54,7 @@ from tasks.training.batches import (
     ProblemStream,
     Sample,
     distinct_prompts,
-    micro_batches,
+    pack_samples,
     sample_padding_fraction,
 )
 from tasks.training.distributed import (
@@ -150,11 +150,7 @@ class DAPOTrainer:
         self.lr_at = warmup_lambda(cfg.train.warmup_steps)
         self.loss_cfg = cfg.algo.loss_config()
         self.probed_switch = cfg.tracking.switch_probe  # the switch a probe flips, or None
-        if self.probed_switch and self.world > 1:
-            raise PipelineError(
-                "tracking.switch_probe runs on one process (it undoes an update, which ZeRO "
-                "shards across ranks): set tracking.switch_probe=null, or train on one GPU"
-            )
+        probe.check_world(self.probed_switch, self.world)
         install_rms_norm(
             model
         )  # same arithmetic, half the backward cost (tasks/training/kernels.py)
@@ -273,14 +269,13 @@ class DAPOTrainer:
             self._updates(self._samples(groups, algo)[0], algo.loss_config())
             after_flipped = entropy()
         probe.restore(self.engine, saved)
-        probe_time = time.perf_counter() - t0
+        t_real = time.perf_counter()
         updates = self._updates(samples)
-        t0 = time.perf_counter()
-        after = entropy()
+        real = time.perf_counter() - t_real
         on = bool(getattr(self.cfg.algo, self.probed_switch))
-        readings = probe.probe_metrics(on, before, after, after_flipped)
+        readings = probe.probe_metrics(on, before, entropy(), after_flipped)
         # What the probe added to the step's time (perf/train_time_s includes it)
-        readings["perf/probe_time_s"] = probe_time + time.perf_counter() - t0
+        readings["perf/probe_time_s"] = time.perf_counter() - t0 - real
         return updates, readings
 
     # -- rollout -------------------------------------------------------------------------------
@@ -412,14 +407,8 @@ class DAPOTrainer:
         active = [s for s in samples if s.keep and s.advantage != 0.0]
         # Shard by prompt, so that a group's shared prompt is computed on one rank.
         _, keys = distinct_prompts(active)
-        mine = [i for i, k in enumerate(keys) if k % self.world == self.rank]
-        idx = micro_batches(
-            [keys[i] for i in mine],
-            [active[i].prompt_len for i in mine],
-            [len(active[i].input_ids) - active[i].prompt_len for i in mine],
-            self.cfg.train.micro_batch_tokens,
-        )
-        batches = [[active[mine[j]] for j in b] for b in idx]
+        mine = [s for s, k in zip(active, keys, strict=True) if k % self.world == self.rank]
+        batches = pack_samples(mine, self.cfg.train.micro_batch_tokens)
         count = all_reduce_max(len(batches), self.world)
         return batches + [[] for _ in range(count - len(batches))]
 

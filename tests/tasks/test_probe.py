@@ -106,3 +106,13 @@ def test_a_switch_that_changes_nothing_probes_to_zero(tiny_cfg):
         m = t.train_step().metrics
         assert m["probe/entropy_delta"] == 0.0
         assert m["probe/entropy_on"] != m["probe/entropy_before"]  # an update happened
+
+
+def test_a_probe_on_several_ranks_is_refused_in_one_line():
+    from dapo_core.errors import PipelineError
+    from tasks.training.probe import check_world
+
+    check_world("clip_higher", 1)
+    check_world(None, 8)
+    with pytest.raises(PipelineError, match="runs on one process"):
+        check_world("clip_higher", 2)

@@ -423,3 +423,21 @@ def test_update_sums_weigh_token_means_by_tokens():
     assert out["mismatch_abs_diff"] == pytest.approx(0.1) and out["mismatch_max_ratio"] == 1.5
     empty = UpdateSums().result()
     assert empty["entropy"] == 0.0 and "mismatch_kl" not in empty
+
+
+def test_pack_samples_places_each_sample_once_within_budget():
+    from tasks.training.batches import Sample, fed_tokens, pack_samples
+
+    prompts = [[1, 2, 3], [4, 5], [1, 2, 3]]  # the first and last share a prompt
+    samples = [
+        Sample(p + [9] * n, len(p), 1.0, True)
+        for p, n in zip(prompts * 3, range(1, 10), strict=True)
+    ]
+    batches = pack_samples(samples, budget=20)
+    assert sorted(map(id, (s for b in batches for s in b))) == sorted(map(id, samples))
+    for b in batches:
+        idx = list(range(len(b)))
+        keys = [tuple(s.input_ids[: s.prompt_len]) for s in b]
+        lens = [len(s.input_ids) - s.prompt_len for s in b]
+        cost = fed_tokens(idx, keys, [s.prompt_len for s in b], lens)
+        assert cost <= 20 or len(b) == 1

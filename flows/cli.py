@@ -29,7 +29,8 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-console = Console(stderr=True)
+# soft_wrap: a message is one line (the terminal wraps it), so logs and tests see it whole.
+console = Console(stderr=True, soft_wrap=True)
 
 ConfigOpt = Annotated[
     list[Path] | None,

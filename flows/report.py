@@ -9,7 +9,8 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-console = Console(stderr=True)
+# soft_wrap: a message is one line (the terminal wraps it), so logs and tests see it whole.
+console = Console(stderr=True, soft_wrap=True)
 
 
 def report_pipeline(out: dict[str, Any]) -> None:

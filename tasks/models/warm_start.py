@@ -10,23 +10,28 @@ learned here would inflate every later score on it.
 
 from __future__ import annotations
 
-import json
+import math
 import random
-import shutil
+import sys
 from pathlib import Path
 
 import torch
 from rich.progress import Progress
 
+from dapo_core import synthetic
 from dapo_core.config import Config
 from dapo_core.problem import Problem
 from dapo_core.synthetic import solution
 from tasks.data.splits import splits
 from tasks.data.version import problems_digest
-from tasks.models.loading import chat_prompt, transformers_quietly
+from tasks.models import loading
+from tasks.models.build import code_digest, ensure_built, library_versions
+from tasks.models.loading import chat_prompt, save_model_dir, transformers_quietly
 from tasks.params import repo_path
 
-BUILD_RECORD = "dapo_build.json"  # in a model directory the project built: what from
+# The seed of every build, not the RL run's: the seeds of a sweep share one starting model,
+# whichever run happens to build it.
+BUILD_SEED = 0
 
 
 def sft_batch(tokenizer, problems: list[Problem]) -> dict[str, torch.Tensor]:
@@ -46,6 +51,18 @@ def sft_batch(tokenizer, problems: list[Problem]) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": attn, "labels": lab}
 
 
+def warm_start_lr_scale(step: int, steps: int) -> float:
+    """The learning rate's multiplier at ``step`` of ``steps``: a linear warmup over the first
+    5%, then a cosine decay to 0. At a constant rate the model the build ends with is wherever
+    the noisy last steps left it: its accuracy swung from 11% to 56% with the seed alone, so
+    rounding differences between machines gave different starting models (issue 30)."""
+    warmup = max(1, steps // 20)
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
 def warm_start(
     model_dir: Path, train: list[Problem], steps: int, lr: float, batch: int, seed: int
 ) -> list[float]:
@@ -58,6 +75,7 @@ def warm_start(
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: warm_start_lr_scale(step, steps))
     rng = random.Random(seed)
     torch.manual_seed(seed)
     losses = []
@@ -69,27 +87,18 @@ def warm_start(
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
+            schedule.step()
             losses.append(loss.item())
             progress.update(bar, advance=1, description=f"warm start loss {loss.item():.3f}")
     model.save_pretrained(model_dir)
     return losses
 
 
-def is_built(path: Path, spec: dict) -> bool:
-    """Whether ``path`` holds a model built from exactly ``spec`` (its ``BUILD_RECORD``)."""
-    record = path / BUILD_RECORD
-    return record.exists() and json.loads(record.read_text()) == spec
-
-
-def record_build(path: Path, spec: dict) -> None:
-    """Written last: a build cut short has no record and is redone."""
-    (path / BUILD_RECORD).write_text(json.dumps(spec, indent=2))
-
-
 def ensure_warm_started(cfg: Config, base: str, root: Path | None = None) -> Path:
     """``base`` (any model) after ``model.warm_start_steps`` supervised steps on the training
     split: a format warm start, so that RL starts from answers it can score. Built once into
-    ``data/models/<base>-warm`` and rebuilt when what it was built from changes."""
+    ``data/models/<base>-warm`` (``tasks.models.build``: one builder, published whole) and
+    rebuilt when what it was built from changes."""
     m = cfg.model
     train = splits(cfg).train
     spec = {
@@ -98,21 +107,16 @@ def ensure_warm_started(cfg: Config, base: str, root: Path | None = None) -> Pat
         "lr": m.warm_start_lr,
         "batch": m.warm_start_batch,
         "train_digest": problems_digest(train),
-    }  # not train.seed: RL seeds share one warm start (the first run's seed builds it)
+        "seed": BUILD_SEED,
+        "code": code_digest(sys.modules[__name__], loading, synthetic),
+        "libraries": library_versions(),
+    }
     out = (root or repo_path("data/models")) / f"{Path(base.rstrip('/')).name}-warm"
-    if is_built(out, spec):
-        return out
-    transformers = transformers_quietly()
-    staged = out.with_name(out.name + ".tmp")
-    shutil.rmtree(staged, ignore_errors=True)
-    transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).save_pretrained(
-        staged
-    )
-    transformers.AutoTokenizer.from_pretrained(base).save_pretrained(staged)
-    warm_start(
-        staged, train, m.warm_start_steps, m.warm_start_lr, m.warm_start_batch, cfg.train.seed
-    )
-    record_build(staged, spec)
-    shutil.rmtree(out, ignore_errors=True)
-    staged.rename(out)
-    return out
+
+    def build(into: Path) -> None:
+        transformers = transformers_quietly()
+        model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        save_model_dir(model, transformers.AutoTokenizer.from_pretrained(base), into)
+        warm_start(into, train, m.warm_start_steps, m.warm_start_lr, m.warm_start_batch, BUILD_SEED)
+
+    return ensure_built(out, spec, build, "format warm start")

@@ -19,6 +19,8 @@ from dapo_core.errors import TrainingInterrupted
 from tasks.data.splits import splits
 from tasks.data.version import problems_digest
 from tasks.evaluation.evaluate import evaluate_policy
+from tasks.models.build import model_dir_digest
+from tasks.models.resolve import resolve_model_path
 from tasks.orchestration import run_logger, stage_task
 from tasks.rundir import RunDir
 from tasks.tracking.plots import eval_curve, save_figures, training_figures
@@ -127,6 +129,10 @@ def train_task(
         "data.train_digest": problems_digest(data.train),
         "data.val_digest": problems_digest(data.val),
     }
+    # the model it starts from (built first if need be: a fresh clone's first run too)
+    model_digest = model_dir_digest(resolve_model_path(cfg))
+    if model_digest:  # None for a hub id
+        digests["model.digest"] = model_digest
     tags = {**run_tags(cfg, kind, variant, run_dir=str(rd)), **digests, **(extra_tags or {})}
     try:  # every way out of here ends the MLflow run: FINISHED, KILLED or FAILED
         if track:

@@ -46,6 +46,11 @@ def test_pipeline_logs_train_and_eval_to_one_run(pipeline_run, flow_cfg):
     assert tags["seed"] == str(flow_cfg.train.seed)
     assert tags["variant"] == "+token_level_loss"  # full DAPO without dynamic sampling
     assert tags["dapo.flow"] == "pipeline" and tags["eval.set"] == "synthetic-test"
+    # the model it trained from, as built (tasks.models.build)
+    from tasks.models.build import dir_digest
+    from tasks.models.resolve import resolve_model_path
+
+    assert tags["model.digest"] == dir_digest(Path(resolve_model_path(flow_cfg)))
     # metrics: every training step once, validation at each step, the final eval at the end
     history = store.metric_history(run["run_id"], "train/acc_mean")
     assert [s for s, _ in history] == [1, 2]

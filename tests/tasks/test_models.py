@@ -233,7 +233,7 @@ def test_warm_start_sees_only_the_training_split(tiny_cfg, tmp_path, monkeypatch
 def test_embedded_model_is_rebuilt_when_what_it_was_built_from_changes(tiny_cfg, tmp_path):
     """A model directory built for another task or split is stale, not silently reused."""
     from dapo_core.config_loader import resolve
-    from tasks.models.warm_start import BUILD_RECORD
+    from tasks.models.build import BUILD_RECORD
 
     cfg = resolve(
         tiny_cfg.to_dict(), overrides=[f"tiny.path={tmp_path}", "tiny.warm_start_steps=1"]
@@ -251,7 +251,8 @@ def test_format_warm_start_of_a_pretrained_model(tiny_cfg, llama_path, tmp_path)
     """Any model gets a supervised format warm start into its own directory, built once and
     rebuilt when what it was built from changes; the base model is left as it was."""
     from dapo_core.config_loader import resolve
-    from tasks.models.warm_start import BUILD_RECORD, ensure_warm_started
+    from tasks.models.build import BUILD_RECORD
+    from tasks.models.warm_start import ensure_warm_started
 
     cfg = resolve(tiny_cfg.to_dict(), overrides=["model.warm_start_steps=2"])
     before = (Path(llama_path) / "model.safetensors").read_bytes()

@@ -2,8 +2,9 @@
 
 The run's ``config.json`` artifact (else its params) is the config; its tags say which flow made
 it (``dapo.flow``), on which code (``git.commit``, ``git.dirty``) and data (``data.version``, the
-md5 of the ``dvc.lock`` outputs). Before re-running, the data version and the commit are compared
-with the current checkout, and every difference is reported with the command that restores it.
+md5 of the ``dvc.lock`` outputs where the run read them; the content digests of its training,
+validation and evaluation problems). Before re-running, these and the commit are compared with
+the current checkout, and every difference is reported with the command that restores it.
 """
 
 from __future__ import annotations
@@ -21,19 +22,21 @@ def reproduce_checks(info: dict[str, Any]) -> tuple[list[str], list[str]]:
     """(mismatches, notes): how the run's data and code differ from this checkout, each with the
     command that restores it; notes are caveats (e.g. the run's tree had uncommitted changes)."""
     from tasks.data.version import data_version
-    from tasks.tracking.provenance import git_commit
+    from tasks.tracking.provenance import GENERATED, git_commit
 
     tags = info["tags"]
     mismatches, notes = [], []
     then_commit, now_commit = tags.get("git.commit", "unknown"), git_commit()
     then_data, now_data = tags.get("data.version", "unknown"), data_version()
-    if then_data != now_data:
+    # a generated task's problems are compared by their digests below, not by the lock
+    if not then_data.startswith(GENERATED) and then_data != now_data:
         mismatches.append(
             f"data version differs: the run used {then_data}, dvc.lock now gives {now_data}, so "
             "the result may differ. To train on the run's data: "
             f"`git checkout {then_commit} -- dvc.lock && dvc checkout` (or `dvc repro`)."
         )
     mismatches += _problem_mismatches(info)
+    mismatches += _model_mismatches(info, notes)
     if then_commit != now_commit:
         mismatches.append(
             f"code differs: the run was made at commit {then_commit}, this checkout is at "
@@ -76,6 +79,32 @@ def _problem_mismatches(info: dict[str, Any]) -> list[str]:
         "the data or the config that selects it changed."
         for k in now
         if wanted.get(k) and wanted[k] != now[k]
+    ]
+
+
+def _model_mismatches(info: dict[str, Any], notes: list[str]) -> list[str]:
+    """The model the run started from (``model.digest``) against the one its config gives here
+    now; a model not built here yet is a note (the first run builds it from this checkout)."""
+    from tasks.models.build import model_dir_digest
+    from tasks.models.resolve import existing_model_path
+
+    wanted = info["tags"].get("model.digest")
+    if not wanted:
+        return []  # a run from before the tag, or from a hub id
+    cfg = from_dict(info["config"], source="the run's config")
+    path = existing_model_path(cfg)
+    if path is None:
+        notes.append(
+            f"the run started from model {wanted}; no such model is built here yet: a run "
+            "builds it from this checkout's code, and a different digest means other code."
+        )
+        return []
+    now = model_dir_digest(path)
+    if now == wanted:
+        return []
+    return [
+        f"the starting model differs from the run's (digest {wanted}, now {now} in {path}): it "
+        "was built by other code or libraries; `git checkout` the run's commit and rebuild."
     ]
 
 

@@ -11,9 +11,11 @@ from pathlib import Path
 
 from dapo_core.config import Config
 from tasks.data.version import tracked_md5
+from tasks.models.build import is_built
 from tasks.models.fetch import KNOWN, convert_gguf, fetch_model, gguf_model_dir, model_dir
-from tasks.models.tiny import TINY, ensure_tiny_model
+from tasks.models.tiny import TINY, build_spec, ensure_tiny_model
 from tasks.models.warm_start import ensure_warm_started
+from tasks.params import repo_path
 
 
 def resolve_model_path(cfg: Config) -> str:
@@ -44,3 +46,17 @@ def model_md5(cfg: Config) -> str | None:
     if name.endswith(".gguf"):
         return tracked_md5(gguf_model_dir(name))
     return None
+
+
+def existing_model_path(cfg: Config) -> Path | None:
+    """The directory ``resolve_model_path`` would train from, if it is there now and current,
+    without building anything (``dapo reproduce --check-only``); None when it would first be
+    built (or warm-started, fetched, converted) or is a hub id."""
+    name = cfg.model.name_or_path
+    if name == TINY:
+        path = repo_path(cfg.tiny.path)
+        return path if is_built(path, build_spec(cfg)) else None
+    if name in KNOWN or name.endswith(".gguf") or cfg.model.warm_start_steps > 0:
+        return None
+    path = Path(name).expanduser()
+    return path if path.is_dir() else None

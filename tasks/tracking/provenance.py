@@ -1,5 +1,6 @@
-"""What identifies a run: the code (git commit, dirty tree), the data (DVC version), the Prefect
-flow run, and the Table 1 variant; every MLflow run carries these as tags, so that any run can be
+"""What identifies a run: the code (git commit, dirty tree), the data (the DVC version where
+the run reads DVC's outputs; content digests beside it), the Prefect flow run, and the Table 1
+variant; every MLflow run carries these as tags, so that any run can be
 reproduced from MLflow alone."""
 
 from __future__ import annotations
@@ -64,6 +65,20 @@ def variant_of(cfg: Config) -> str:
     return "custom"
 
 
+GENERATED = "generated:"  # the prefix of a data.version that is not DVC's
+
+
+def data_version_of(cfg: Config) -> str:
+    """What ``data.version`` says a run read: the DVC data version (``dvc.lock``) when it trains
+    on the curated data DVC produces, else ``generated:<source>`` for an embedded task, whose
+    problems come from the ``synthetic.*`` settings and not from any DVC output (two runs with
+    other ``synthetic.num_train`` read different problems under the same lock; their content
+    digests, ``data.train_digest`` and the others, tell them apart)."""
+    if cfg.data.source.startswith("synthetic:"):
+        return GENERATED + cfg.data.source
+    return data_version()
+
+
 def run_tags(cfg: Config, kind: str, variant: str | None = None, **extra: Any) -> dict[str, str]:
     """The tags every run carries: code, data, orchestration and what was run."""
     commit = git_commit()
@@ -71,7 +86,7 @@ def run_tags(cfg: Config, kind: str, variant: str | None = None, **extra: Any) -
         "git.commit": commit,
         "git.dirty": git_dirty(),
         "mlflow.source.git.commit": commit,
-        "data.version": data_version(),
+        "data.version": data_version_of(cfg),
         "data.source": cfg.data.source,
         "variant": variant or variant_of(cfg),
         "seed": str(cfg.train.seed),

@@ -39,7 +39,9 @@ def test_pipeline_logs_train_and_eval_to_one_run(pipeline_run, flow_cfg):
     # tags: code, data, orchestration, what was run
     tags = run["tags"]
     assert tags["prefect.flow_run_id"] == pipeline_run["flow_run_id"]
-    assert tags["data.version"] == version.data_version()
+    # a generated task reads no DVC output: its data.version says so, its digests identify it
+    assert tags["data.version"] == "generated:synthetic:arith"
+    assert tags["data.train_digest"] and tags["data.val_digest"] and tags["data.eval_digest"]
     # (others may commit meanwhile: check the form, not today's HEAD)
     assert re.fullmatch(r"[0-9a-f]{40}|unknown", tags["git.commit"])
     assert tags["git.dirty"] in ("true", "false", "unknown")

@@ -103,7 +103,7 @@ def test_runs_read_back_through_the_rest_api(mlflow_server, pipeline_run, flow_c
     assert metrics["eval/avg_at_k"]["step"] == flow_cfg.train.steps
     assert metrics["train/acc_mean"]["step"] == flow_cfg.train.steps  # the latest value
     tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
-    assert tags["data.version"] == version.data_version() and tags["dapo.flow"] == "pipeline"
+    assert tags["data.version"] == "generated:synthetic:arith" and tags["dapo.flow"] == "pipeline"
     assert {"git.commit", "variant", "seed", "prefect.flow_run_id"} <= set(tags)
     query = urllib.parse.urlencode({"run_id": run["info"]["run_id"], "metric_key": "train/loss"})
     url = f"{mlflow_server}/api/2.0/mlflow/metrics/get-history?{query}"
@@ -127,18 +127,33 @@ def test_reproduce_check_warns_on_data_version_mismatch(pipeline_run, monkeypatc
     same = CliRunner().invoke(app, ["reproduce", run_id, "--check-only"])
     assert same.exit_code == 0, same.output
     assert "match" in same.output
+    # A generated task read no DVC output: another lock is no difference for it ...
     monkeypatch.setattr(version, "data_version", lambda lock=None: "f" * 32)
+    other_lock = CliRunner().invoke(app, ["reproduce", run_id, "--check-only"])
+    assert other_lock.exit_code == 0 and "data version differs" not in other_lock.output
+    # ... but for a run on DVC's curated data it is (and --strict refuses to re-run it).
+    curated = {**original, "tags": {**original["tags"], "data.version": "a" * 32}}
+    monkeypatch.setattr(store, "read_run", lambda run_id, uri=None: curated)
     changed = CliRunner().invoke(app, ["reproduce", run_id, "--check-only"])
     assert changed.exit_code == 1
     assert "data version differs" in changed.output and "dvc checkout" in changed.output
     strict = CliRunner().invoke(app, ["reproduce", run_id, "--strict"])
     assert strict.exit_code == 2 and "not reproducible" in strict.output
-    # The lock can match while the problems do not (a config that selects other problems).
+    monkeypatch.undo()
+    monkeypatch.setattr(provenance, "git_commit", lambda root=None: original["tags"]["git.commit"])
+    # The starting model is compared too: a model built by other code differs.
+    assert original["tags"]["model.digest"]
+    rebuilt = {**original, "tags": {**original["tags"], "model.digest": "sha256:" + "0" * 16}}
+    monkeypatch.setattr(store, "read_run", lambda run_id, uri=None: rebuilt)
+    other_model = CliRunner().invoke(app, ["reproduce", run_id, "--check-only"])
+    assert other_model.exit_code == 1 and "starting model differs" in other_model.output
+    monkeypatch.undo()
+    monkeypatch.setattr(provenance, "git_commit", lambda root=None: original["tags"]["git.commit"])
+    # The problems are compared by content (a config that selects other problems).
     import dataclasses
 
     from tasks.data import splits as splits_module
 
-    monkeypatch.setattr(version, "data_version", lambda lock=None: original["tags"]["data.version"])
     assert original["tags"]["data.train_digest"] and original["tags"]["data.val_digest"]
     real = splits_module.splits
 

@@ -108,6 +108,10 @@ class TinyModelConfig:
     """Learning rate of the supervised warm start."""
     warm_start_batch: int
     """Examples per supervised step."""
+    seed: int
+    """Seed of the build (initial weights, warm-start batches), not of RL: runs with other
+    ``train.seed`` share the model. ``dapo ablate`` builds one model per seed (its own directory)
+    so that a sweep's confidence intervals cover the warm start's randomness too."""
 
 
 @dataclass(frozen=True)

@@ -96,11 +96,10 @@ def build_spec(cfg: Config) -> dict:
     """Everything the embedded model's build depends on: a directory built from anything else
     is stale (another task, another split, other build code or libraries) and is rebuilt."""
     return {
-        "tiny": {k: v for k, v in cfg.to_dict()["tiny"].items() if k != "path"},
+        "tiny": {k: v for k, v in cfg.to_dict()["tiny"].items() if k != "path"},  # seed too
         "synthetic": cfg.to_dict()["synthetic"],
         "source": cfg.data.source,
         "val_size": cfg.data.val_size,
-        "seed": warm_start.BUILD_SEED,
         "code": code_digest(*BUILD_MODULES),
         "libraries": library_versions(),
     }
@@ -117,9 +116,9 @@ def ensure_tiny_model(cfg: Config) -> Path:
 
     def build(into: Path) -> None:
         train = splits(cfg).train
-        build_tiny_model(t, train, into, warm_start.BUILD_SEED)
+        build_tiny_model(t, train, into, t.seed)
         steps, lr, batch = t.warm_start_steps, t.warm_start_lr, t.warm_start_batch
-        warm_start.warm_start(into, train, steps, lr, batch, warm_start.BUILD_SEED)
+        warm_start.warm_start(into, train, steps, lr, batch, t.seed)
 
     return ensure_built(repo_path(t.path), build_spec(cfg), build, "embedded model")
 

@@ -29,8 +29,8 @@ from tasks.models.build import code_digest, ensure_built, library_versions
 from tasks.models.loading import chat_prompt, save_model_dir, transformers_quietly
 from tasks.params import repo_path
 
-# The seed of every build, not the RL run's: the seeds of a sweep share one starting model,
-# whichever run happens to build it.
+# The seed of a format warm start, not the RL run's: the seeds of a run share one starting
+# model, whichever run happens to build it.
 BUILD_SEED = 0
 
 

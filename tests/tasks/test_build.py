@@ -118,9 +118,10 @@ def test_embedded_model_build_is_keyed_on_its_code_and_libraries(tiny_cfg, monke
 
     spec = tiny.build_spec(tiny_cfg)
     assert spec["code"] == code_digest(*tiny.BUILD_MODULES) and spec["libraries"]["torch"]
-    assert "seed" in spec and tiny_cfg.train.seed != 7
-    reseeded = resolve(tiny_cfg.to_dict(), overrides=["train.seed=7"])
-    assert tiny.build_spec(reseeded) == spec  # the RL seed does not change the starting model
+    rl_seed = resolve(tiny_cfg.to_dict(), overrides=[f"train.seed={tiny_cfg.train.seed + 7}"])
+    assert tiny.build_spec(rl_seed) == spec  # the RL seed does not change the starting model
+    build_seed = resolve(tiny_cfg.to_dict(), overrides=[f"tiny.seed={tiny_cfg.tiny.seed + 7}"])
+    assert tiny.build_spec(build_seed) != spec  # the build's own seed does
     monkeypatch.setattr(build, "LIBRARIES", ("torch", "no-such-library"))
     assert tiny.build_spec(tiny_cfg)["libraries"]["no-such-library"] == "absent"
 

@@ -12,7 +12,8 @@ turns answer texts into integers for both:
   final answer is 540.``), then the text is an integer literal or exact arithmetic
   (``\\frac{1080}{2}``, ``2^3+1``), evaluated by ``dapo_core.latex``. Hedges (``540 or 541``,
   ``\\pm 540``), non-integers and prose give None.
-* ``brace_group(text, start)``: the balanced ``{...}`` group at ``start``, used to read boxes.
+* ``brace_group(text, start)``: the balanced ``{...}`` group at ``start``; ``box_argument``:
+  the argument of a box, braced or bare (``\\boxed 4``), used to read boxes.
 
 Only the standard library is imported at module load; sympy only when an answer has a surd or pi.
 """
@@ -29,6 +30,8 @@ __all__ = [
     "MAX_DIGITS",
     "THOUSANDS_SEPARATORS",
     "UNIT_MARKS",
+    "balanced_braces",
+    "box_argument",
     "brace_group",
     "canonical_integer",
     "parse_integer",
@@ -43,17 +46,20 @@ _MAX_PEEL_PASSES = 12
 
 # --- canonical integers ----------------------------------------------------------------------
 
-# Thousands separators seen in answers: 1,000 / 1\,000 / 1{,}000 / 10,\!080 / 1\ 000 / 1~000 /
-# 1 000.
-THOUSANDS_SEPARATORS = (",", "\\,", "{,}", ",\\!", "\\ ", "~", " ")
+# Thousands separators seen in answers: 1,000 / 1\,000 / 1{,}000 / 10,\!080 / 32,\! 349 /
+# 1\ 000 / 1~000 / 1 000. (", " alone is not one: "540, 541" lists two answers.)
+THOUSANDS_SEPARATORS = (",", "\\,", "{,}", ",\\!", ",\\! ", "\\ ", "~", " ")
 _NON_DIGIT_RE = re.compile(r"\D")
 
 
 @cache
 def _integer_re(separators: tuple[str, ...]) -> re.Pattern[str]:
-    """Sign, digits (grouped by threes with ``separators``), an optional ``.0`` tail."""
+    """Sign, digits (grouped by threes with ``separators``), an optional ``.0`` tail.
+
+    A grouped number does not start with 0: "0,111" is a decimal comma (0.111), not 111."""
     separator = "|".join(re.escape(s) for s in separators)
-    return re.compile(rf"([+\-\u2212]?)(\d+|\d{{1,3}}(?:(?:{separator})\d{{3}})+)(?:\.0*)?")
+    grouped = rf"[1-9]\d{{0,2}}(?:(?:{separator})\d{{3}})+"
+    return re.compile(rf"([+\-\u2212]?)(\d+|{grouped})(?:\.0*)?")
 
 
 def canonical_integer(text: str, separators: tuple[str, ...] = (",",)) -> str | None:
@@ -78,8 +84,15 @@ def _to_int(s: str) -> int | None:
 # --- the integer an answer denotes (reward rules) ----------------------------------------------
 
 _INT_RE = re.compile(r"[-+]?\d+")
-_WRAPPED_INT_RE = re.compile(r"[\s$*_`]*(?:\\boxed\{\s*([-+]?\d+)\s*\}|([-+]?\d+))[\s$*_`.]*")
+# "$540$", "**540**.", "\boxed{540}", "$540^\circ$", "540\%": an integer in wrappers that _peel
+# would remove, read without peeling (most DAPO-style answers are one of these).
+_WRAPPED_INT_RE = re.compile(
+    r"[\s$*_`]*(?:\\boxed\{\s*([-+]?\d+)\s*\}|([-+]?\d+))"
+    r"(?:\s*(?:\^\s*\{?\s*\\circ\s*\}?|°|\\?%))?[\s$*_`.]*"
+)
 _FRACTION_RE = re.compile(r"([-+]?)\\[dtc]?frac\{\s*([-+]?\d+)\s*\}\{\s*([-+]?\d+)\s*\}")
+# "540 or 541", "3 and 4": two numbers offered as one answer, refused before any peeling.
+_NUMBERS_HEDGE_RE = re.compile(r"\d\s+(?:or|and)\s+[-+$\\\d]")
 # Several candidate answers in one: never accepted ("+-540" would otherwise parse as -540).
 _HEDGE_RE = re.compile(r"\\pm|\\mp|±|∓|\+\s*/?\s*-")
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)")
@@ -91,8 +104,13 @@ _SPACING_TAILS = ("\\,", "\\;", "\\:")
 # "The final answer is 540", "there are 540 ways": digit-free words ending in is/are/equals.
 # Qualifiers stay in the text and make it fail: "is not 540", "at least 540", "about 540".
 _LEAD_PHRASE_RE = re.compile(r"(?:[A-Za-z][A-Za-z ,'-]{0,80}\s)?(?:is|are|equals)\b\s*:?\s*", re.I)
-# "x = 540", "m+n = 41", "\theta = 540", "f(3) = 540": a symbolic left side and a single "=".
-_ASSIGN_RE = re.compile(r"\\?[A-Za-z][A-Za-z0-9_{}\\^+\-*() ]{0,40}?=\s*(?=[^=]*$)")
+# "x = 540", "m+n = 41", "\theta = 540", "f(3) = 540", "x \approx 11": a symbolic left side and
+# one relation, "=" or "\approx" (the value it names is the answer; Math-Verify reads the last
+# side too). A numeric left side stays: "540 \approx 541" is not an answer.
+_ASSIGN_RE = re.compile(
+    r"\\?[A-Za-z][A-Za-z0-9_{}\\^+\-*() ]{0,40}?(?:=|\\approx(?![A-Za-z]))\s*"
+    r"(?=[^=]*$)(?!.*\\approx)"
+)
 # Unit marks that follow a value without changing it: degrees and percent.
 UNIT_MARKS = (r"\^\s*\{?\s*\\circ\s*\}?", r"\\circ", r"\\degree", "°", r"\\?%")
 _UNIT_TAIL_RE = re.compile(
@@ -131,6 +149,11 @@ def _parse_integer(text: str) -> int | None:
     m = _WRAPPED_INT_RE.fullmatch(s)  # fast path: "$540$", "**540**.", "\boxed{540}"
     if m:
         return _to_int(m[1] or m[2])
+    if ("or" in s or "and" in s) and _NUMBERS_HEDGE_RE.search(s):
+        return None  # fast path: "540 or 541"
+    m = _FRACTION_RE.fullmatch(s)
+    if m:  # fast path, "\frac{1080}{2}": the commonest spelling that needs arithmetic
+        return _whole_fraction(m)
     s = _peel(s)
     if not s:
         return None
@@ -138,11 +161,8 @@ def _parse_integer(text: str) -> int | None:
     if digits is not None:
         return _to_int(digits)
     m = _FRACTION_RE.fullmatch(s)
-    if m:  # fast path, "\frac{1080}{2}": the commonest spelling that needs arithmetic
-        num, den = _to_int(m[2]), _to_int(m[3])
-        if num is None or den is None or den == 0 or num % den:
-            return None
-        return -(num // den) if m[1] == "-" else num // den
+    if m:  # "$\frac{1080}{2}$", once peeled
+        return _whole_fraction(m)
     found = evaluate(s, REWARD)
     if found is None or type(found[0]) is not int:
         return None
@@ -151,6 +171,14 @@ def _parse_integer(text: str) -> int | None:
     if value.bit_length() > MAX_DIGITS * 4:
         return None
     return value if len(str(abs(value))) <= MAX_DIGITS else None
+
+
+def _whole_fraction(m: re.Match[str]) -> int | None:
+    """The integer a ``_FRACTION_RE`` match denotes; None when it is not a whole number."""
+    num, den = _to_int(m[2]), _to_int(m[3])
+    if num is None or den is None or den == 0 or num % den:
+        return None
+    return -(num // den) if m[1] == "-" else num // den
 
 
 def _peel(s: str) -> str | None:
@@ -204,11 +232,11 @@ def _unwrap_boxed(s: str) -> str | None:
         for m in _BOXED_RE.finditer(s):
             if m.start() < outer_end:
                 continue  # inside the previous box: unwrapped with it
-            content = brace_group(s, m.end())
-            if content is None:
+            box = box_argument(s, m.end())
+            if box is None:
                 return None
-            contents.add(content.strip())
-            outer_end = s.index("{", m.end()) + len(content) + 2
+            contents.add(box[0].strip())
+            outer_end = box[1]
         if len(contents) != 1:
             return None
         s = contents.pop()
@@ -231,11 +259,47 @@ def _unwrap_text_macros(s: str) -> str | None:
     return s
 
 
-# --- brace groups ------------------------------------------------------------------------------
+# --- brace groups and box arguments --------------------------------------------------------------
+
+# LaTeX's unbraced argument, "\boxed 4": read to the next blank, brace or dollar (a model writing
+# "\boxed 42" means 42, though LaTeX would box the 4 alone).
+_BARE_ARGUMENT_RE = re.compile(r"[ \t]+([^\s{}$\\]+)")
+
+
+def box_argument(text: str, start: int) -> tuple[str, int] | None:
+    """(content, end) of the argument of a ``\\boxed``/``\\fbox`` ending at ``start``, else None.
+
+    The argument is a balanced ``{...}`` group (:func:`brace_group`) or an unbraced token after a
+    blank (``\\boxed 4``); ``end`` is where the argument ends in ``text``.
+    """
+    content = brace_group(text, start)
+    if content is not None:
+        return content, text.index("{", start) + len(content) + 2
+    m = _BARE_ARGUMENT_RE.match(text, start)
+    return None if m is None else (m[1], m.end())
+
 
 _OPEN_BRACE_RE = re.compile(r"[ \t]*\{")
 # Escaped braces (\{ \}) are literal characters, not grouping.
 _BRACE_TOKEN_RE = re.compile(r"\\[{}]|[{}]")
+
+
+def balanced_braces(text: str) -> bool:
+    """Whether every ``{`` of ``text`` is closed, in order (escaped ``\\{ \\}`` are characters).
+
+    An answer that fails this was cut off (``\\boxed{\\frac{1}{2}``): a lenient parser would
+    still read a value into it.
+    """
+    depth = 0
+    for tok in _BRACE_TOKEN_RE.finditer(text):
+        t = tok.group()
+        if t == "{":
+            depth += 1
+        elif t == "}":
+            depth -= 1
+            if depth < 0:
+                return False
+    return depth == 0
 
 
 def brace_group(text: str, start: int) -> str | None:

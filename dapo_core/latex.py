@@ -41,20 +41,25 @@ class Reading:
     # after operators ("2*-3") and "(2)3". Otherwise ``^`` takes one LaTeX argument, so "2^10"
     # (which LaTeX typesets as 2^1 0) is refused.
     calculator: bool
-    # "1\frac{4}{5}" is 1 + 4/5, as in MATH answers; otherwise juxtaposition multiplies.
+    # "1\frac{4}{5}" is 1 + 4/5, as in MATH answers and as Math-Verify reads it; otherwise
+    # juxtaposition multiplies.
     mixed_numbers: bool
     # Odd roots of negatives are real ("\sqrt[3]{-8}" = -2) and even ones are refused; otherwise
     # they are sympy's principal roots, which are complex and match no integer form.
     real_roots: bool
 
 
-REWARD = Reading(calculator=True, mixed_numbers=False, real_roots=True)
+# The reward reads mixed numbers too: as a product, "2\frac{1}{2}" was 1, a false positive
+# against the ground truth 1 that no grader in the field gives.
+REWARD = Reading(calculator=True, mixed_numbers=True, real_roots=True)
 MATH = Reading(calculator=False, mixed_numbers=True, real_roots=False)
 
 # --- tokens: the shared LaTeX normalisation, as lookup tables ------------------------------------
 
 # Unicode spellings of operators and of pi.
-UNICODE = str.maketrans({"−": "-", "–": "-", "×": "*", "·": "*", "⋅": "*", "÷": "/", "π": "\\pi"})
+UNICODE = str.maketrans(
+    {"−": "-", "–": "-", "×": "*", "·": "*", "⋅": "*", "÷": "/", "π": "\\pi", "≈": "\\approx "}
+)
 # Spellings of one operator.
 _TIMES = frozenset({"*", "\\cdot", "\\times", "\\ast"})
 _OVER = frozenset({"/", "\\div"})

@@ -1,4 +1,4 @@
-"""Rule-based outcome reward for integer-answer maths problems (DAPO, arXiv 2503.14476, Eq. 7).
+"""Rule-based outcome reward for maths answers (DAPO, arXiv 2503.14476, Eq. 7).
 
 DAPO scores a response with a plain correctness rule instead of a learned reward model::
 
@@ -7,33 +7,69 @@ DAPO scores a response with a plain correctness rule instead of a learned reward
 
 Rules implemented here:
 
-* The final answer is the content of the LAST line that starts with ``Answer:`` (the DAPO prompt
-  asks for "The last line of your response should be of the form Answer: $Answer").  The
-  marker is matched case-insensitively and may carry markdown (``**Answer:**``, ``## Answer:``,
-  ``Final Answer:``).  If that line is empty, the next non-blank line is used (models often
-  break the line after the marker); an empty marker at the very end counts as truncated.
-* Without an Answer line, the content of the LAST ``\\boxed{...}`` / ``\\fbox{...}`` is used
-  (balanced braces).  Otherwise there is no answer and the reward is -1.
-* Ground truths are integers, compared as exact Python ints.  Equivalent spellings of the
-  integer count (``023``, ``1,000``, ``1\\,000``, ``**540**``, ``$540$``, ``540 degrees``,
-  ``x = 540``, ``540.0``, ``\\frac{1080}{2}``, ``2^3+1``...); hedges (``540 or 541``,
-  ``\\pm 540``), non-integers, truncated or missing answers are wrong.  Reading an answer text
-  as an integer is ``dapo_core.answers.parse_integer``.
-* Cost is bounded by construction: only the tail of very long responses is scanned, and answer
-  texts, integers and the exact arithmetic are size-limited.  ``score`` never raises.
+* Which text is the final answer depends on the prompt (``answer_format``):
 
-Only the standard library is imported at module load; sympy is imported lazily on the rare
-path that needs it (surds such as ``\\sqrt{2}\\cdot\\sqrt{8}``).
+  - ``dapo`` (training, and DAPO's own prompt "The last line of your response should be of the
+    form Answer: $Answer"): the content of the LAST line that starts with ``Answer:``. The
+    marker is matched case-insensitively and may carry markdown (``**Answer:**``, ``## Answer:``,
+    ``Final Answer:``). If that line is empty, the next non-blank line is used (models often
+    break the line after the marker); an empty marker at the very end counts as truncated.
+    Without an Answer line, the content of the LAST ``\\boxed{...}`` / ``\\fbox{...}`` (balanced
+    braces, or LaTeX's unbraced ``\\boxed 4``).
+  - ``boxed`` ("put your final answer within \\boxed{}": Qwen2.5-Math, DeepSeek-R1, lighteval):
+    the last box only.
+  - ``minerva`` (the Minerva / lm-evaluation-harness prompt, "Final Answer: The final answer is
+    $X$. I hope it is correct."): X of the last "final answer is" sentence only.
+  - ``auto`` (a prompt of unknown style): whichever of those three markers comes last in the
+    response; with none, a response that is one short line is itself the answer.
+
+  A Minerva sentence inside an Answer line (``Final Answer: The final answer is $100$. I hope
+  it is correct.``) is read as its value in every format.
+* Equivalence. A ground truth that is an integer is compared as an exact Python int with the
+  integer the answer denotes (``dapo_core.answers.parse_integer``): equivalent spellings count
+  (``023``, ``1,000``, ``32,\\! 349``, ``$540$``, ``540 degrees``, ``x = 540``, ``x \\approx
+  540``, ``540.0``, ``\\frac{1080}{2}``, ``2^3+1``...); hedges (``540 or 541``, ``\\pm 540``),
+  non-integers (``2\\frac{1}{2}`` is the mixed number 5/2), truncated or missing answers are
+  wrong. Any other ground truth (``\\frac{1}{3}``, ``0.4``, ``(3, \\frac{\\pi}{2})``) is judged by
+  Math-Verify (the checker TRL, open-r1 and lighteval use), so ``1/2`` = ``0.5``, ``\\dfrac{1}{3}``
+  = ``\\frac13``, ``.4`` = ``0.4``, ``\\frac{1}{3}\\text{ meters}`` and ``k = \\frac{1}{3}`` =
+  ``\\frac{1}{3}``; a ground truth it cannot read is matched verbatim, modulo blanks.
+* Cost is bounded: only the tail of very long responses is scanned; answer texts, integers and
+  the exact arithmetic are size-limited; Math-Verify sees only short answer texts without power
+  towers or huge factorials, under a deadline that works in any thread (Math-Verify's own
+  timeout is ``signal.alarm``, which only the main thread may use). ``score`` never raises.
+
+Only the standard library is imported at module load: sympy on the rare integer path that needs
+it (surds such as ``\\sqrt{2}\\cdot\\sqrt{8}``), Math-Verify (and sympy) at the first ground truth
+that is not an integer.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import re
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, Literal
 
-from dapo_core.answers import MAX_DIGITS, brace_group, parse_integer
+from dapo_core.answers import MAX_DIGITS, balanced_braces, box_argument, parse_integer
+from dapo_core.exact import MAX_CHARS
 
-__all__ = ["Score", "extract_answer", "score"]
+__all__ = [
+    "ANSWER_FORMATS",
+    "AnswerFormat",
+    "Score",
+    "equivalence_name",
+    "equivalent",
+    "extract_answer",
+    "score",
+]
+
+AnswerFormat = Literal["dapo", "boxed", "minerva", "auto"]
+ANSWER_FORMATS: tuple[str, ...] = ("dapo", "boxed", "minerva", "auto")
 
 # --- limits (each one bounds the work done on adversarial input) -------------------------------
 
@@ -42,6 +78,8 @@ __all__ = ["Score", "extract_answer", "score"]
 _SCAN_CHARS = 200_000
 # pred strings for answers that are not integers are clipped to this length.
 _MAX_PRED_CHARS = 200
+# A whole response read as a bare answer (format auto) is one line of at most this many chars.
+_MAX_BARE_CHARS = 100
 
 
 @dataclass(frozen=True)
@@ -77,6 +115,78 @@ def _make_score(acc: bool, pred: str) -> Score:
 
 # --- answer extraction -------------------------------------------------------------------------
 
+
+def extract_answer(response: str, answer_format: AnswerFormat = "dapo") -> str | None:
+    """Return the raw final-answer text of ``response`` in ``answer_format``, or None.
+
+    ``dapo``: the last ``Answer:`` line wins; without one, the content of the last box.
+    ``boxed``: the last box. ``minerva``: the last "final answer is X" sentence. ``auto``: the
+    latest of the three; else the response itself when it is one short line.
+    """
+    if not isinstance(response, str):
+        return None
+    reader = _READERS.get(answer_format)
+    if reader is None:
+        raise ValueError(f"unknown answer format {answer_format!r}: one of {ANSWER_FORMATS}")
+    text = response if len(response) <= _SCAN_CHARS else response[-_SCAN_CHARS:]
+    return reader(text)
+
+
+def _dapo_answer(text: str) -> str | None:
+    """DAPO's rule: the last Answer line, else the last box."""
+    found = _last_answer_line(text)
+    if found is not None:
+        # An Answer marker with nothing after it is a truncated answer, not a cue to look
+        # elsewhere: the model did commit to the Answer-line format.
+        return _sentence_value(found[1]) or None
+    found = _last_boxed(text)
+    return None if found is None else found[1]
+
+
+def _boxed_answer(text: str) -> str | None:
+    found = _last_boxed(text)
+    return None if found is None else found[1]
+
+
+def _minerva_answer(text: str) -> str | None:
+    found = _last_final_answer_sentence(text)
+    return None if found is None else found[1]
+
+
+def _auto_answer(text: str) -> str | None:
+    """The marked answer that comes last (Answer line, Minerva sentence, box), else a bare one.
+
+    A tie cannot happen: the markers start at different places. A box inside an Answer line
+    starts after it, so ``Answer: $\\boxed{5}$`` reads the box's content.
+    """
+    candidates = [
+        found
+        for found in (
+            _last_answer_line(text),
+            _last_final_answer_sentence(text),
+            _last_boxed(text),
+        )
+        if found is not None
+    ]
+    if candidates:
+        return _sentence_value(max(candidates)[1]) or None
+    bare = text.strip()
+    if not bare or len(bare) > _MAX_BARE_CHARS or "\n" in bare:
+        return None
+    return bare[m.end() :] if (m := _BARE_LEAD_RE.match(bare)) else bare
+
+
+# "Answer $9$", "The answer: 9": a word before a bare answer, which a response of one line may
+# carry without a colon.
+_BARE_LEAD_RE = re.compile(r"(?:the[ \t]+)?(?:final[ \t]+)?answer\b[ \t]*:?[ \t]*", re.IGNORECASE)
+
+_READERS: dict[str, Callable[[str], str | None]] = {
+    "dapo": _dapo_answer,
+    "boxed": _boxed_answer,
+    "minerva": _minerva_answer,
+    "auto": _auto_answer,
+}
+
 # Head of an answer line, matched at the start of a line. Allows markdown decoration before and
 # around the marker: "**Answer:**", "**Answer**:", "## Final Answer:", "> answer :",
 # "\textbf{Answer:}".
@@ -90,24 +200,9 @@ _COLON_WINDOW = 16
 _NEXT_LINE_RE = re.compile(r"\S[^\n]*")
 
 
-def extract_answer(response: str) -> str | None:
-    """Return the raw final-answer text of ``response``, or None when there is none.
-
-    The last ``Answer:`` line wins; without one, the content of the last ``\\boxed{}``.
-    """
-    if not isinstance(response, str):
-        return None
-    text = response if len(response) <= _SCAN_CHARS else response[-_SCAN_CHARS:]
-    content = _last_answer_line(text)
-    if content is not None:
-        # An Answer marker with nothing after it is a truncated answer, not a cue to look
-        # elsewhere: the model did commit to the Answer-line format.
-        return content or None
-    return _last_boxed(text)
-
-
-def _last_answer_line(text: str) -> str | None:
-    """Content of the last line starting with an answer marker; '' if empty; None if no line.
+def _last_answer_line(text: str) -> tuple[int, str] | None:
+    """(line start, content) of the last line starting with an answer marker, else None; the
+    content is '' when the marker has nothing after it.
 
     Walks occurrences of "answer" backwards with str.rfind (a fast C scan) instead of running a
     multiline regex over the whole text: the last occurrence is nearly always the Answer line
@@ -132,10 +227,10 @@ def _last_answer_line(text: str) -> str | None:
         at = hit - 1  # where "answer" starts
         line_start = rfind("\n", 0, at) + 1
         if at == line_start and text[at] in "aA" and text.startswith(":", hit + 5):
-            return _line_content(text, hit + 6)  # the common "Answer: ..." line, regex-free
+            return line_start, _line_content(text, hit + 6)  # "Answer: ...", regex-free
         m = _ANSWER_HEAD_RE.match(text, line_start)
         if m is not None:
-            return _line_content(text, m.end())
+            return line_start, _line_content(text, m.end())
         if line_start == 0:
             return None
         end = line_start  # no other occurrence on this line can start it
@@ -153,17 +248,64 @@ def _line_content(text: str, start: int) -> str:
     return "" if m is None else m.group().strip()
 
 
-def _last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{}``/``\\fbox{}`` with balanced braces, else None."""
+def _last_boxed(text: str) -> tuple[int, str] | None:
+    """(start, content) of the last ``\\boxed``/``\\fbox`` when its argument is whole, else None.
+
+    Only the last box counts: a broken one (a truncated response) is no answer, not a cue to
+    read an earlier box."""
     boxed = text.rfind("\\boxed")
     fbox = text.rfind("\\fbox", boxed + 1)  # only a later \fbox matters
     if boxed < 0 and fbox < 0:
         return None
-    start = boxed + 6 if boxed > fbox else fbox + 5
-    content = brace_group(text, start)
-    if content is None:
+    start, end = (boxed, boxed + 6) if boxed > fbox else (fbox, fbox + 5)
+    if text.startswith("{", end):  # the usual flat "\boxed{540}", read without brace_group
+        close = text.find("}", end)
+        if 0 < close - end <= _MAX_PRED_CHARS and "{" not in text[end + 1 : close]:
+            content = text[end + 1 : close].strip()
+            if text[close - 1] != "\\":
+                return (start, content) if content else None
+    found = box_argument(text, end)
+    if found is None:
         return None
-    return content.strip() or None
+    content = found[0].strip()
+    return (start, content) if content else None
+
+
+# "The final answer is $X$. I hope it is correct." (Minerva; lm-evaluation-harness's minerva_math
+# reads X between "The final answer is" and ". I hope it is correct.").
+_FINAL_ANSWER_IS_RE = re.compile(r"final[ \t]+answer[ \t]+is\b[ \t]*:?[ \t]*", re.IGNORECASE)
+_SENTENCE_HEAD_RE = re.compile(r"(?:the[ \t]+)?final[ \t]+answer[ \t]+is\b[ \t]*:?", re.IGNORECASE)
+_HOPE_RE = re.compile(r"I hope it is correct", re.IGNORECASE)
+
+
+def _last_final_answer_sentence(text: str) -> tuple[int, str] | None:
+    """(start, X) of the last "final answer is X" sentence, X up to the end of its line (or on
+    the next line when the sentence breaks there), else None."""
+    last = None
+    for m in _FINAL_ANSWER_IS_RE.finditer(text):
+        last = m
+    if last is None:
+        return None
+    # The sentence's own full stop is no part of X ("... is $\frac{1}{2}$.").
+    value = _sentence_value(_line_content(text, last.end())).rstrip(" .")
+    return (last.start(), value) if value else None
+
+
+def _sentence_value(content: str) -> str:
+    """``content`` without the Minerva sentence around its value: "The final answer is $100$. I
+    hope it is correct." -> "$100$"; anything else is returned as it is.
+
+    Substring tests keep the regexes off the hot path: most answer lines are a bare value.
+    """
+    if "hope" not in content and "inal answer" not in content and "INAL ANSWER" not in content:
+        return content
+    hope = _HOPE_RE.search(content)
+    if hope is not None:  # what follows it is chatter ("<|im_start|>user", a note)
+        content = content[: hope.start()]
+    head = _SENTENCE_HEAD_RE.match(content)
+    if head is not None:
+        content = content[head.end() :]
+    return content.strip().rstrip(".").strip()
 
 
 # --- ground truth and reward ----------------------------------------------------------------------
@@ -184,22 +326,44 @@ def _ground_truth_int(ground_truth: str) -> int | None:
     return value
 
 
-def score(response: str, ground_truth: str) -> Score:
-    """DAPO Eq. 7: +1 if the final answer equals the integer ground truth, else -1.
+def _last_line_answer(response: str, answer_format: str) -> str | None:
+    """The answer when the last line starts with ``Answer:``, else None (then the general path
+    decides).
 
+    Most training responses end this way, and nothing after the last line can outrank it, so
+    reading it costs a few string operations where the general path walks the text. Under
+    ``dapo`` any such line is the answer ('' when it is empty: truncated); under ``auto`` only
+    a bare integer is (a box on that line would be a later marker).
+    """
+    start = response.rfind("\n") + 1
+    if not response.startswith("Answer:", start) or len(response) - start > _SCAN_CHARS:
+        return None
+    content = response[start + 7 :].strip()
+    if content.isdigit():
+        return content if answer_format == "dapo" or answer_format == "auto" else None
+    return _sentence_value(content) if answer_format == "dapo" else None
+
+
+def score(response: str, ground_truth: str, answer_format: AnswerFormat = "dapo") -> Score:
+    """DAPO Eq. 7: +1 if the final answer is equivalent to the ground truth, else -1.
+
+    ``answer_format`` names how the prompt asked for the answer (see the module docstring).
     Never raises: malformed input of any kind scores -1.
     """
     try:
-        raw = extract_answer(response)
+        raw = _last_line_answer(response, answer_format) if type(response) is str else None
         if raw is None:
+            raw = extract_answer(response, answer_format)
+        if not raw:
             return _WRONG_MISSING
         # Inline fast path for the usual bare integer (raw is already stripped); isascii keeps
         # out digits such as "²" that isdigit accepts but int() does not.
         if raw.isdigit() and raw.isascii() and len(raw) <= MAX_DIGITS:
             value = int(raw)
+            pred = raw if raw[0] != "0" or len(raw) == 1 else str(value)
         else:
             value = parse_integer(raw)
-        pred = str(value) if value is not None else raw[:_MAX_PRED_CHARS]
+            pred = str(value) if value is not None else raw[:_MAX_PRED_CHARS]
         if not isinstance(ground_truth, str):
             ground_truth = str(ground_truth)
         truth = _TRUTH_CACHE.get(ground_truth, _UNCACHED)
@@ -210,8 +374,168 @@ def score(response: str, ground_truth: str) -> Score:
         elif _INT_RE.fullmatch(ground_truth.strip()):
             acc = False  # an integer past the length cap: wrong by rule, like such an answer
         else:
-            # A non-integer ground truth (bad data) is only matched verbatim, modulo spaces.
-            acc = "".join(raw.split()) == "".join(ground_truth.split())
+            acc = equivalent(raw, ground_truth)
         return _make_score(acc, pred)
-    except Exception:  # defensive: the reward must never take down a training step
+    except (Exception, _Overtime):  # defensive: the reward must never take down a step
         return _WRONG_MISSING
+
+
+# --- equivalence beyond integers: Math-Verify, guarded ---------------------------------------
+
+# Wall-clock budget of one Math-Verify judgement (parsing both texts and comparing them).
+_EQUIVALENCE_SECONDS = 1.0
+# Texts Math-Verify must not see: sympy would compute these in single C calls (a power tower,
+# the factorial or binomial of a huge number), which no deadline can interrupt.
+_POWER_TOWER_RE = re.compile(r"\^\s*(?:\{[^{}]*\^|\(?\s*[\d.]+\s*\)?\s*\^|\{?\s*[-+]?\s*\d{6})")
+_HUGE_FACTORIAL_RE = re.compile(r"\d{5}\s*\}?\s*\)?\s*!|binom\s*\{?\s*\d{5}|choose\s*\d{5}")
+_LATEX_DELIMITERS = ("$", "\\(", "\\[", "\\boxed")
+# Judgements repeat (the n samples of a problem often agree): cache short ones.
+_EQUIVALENCE_CACHE: dict[tuple[str, str], bool] = {}
+_EQUIVALENCE_CACHE_MAX = 8192
+_GOLD_CACHE: dict[str, Any] = {}
+
+
+def equivalent(answer: str, ground_truth: str) -> bool:
+    """Math-Verify's verdict on whether ``answer`` denotes ``ground_truth`` (both answer texts).
+
+    False when either text is refused (longer than ``exact.MAX_CHARS``, a power tower, a huge
+    factorial, unbalanced braces) or the judgement runs past its deadline. A ground truth that
+    Math-Verify cannot read is matched verbatim, modulo blanks. Never raises.
+    """
+    key = (answer, ground_truth)
+    cached = _EQUIVALENCE_CACHE.get(key)
+    if cached is not None:
+        return cached
+    try:
+        verdict = _judge(answer, ground_truth)
+    except (Exception, _Overtime):  # a deadline or a parser failure: not shown equivalent
+        return False
+    if len(_EQUIVALENCE_CACHE) >= _EQUIVALENCE_CACHE_MAX:
+        _EQUIVALENCE_CACHE.clear()
+    _EQUIVALENCE_CACHE[key] = verdict
+    return verdict
+
+
+def _judge(answer: str, ground_truth: str) -> bool:
+    if _refused(answer) or _refused(ground_truth):
+        return False
+    math_verify = _math_verify()  # imported outside the deadline: an import is never cut short
+    if math_verify is None:
+        return _verbatim(answer, ground_truth)
+    with _deadline(_EQUIVALENCE_SECONDS):
+        gold = _GOLD_CACHE.get(ground_truth)
+        if gold is None:
+            gold = math_verify.parse(_as_latex(ground_truth), parsing_timeout=None)
+            if len(_GOLD_CACHE) >= _EQUIVALENCE_CACHE_MAX:
+                _GOLD_CACHE.clear()
+            _GOLD_CACHE[ground_truth] = gold
+        if not gold:
+            return _verbatim(answer, ground_truth)
+        pred = math_verify.parse(_as_latex(answer), parsing_timeout=None)
+        return bool(math_verify.verify(gold, pred, timeout_seconds=None))
+
+
+def _refused(text: str) -> bool:
+    """Texts not given to Math-Verify: too long, too costly (see the patterns above), or cut
+    off (unbalanced braces: Math-Verify would read ``\\boxed{\\frac{1}{2}`` as 1/2)."""
+    return (
+        len(text) > MAX_CHARS
+        or _POWER_TOWER_RE.search(text) is not None
+        or _HUGE_FACTORIAL_RE.search(text) is not None
+        or not balanced_braces(text)
+    )
+
+
+def _as_latex(text: str) -> str:
+    """``text`` in math delimiters unless it has them (Math-Verify reads LaTeX only there); an
+    escaped dollar is a currency sign, not a delimiter: dropped."""
+    text = text.replace("\\$", "").strip()
+    return text if any(d in text for d in _LATEX_DELIMITERS) else f"${text}$"
+
+
+def _verbatim(answer: str, ground_truth: str) -> bool:
+    return "".join(answer.split()) == "".join(ground_truth.split())
+
+
+_MATH_VERIFY: list[Any] = []  # [module or None], filled at first use
+
+
+def _math_verify() -> Any:
+    """The math_verify module (None when it is not installed), imported at first use."""
+    if not _MATH_VERIFY:
+        try:
+            import math_verify
+        except ImportError:
+            math_verify = None
+        else:
+            # Its timeouts are off here (our deadline replaces them); it says so once per
+            # process, which is noise, not news.
+            for name in ("math_verify.parser", "math_verify.grader"):
+                logging.getLogger(name).addFilter(_NoTimeoutNotice())
+        _MATH_VERIFY.append(math_verify)
+    return _MATH_VERIFY[0]
+
+
+class _NoTimeoutNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+def equivalence_name() -> str:
+    """How equivalence is judged, for reports: "exact integers, else math-verify 0.9.0"."""
+    if _math_verify() is None:
+        return "exact integers, else verbatim text (math-verify is not installed)"
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"exact integers, else math-verify {version('math-verify')}"
+    except PackageNotFoundError:
+        return "exact integers, else math-verify"
+
+
+# --- a deadline that works in any thread -----------------------------------------------------
+
+
+class _Overtime(BaseException):
+    """Raised inside a judgement that ran past its deadline.
+
+    A BaseException, like KeyboardInterrupt: Math-Verify and sympy catch ``Exception`` in their
+    loops, and would otherwise swallow it and go on working."""
+
+
+@contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """Raise :class:`_Overtime` in this thread if the block runs longer than ``seconds``.
+
+    A timer thread raises it asynchronously in the calling thread (``PyThreadState_SetAsyncExc``),
+    which takes effect between two bytecodes, as a signal handler would; unlike
+    ``signal.alarm`` (Math-Verify's own timeout) it works off the main thread and leaves the
+    process's alarm alone. A long single C call finishes first: the guards keep those out.
+    """
+    thread_id = threading.get_ident()
+    lock = threading.Lock()
+    state = {"open": True, "fired": False}
+
+    def expire() -> None:
+        with lock:
+            if state["open"]:
+                state["fired"] = True
+                _raise_in_thread(thread_id, _Overtime)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        with lock:
+            state["open"] = False
+            if state["fired"]:
+                _raise_in_thread(thread_id, None)  # withdraw it if it has not been raised yet
+
+
+def _raise_in_thread(thread_id: int, exception: type[BaseException] | None) -> None:
+    """Schedule ``exception`` in thread ``thread_id`` (None withdraws a scheduled one)."""
+    exc = ctypes.py_object(exception) if exception is not None else None
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), exc)

@@ -26,6 +26,36 @@ def test_dapo_core_imports_no_orchestration():
     assert out.stdout.strip() == "", f"dapo_core pulled in: {out.stdout.strip()}"
 
 
+# What dapo_core may import besides the standard library: the numerical stack, everywhere; and
+# Math-Verify in the reward alone. Judging whether an answer equals the ground truth is the
+# reward's job (Eq. 7), so the judge sits with it rather than behind an adapter in tasks/ that
+# training and evaluation would each have to call: Math-Verify is pure Python on sympy (no
+# orchestration, no I/O), and the reward imports it lazily, only for a ground truth that is not
+# an integer, so training on integer answers never loads it.
+CORE_ALLOWED = {"numpy", "torch", "sympy"}
+CORE_ALLOWED_IN = {"dapo_core.reward": {"math_verify"}}
+
+
+def _third_party_imports(path: Path) -> set[str]:
+    """Top-level names of the non-stdlib, non-project modules a file imports (any scope)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found - set(sys.stdlib_module_names) - set(LAYERS)
+
+
+def test_dapo_core_imports_only_its_allowed_libraries():
+    extra = {
+        name: sorted(_third_party_imports(path) - CORE_ALLOWED - CORE_ALLOWED_IN.get(name, set()))
+        for name, path in _modules().items()
+        if name.split(".")[0] == "dapo_core"
+    }
+    assert {name: libs for name, libs in extra.items() if libs} == {}
+
+
 def _modules() -> dict[str, Path]:
     """``{"tasks.training.run": path, ...}`` for every module of the three layers."""
     out = {}

@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dapo_core.answers import THOUSANDS_SEPARATORS, brace_group, canonical_integer, parse_integer
+from dapo_core.answers import (
+    THOUSANDS_SEPARATORS,
+    balanced_braces,
+    box_argument,
+    brace_group,
+    canonical_integer,
+    parse_integer,
+)
 from dapo_core.exact import MAX_CHARS, MAX_DEPTH
 from dapo_core.latex import MATH, REWARD, Reading, evaluate
 
@@ -37,6 +44,8 @@ def value(text: str, reading: Reading) -> object:
         ("1~000", None, "1000"),
         ("-1\\ 000\\ 000", None, "-1000000"),
         ("1,00", None, None),
+        ("0,111", None, None),  # a grouped number does not start with 0
+        ("32,\\! 349", None, "32349"),
         ("1.5", None, None),
         ("\\frac{1}{2}", None, None),
     ],
@@ -69,6 +78,23 @@ def test_canonical_integer_strict_and_lenient(text: str, strict: str, lenient: s
         ("\\sqrt{-4}", None),
         ("(\\sqrt{-4})^{2}", None),  # even roots of negatives are refused, not made complex
         ("0\\cdot\\frac{1}{0}", None),  # a division by zero anywhere
+        # issue 25: what the field accepts, and the false positive it does not give
+        ("x\\approx 11", 11),
+        ("$x \\approx 11$", 11),
+        ("x ≈ 11", 11),
+        ("540 \\approx 541", None),  # a numeric left side: no value is named
+        ("x = 5 \\approx 6", None),  # two relations
+        ("\\boxed 4", 4),
+        ("\\boxed 42.", 42),
+        ("32,\\! 349", 32349),
+        ("$\\boxed{11,\\! 111,\\! 111,\\! 100}$", 11111111100),
+        ("2\\frac{1}{2}", None),  # the mixed number 5/2, not 2 x 1/2 = 1
+        ("3\\frac{2}{3}", None),
+        ("$540^\\circ$", 540),
+        ("540\\%", 540),
+        ("540 or 541", None),
+        ("3 and 4", None),
+        ("0,111", None),  # a decimal comma, not 111
     ],
 )
 def test_parse_integer(text: str, expected: int | None) -> None:
@@ -94,7 +120,9 @@ READINGS = [
     ("2^-1", Fraction(1, 2), Fraction(1, 2)),
     ("-2^2", -4, -4),
     ("2*-3", -6, None),
-    ("1\\frac{4}{5}", Fraction(4, 5), Fraction(9, 5)),  # a product, or a mixed number
+    ("1\\frac{4}{5}", Fraction(9, 5), Fraction(9, 5)),  # a mixed number in both (issue 25)
+    ("2\\frac{\\sqrt{3}}{2}", "sqrt(3)", "sqrt(3)"),  # not a proper fraction: a product
+    ("3\\frac{4}{2}", 6, 6),
     ("(2)3", 6, None),
     ("\\sqrt{4}3", 6, None),
     ("2\\sqrt{9}", 6, 6),
@@ -122,6 +150,9 @@ READINGS = [
 
 @pytest.mark.parametrize(("text", "reward", "math"), READINGS)
 def test_readings(text: str, reward: object, math: object) -> None:
+    if reward == "sqrt(3)":
+        assert str(value(text, REWARD)) == str(value(text, MATH)) == reward
+        return
     assert value(text, REWARD) == reward
     if math == "complex":
         found = value(text, MATH)
@@ -163,6 +194,23 @@ def test_limits() -> None:
     assert value("(1+\\sqrt{2})^{65}", MATH) is None  # powers of a surd, by squaring
     assert value("\\sqrt[65]{2}", MATH) is None
     assert value("\\sqrt{2+\\sqrt{3}}", MATH) is None  # nested radicals
+
+
+def test_balanced_braces() -> None:
+    assert balanced_braces("\\boxed{\\frac{1}{2}}")
+    assert balanced_braces("\\{1, 2\\}")  # escaped braces are characters
+    assert balanced_braces("540")
+    assert not balanced_braces("\\boxed{\\frac{1}{2}")  # cut off
+    assert not balanced_braces("}{")
+
+
+def test_box_argument() -> None:
+    assert box_argument("\\boxed{540} tail", 6) == ("540", 11)
+    assert box_argument("\\boxed {\\frac{1}{2}}.", 6) == ("\\frac{1}{2}", 20)
+    assert box_argument("\\boxed 4.", 6) == ("4.", 9)  # LaTeX's unbraced argument
+    assert box_argument("\\boxed{54", 6) is None
+    assert box_argument("\\boxed {54", 6) is None
+    assert box_argument("\\boxed", 6) is None
 
 
 def test_brace_group() -> None:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import multiprocessing
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dapo_core.answers import parse_integer as normalize_integer
-from dapo_core.reward import Score, extract_answer, score
+from dapo_core.reward import Score, equivalence_name, equivalent, extract_answer, score
 
 REASONING = (
     "Let the number of tiles be $n$. Each row holds $12$ tiles, so we need $n / 12$ rows.\n"
@@ -95,6 +100,16 @@ CORRECT = [
     ("Answer: 540\r", "540"),
     ("Answer: 540\n\n", "540"),
     ("Answer: 0", "0"),
+    # forms the field accepts (issue 25): Minerva's ending, \approx, an unbraced box, MATH's
+    # thousands separator with a space
+    ("Final Answer: The final answer is $540$. I hope it is correct.", "540"),
+    ("Final Answer: The final answer is 540. I hope it is correct.", "540"),
+    ("Answer: $x\\approx 540$", "540"),
+    ("Answer: x ≈ 540", "540"),
+    ("Answer: \\boxed 540", "540"),
+    ("So it is $\\boxed 540$.", "540"),
+    ("Answer: $32,\\! 349$", "32349"),
+    ("Answer: 11,\\! 111,\\! 111,\\! 100", "11111111100"),
 ]
 
 
@@ -154,6 +169,14 @@ WRONG = [
     ("Answer: $Answer", "540"),
     ("Answer: }}{{540", "540"),
     ("Answer: \\frac{540}", "540"),
+    # mixed numbers are numbers, not products: 2 1/2 is 5/2 (issue 25: it scored as 1)
+    ("Answer: $2\\frac{1}{2}$", "1"),
+    ("Answer: $3\\frac{2}{3}$", "2"),
+    ("Answer: $-1\\frac{1}{2}$", "-1"),
+    ("Final Answer: The final answer is $541$. I hope it is correct.", "540"),
+    ("Answer: $x\\approx 541$", "540"),
+    ("Answer: \\approx 540", "540"),  # "about 540", like "approximately 540"
+    ("Answer: 540, 000", "540000"),  # ", " lists; it is no thousands separator
 ]
 
 
@@ -206,9 +229,58 @@ def test_integer_length_cap() -> None:
     assert normalize_integer("1" + "0" * 5000) is None  # past int()'s 4300-digit limit
 
 
-def test_non_integer_ground_truth_only_matches_verbatim() -> None:
-    assert score("Answer: \\frac{1}{2}", "\\frac{1}{2}").acc
-    assert not score("Answer: 0.5", "\\frac{1}{2}").acc
+# --- ground truths that are not integers: Math-Verify's equivalence -----------------------------
+
+NON_INTEGER = [
+    # (answer line, ground truth, equivalent): one row per kind the issue lists, both ways
+    ("Answer: \\frac{1}{2}", "\\frac{1}{2}", True),
+    ("Answer: 1/2", "0.5", True),
+    ("Answer: 0.5", "\\frac{1}{2}", True),
+    ("Answer: 0.25", "\\frac{1}{2}", False),
+    ("Answer: $\\dfrac{1}{3}$", "\\frac13", True),
+    ("Answer: $\\frac{1}{4}$", "\\frac13", False),
+    ("Answer: .4", "0.4", True),
+    ("Answer: .04", "0.4", False),
+    ("Answer: 1,000.99", "1000.99", True),
+    ("Answer: \\$1,000.99", "1000.99", True),
+    ("Answer: 1,000.9", "1000.99", False),
+    ("Answer: $\\frac{1}{3}\\text{ meters}$", "\\frac{1}{3}", True),
+    ("Answer: $2.5\\text{ cm}$", "25", False),
+    ("Answer: $k = \\frac{1}{3}$", "\\frac{1}{3}", True),
+    ("Answer: $k = \\frac{1}{3}$", "\\frac{1}{2}", False),
+    ("Answer: $2\\frac{1}{2}$", "\\frac{5}{2}", True),  # a mixed number
+    ("Answer: $-\\frac{1}{2}$", "-0.5", True),
+    ("Answer: $\\frac{1}{2}$", "-0.5", False),
+    ("Answer: $\\sqrt{117}$", "3\\sqrt{13}", True),
+    ("Answer: $\\frac{1}{2}$ or $\\frac{1}{3}$", "\\frac12", False),  # a hedge
+    ("Answer: \\boxed{\\frac{1}{2}", "\\frac12", False),  # truncated: braces do not balance
+    ("Answer: 0.333", "\\frac{1}{3}", False),  # a rounding
+]
+
+
+@pytest.mark.parametrize(("final", "truth", "equivalent"), NON_INTEGER)
+def test_non_integer_ground_truth_is_judged_by_math_verify(
+    final: str, truth: str, equivalent: bool
+) -> None:
+    assert score(respond(final), truth).acc is equivalent
+
+
+def test_ground_truth_math_verify_cannot_read_is_matched_verbatim() -> None:
+    assert score("Answer: \\text{Evelyn}", "\\text{Evelyn}").acc
+    assert score("Answer: (A)", " (A) ").acc
+    assert not score("Answer: (B)", "(A)").acc
+
+
+def test_equivalence_refuses_costly_and_cut_off_texts_without_calling_math_verify() -> None:
+    for text in ("10^{10^{10}}", "9^9^9", "2^{1000000}", "100000!", "\\binom{100000}{5}"):
+        assert not equivalent(text, "\\frac{1}{2}"), text
+    assert not equivalent("\\frac{1}{2", "\\frac{1}{2}")
+    assert not equivalent("1" * 300, "\\frac{1}{2}")  # longer than an answer may be
+    assert equivalent("0.5", "\\frac{1}{2}")
+
+
+def test_equivalence_is_named_for_reports() -> None:
+    assert equivalence_name().startswith("exact integers, else math-verify 0.")
 
 
 def test_non_string_arguments_do_not_raise() -> None:
@@ -444,3 +516,165 @@ def test_latex_soup_never_raises(tokens: list[str], truth: int) -> None:
     result = score("".join(tokens), str(truth))
     assert isinstance(result, Score)
     assert result.score == (1.0 if result.acc else -1.0)
+
+
+# --- a regression: unbalanced braces before the Answer line (issue 25) ---------------------------
+
+BRACE_RUNS = {
+    "a run of open braces": "{" * 20_000 + "\nAnswer: 540",
+    "open braces, no newline in the run, then blanks": "{" * 20_000 + " \n\n Answer: 540",
+    "open boxes": "\\boxed{" * 5_000 + "\nAnswer: 540",
+    "open text macros": "\\text{" * 5_000 + "\nAnswer: 540",
+    "open braces on every line": "Let $S = \\{a_n, {\n" * 5_000 + "Answer: 540",
+    "open fractions": "$\\frac{" * 5_000 + "\nAnswer: 540",
+    "a mixed run": "{\\boxed{{\\frac{1}{" * 2_000 + "\n**Answer:** $540$",
+}
+
+
+@pytest.mark.parametrize("text", BRACE_RUNS.values(), ids=BRACE_RUNS.keys())
+@pytest.mark.parametrize("answer_format", ["dapo", "auto"])
+def test_answer_line_after_unbalanced_braces_is_read(text: str, answer_format: str) -> None:
+    start = time.perf_counter()
+    result = score(text, "540", answer_format)
+    assert result == Score(1.0, True, "540")
+    assert time.perf_counter() - start < 1.0
+
+
+# --- answer formats ---------------------------------------------------------------------------
+
+FORMATS = [
+    # response, answer_format, extracted
+    ("Answer: 3\nCheck: $\\boxed{5}$.", "dapo", "3"),  # the Answer line wins over a box
+    ("Answer: 3\nCheck: $\\boxed{5}$.", "boxed", "5"),
+    ("Answer: 3\nCheck: $\\boxed{5}$.", "auto", "5"),  # the marker that comes last
+    ("Answer: 3\nCheck: $\\boxed{5}$.", "minerva", None),
+    ("First $\\boxed{3}$.\nAnswer: 5", "auto", "5"),
+    ("Final Answer: The final answer is $100$. I hope it is correct.", "dapo", "$100$"),
+    ("Final Answer: The final answer is $100$. I hope it is correct.", "minerva", "$100$"),
+    ("Final Answer: The final answer is $100$. I hope it is correct.", "auto", "$100$"),
+    ("Final Answer: The final answer is $100$. I hope it is correct.", "boxed", None),
+    ("So the final answer is $\\frac{1}{2}$.", "minerva", "$\\frac{1}{2}$"),
+    ("So the final answer is $\\frac{1}{2}$.", "dapo", None),  # prose, no Answer line
+    ("The final answer is 7.78. I hope it is correct. <|im_start|>user", "minerva", "7.78"),
+    ("Final Answer: The final answer is $\\boxed{5}$. I hope it is correct.", "auto", "5"),
+    ("Thus $\\boxed 4$.", "boxed", "4"),
+    ("0.5", "auto", "0.5"),  # a response of one short line is its own answer
+    ("The answer: $9$", "auto", "$9$"),
+    ("0.5", "dapo", None),
+    ("0.5\nand more lines", "auto", None),
+    ("Answer:", "auto", None),  # truncated
+]
+
+
+@pytest.mark.parametrize(("response", "answer_format", "extracted"), FORMATS)
+def test_answer_formats(response: str, answer_format: str, extracted: str | None) -> None:
+    assert extract_answer(response, answer_format) == extracted  # type: ignore[arg-type]
+
+
+def test_unknown_answer_format() -> None:
+    with pytest.raises(ValueError, match="unknown answer format"):
+        extract_answer("Answer: 5", "latex")  # type: ignore[arg-type]
+    assert score("Answer: 5", "5", "latex") == Score(-1.0, False, None)  # type: ignore[arg-type]
+
+
+def test_last_line_fast_path_agrees_with_the_general_path() -> None:
+    for final in ("Answer: 540", "Answer: $\\boxed{540}$", "Answer: 540 or 541", "Answer:"):
+        for answer_format in ("dapo", "auto"):
+            text = REASONING + final
+            raw = extract_answer(text, answer_format)  # type: ignore[arg-type]
+            assert score(text, "540", answer_format).acc == (raw is not None and "or" not in raw)
+
+
+# --- hand-labelled cases of every kind (tests/fixtures/equivalence.jsonl) -------------------------
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "equivalence.jsonl"
+LABELLED = [json.loads(line) for line in FIXTURE.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.mark.parametrize(
+    "case", LABELLED, ids=[f"{i}-{c['kind']}-{c['format']}" for i, c in enumerate(LABELLED)]
+)
+def test_hand_labelled_equivalence(case: dict) -> None:
+    result = score(case["response"], case["gold"], case["format"])
+    assert result.acc is case["equivalent"], case.get("note", "")
+
+
+def test_hand_labelled_cases_cover_the_issue() -> None:
+    kinds = {c["kind"] for c in LABELLED}
+    assert {"minerva", "approx", "bare_box", "thousands_space", "mixed_number"} <= kinds
+    assert {"fraction_decimal", "frac_spelling", "leading_dot", "thousands_decimal"} <= kinds
+    assert {"unit", "assignment", "integer", "format"} <= kinds
+    integer_golds = [c for c in LABELLED if normalize_integer(c["gold"]) is not None]
+    marked = [c for c in integer_golds if extract_answer(c["response"], c["format"]) is not None]
+    assert len(marked) >= 40
+    agree = [score(c["response"], c["gold"], c["format"]).acc is c["equivalent"] for c in marked]
+    assert all(agree)  # integer ground truths: 100% where the response marks its answer
+
+
+# --- anywhere: threads, spawned workers, a deadline that works off the main thread --------------
+
+THREAD_CASES = [
+    ("Answer: 0.5", "\\frac{1}{2}", True),
+    ("Answer: $\\dfrac{2}{6}$", "\\frac13", True),
+    ("Answer: 0.25", "\\frac{1}{2}", False),
+    ("Answer: 540", "540", True),
+]
+
+
+def test_scoring_off_the_main_thread() -> None:
+    results: list[object] = []
+
+    def work() -> None:
+        try:
+            results.extend(score(r, g).acc for r, g, _ in THREAD_CASES)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            results.append(e)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(60)
+    assert results == [expected for _, _, expected in THREAD_CASES]
+
+
+def test_scoring_in_a_spawned_worker() -> None:
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(1) as pool:
+        scores = pool.starmap(score, [(r, g) for r, g, _ in THREAD_CASES])
+    assert [s.acc for s in scores] == [expected for _, _, expected in THREAD_CASES]
+
+
+def _stubborn(*args: object, **kwargs: object) -> bool:
+    """A judgement that never ends and swallows every Exception, as library loops do."""
+    while True:
+        with contextlib.suppress(Exception):  # what the deadline must get through
+            sum(range(1000))
+
+
+@pytest.mark.parametrize("in_thread", [False, True], ids=["main thread", "other thread"])
+def test_a_judgement_past_its_deadline_is_not_equivalent(monkeypatch, in_thread: bool) -> None:
+    import math_verify
+
+    from dapo_core import reward
+
+    monkeypatch.setattr(reward, "_EQUIVALENCE_SECONDS", 0.2)
+    monkeypatch.setattr(math_verify, "verify", _stubborn)
+    gold = f"\\frac{{1}}{{{7 + in_thread}}}"  # a pair no other test has cached
+    outcome: list[object] = []
+
+    def work() -> None:
+        try:
+            start = time.perf_counter()
+            outcome.append(score("Answer: 0.125", gold).acc)
+            outcome.append(time.perf_counter() - start)
+            time.sleep(0.4)  # a withdrawn deadline must not fire later
+            outcome.append(score("Answer: 7", "7").acc)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            outcome.append(e)
+
+    if in_thread:
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join(30)
+    else:
+        work()
+    assert outcome[0] is False and outcome[1] < 1.5 and outcome[2] is True, outcome

@@ -266,6 +266,13 @@ class EvalConfig:
     """Evaluate on the validation set every N training steps (0 = only after training)."""
     seed: int
     """Sampling seed; the same seed gives the same scores."""
+    answer_format: Literal["dapo", "boxed", "minerva", "auto"]
+    """Where a response's final answer is read (``dapo_core.reward``), as the prompt asked for
+    it: ``dapo``, the last ``Answer:`` line, else the last box (DAPO's prompt; training always
+    reads this way); ``boxed``, the last ``\\boxed{}`` ("put your final answer within
+    \\boxed{}", Qwen2.5-Math, DeepSeek-R1); ``minerva``, X of "The final answer is X. I hope it
+    is correct." (Minerva, lm-evaluation-harness); ``auto``, whichever of those markers comes
+    last, else a one-line response itself."""
 
 
 @dataclass(frozen=True)

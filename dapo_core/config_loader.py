@@ -60,6 +60,7 @@ ADDED_KEYS: dict[tuple[str, str], Any] = {
     ("rollout", "weights"): "policy",  # sampling from the trained weights themselves
     ("tracking", "switch_probe"): None,  # no probe
     ("tiny", "seed"): 0,  # builds before it used a run's seed; 0 is what sweeps built with
+    ("eval", "answer_format"): "dapo",  # the Answer line, else the last box
 }
 
 

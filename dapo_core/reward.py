@@ -47,6 +47,7 @@ that is not an integer.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import re
 import threading
@@ -481,16 +482,17 @@ class _NoTimeoutNotice(logging.Filter):
         return not record.getMessage().startswith("Timeout is disabled")
 
 
+@functools.cache
 def equivalence_name() -> str:
-    """How equivalence is judged, for reports: "exact integers, else math-verify 0.9.0"."""
-    if _math_verify() is None:
-        return "exact integers, else verbatim text (math-verify is not installed)"
+    """How equivalence is judged, for reports: "exact integers, else math-verify 0.9.0".
+
+    Read from the installed package's metadata: naming the judge does not import it."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         return f"exact integers, else math-verify {version('math-verify')}"
     except PackageNotFoundError:
-        return "exact integers, else math-verify"
+        return "exact integers, else verbatim text (math-verify is not installed)"
 
 
 # --- a deadline that works in any thread -----------------------------------------------------

@@ -302,10 +302,13 @@ def evaluate(
     table.add_column("value", justify="right")
     for k, v in result.metrics.items():
         table.add_row(k, f"{v:.4f}")
+    for k, how in result.scoring.items():  # how answers were read and judged
+        table.add_row(k, how)
     Console().print(table)
     if out:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.json").write_text(json.dumps(result.metrics, indent=2))
+        report = {**result.metrics, **result.scoring}
+        (out / "metrics.json").write_text(json.dumps(report, indent=2))
         result.per_problem.to_csv(out / "per_problem.csv", index=False)
         console.print(f"wrote {out / 'metrics.json'} and {out / 'per_problem.csv'}{run_note}")
     elif run_note:

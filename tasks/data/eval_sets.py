@@ -2,10 +2,16 @@
 
 DAPO (arXiv 2503.14476) reports AIME 2024 avg@32; its training data is decontaminated against the
 evaluation problems (section 3.5). The sets are named in ``data.eval_sets`` (name -> local path or
-hub id). Preparing one runs the curation pass without decontamination and writes
-``data/eval/<name>.parquet``; ``data/eval/manifest.json`` lists every set as ``ready`` (problem
-and drop counts) or ``unavailable`` (why, e.g. an offline hub id), so `dvc repro` succeeds offline
-and `dapo evaluate` can say how to prepare a missing set.
+hub id). Preparing one writes ``data/eval/<name>.parquet``; ``data/eval/manifest.json`` lists every
+set as ``ready`` (problem and drop counts) or ``unavailable`` (why, e.g. an offline hub id), so
+`dvc repro` succeeds offline and `dapo evaluate` can say how to prepare a missing set.
+
+A benchmark is evaluated as its publisher wrote it, so that a score on it compares with published
+ones: preparing a set only reads its records and collapses copies of a problem (the DAPO AIME file
+holds each problem 32 times). Every problem stays, with its published answer: an integer literal
+is written canonically (``023`` -> ``23``, the same number), any other answer verbatim
+(``\\frac{14}{3}``, ``(3, \\frac{\\pi}{2})``), for the reward's equivalence to judge. The integer
+transformation of section 3.5 (``m/n`` -> ``m+n``) is for training data only.
 
 The name ``synthetic-test`` (the embedded task's held-out split) is resolved by
 ``tasks.data.splits.eval_problems``, which owns the splits; this module resolves the names of
@@ -16,21 +22,26 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 
+from dapo_core.answers import canonical_integer
 from dapo_core.config import Config, ConfigError
+from dapo_core.curation import apply_template, dedupe_key
+from dapo_core.curation_pass import DUPLICATE, problem_id
 from dapo_core.problem import Problem
+from dapo_core.records import Malformed, Row, parse_record
 from tasks.data.sources import (
     DATA_SUFFIXES,
     SourceUnavailable,
     console,
     load_source,
     local_path,
-    read_and_curate,
 )
 from tasks.data.tables import (
     TRAIN_SCHEMA,
@@ -46,8 +57,10 @@ MANIFEST = "manifest.json"
 SYNTHETIC_TEST = "synthetic-test"
 EVAL_NOTES = (
     "Eval sets named in data.eval_sets (or --eval-set). 'ready' sets are in <name>.parquet "
-    "(columns id, problem, answer, source, prompt, ...); 'unavailable' ones could not be read "
-    "here (offline hub id, missing file): see 'reason' for how to provide them."
+    "(columns id, problem, answer, source, prompt, ...): every problem of the source with its "
+    "published answer (integer literals canonical, 023 -> 23; original_answer keeps the text); "
+    "'unavailable' ones could not be read here (offline hub id, missing file): see 'reason' for "
+    "how to provide them."
 )
 
 _NAME = re.compile(r"^[\w][\w.-]*$")
@@ -110,8 +123,8 @@ def read_manifest(eval_dir: Path | None = None) -> dict[str, Any]:
     return data.get("eval_sets", {}) if isinstance(data, dict) else {}
 
 
-def prepare_eval_set(name: str, spec: str, progress: bool = False) -> tuple[list[dict], dict]:
-    """(rows, manifest entry) of one eval set: the curation steps without decontamination.
+def prepare_eval_set(name: str, spec: str) -> tuple[list[dict], dict]:
+    """(rows, manifest entry) of one eval set, as published (:func:`published_problems`).
 
     Raises FileNotFoundError / SourceUnavailable when the spec cannot be read here."""
     alternative = (
@@ -119,19 +132,83 @@ def prepare_eval_set(name: str, spec: str, progress: bool = False) -> tuple[list
         "repro`), or pass it directly: `dapo evaluate --eval-set PATH`."
     )
     loaded = load_source(spec, None, alternative)
-    result = read_and_curate(loaded, f"eval set {name}", None, 8, 0.5, progress)
+    published = published_problems(loaded.records, loaded.source.name)
     entry = {
         "spec": spec,
         "status": "ready",
         "file": f"{name}.parquet",
         "source": loaded.source.name,
         "sha256": loaded.sha256,
-        "input_rows": result.input_rows,
-        "problems": len(result.kept),
-        "dropped": {k: v for k, v in sorted(result.dropped.items()) if v},
-        "converted": dict(sorted(result.converted.items())),
+        "input_rows": published.input_rows,
+        "problems": len(published.rows),
+        "dropped": dict(sorted(published.dropped.items())),
+        "answers": dict(sorted(Counter(r["answer_form"] for r in published.rows).items())),
+        "copies_disagree": published.disagreeing,
     }
-    return result.kept, entry
+    return published.rows, entry
+
+
+@dataclass
+class Published:
+    """An eval set as published: one row per problem, and where every other input row went."""
+
+    input_rows: int = 0
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    dropped: Counter = field(default_factory=Counter)  # duplicate copies; unreadable rows
+    disagreeing: list[str] = field(default_factory=list)  # ids whose copies differ in answer
+
+
+def published_problems(records: Iterable[Any], source_name: str) -> Published:
+    """Every problem of ``records`` with its published answer (:func:`published_answer`).
+
+    Copies of a problem (the same text up to whitespace) collapse into the first, which keeps
+    its answer; a problem whose copies give different answers stays and is listed in
+    ``disagreeing``. An unreadable record is counted under its reason
+    (``dapo_core.records.MALFORMED``): it holds no problem to evaluate.
+    """
+    out = Published()
+    first: dict[str, dict[str, Any]] = {}
+    answers: dict[str, set[str]] = {}
+    for index, record in enumerate(records):
+        out.input_rows += 1
+        row = parse_record(record)
+        if isinstance(row, Malformed):
+            out.dropped[row.reason] += 1
+            continue
+        key = dedupe_key(row.problem)
+        answer = published_answer(row.answer)
+        if key in first:
+            out.dropped[DUPLICATE] += 1
+            first[key]["copies"] += 1
+            answers[key].add(answer)
+            continue
+        first[key] = _published_row(row, index, answer, source_name)
+        answers[key] = {answer}
+    out.rows = list(first.values())
+    out.disagreeing = [first[key]["id"] for key, found in answers.items() if len(found) > 1]
+    return out
+
+
+def published_answer(raw: str) -> str:
+    """The answer as published: an integer literal canonically (``023`` -> ``23``, ``1,000`` ->
+    ``1000``: the same number), anything else verbatim; never transformed into another value."""
+    return canonical_integer(raw) or raw.strip()
+
+
+def _published_row(row: Row, index: int, answer: str, source_name: str) -> dict[str, Any]:
+    """An output row (the columns of ``TRAIN_SCHEMA``) of a problem kept as published."""
+    return {
+        "id": row.fixed_id or problem_id(row.problem),
+        "problem": row.problem,
+        "answer": answer,
+        "source": source_name,
+        "prompt": row.prompt if row.prompt is not None else apply_template(row.problem),
+        "source_id": row.source_id,
+        "source_row": index,
+        "original_answer": row.answer,
+        "answer_form": "integer" if canonical_integer(row.answer) else "as published",
+        "copies": 1,
+    }
 
 
 def prepare_eval_sets(
@@ -142,7 +219,8 @@ def prepare_eval_sets(
 ) -> dict[str, Any]:
     """Write each eval set that can be prepared to ``eval_dir/<name>.parquet`` and a manifest
     listing every set: ``ready`` (problems, drop counts) or ``unavailable`` (why). A set named
-    in ``required`` (given on the command line) that cannot be read is an error instead."""
+    in ``required`` (given on the command line) that cannot be read is an error instead.
+    ``progress`` prints a line per prepared set."""
     required = set(required)
     eval_dir.mkdir(parents=True, exist_ok=True)
     previous = read_manifest(eval_dir)
@@ -150,7 +228,7 @@ def prepare_eval_sets(
     for name, spec in specs.items():
         check_name(name)
         try:
-            rows, entry = prepare_eval_set(name, spec, progress)
+            rows, entry = prepare_eval_set(name, spec)
         except (FileNotFoundError, SourceUnavailable) as e:
             if name in required:
                 raise
@@ -162,6 +240,8 @@ def prepare_eval_sets(
             continue
         write_parquet(rows, TRAIN_SCHEMA, eval_dir / entry["file"])
         manifest[name] = entry
+        if progress:
+            console.print(f"eval set {name}: {entry['problems']} problems, answers as published")
     for name, entry in previous.items():  # drop files of sets no longer ready
         if manifest.get(name, {}).get("status") != "ready" and entry.get("file"):
             (eval_dir / entry["file"]).unlink(missing_ok=True)

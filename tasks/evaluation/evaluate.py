@@ -2,17 +2,22 @@
 
 The paper's number is AIME 2024 avg@32: 32 samples per problem at temperature 1.0, top_p 0.7, the
 mean accuracy over all 960 samples (DAPO section 4.1). We sample n per prompt directly (verl repeats
-each row n times instead). Reported (``eval/`` metric names are what flows and plots rely on):
+each row n times instead). Each response's answer is read in ``eval.answer_format`` (the way the
+prompt asked for it) and judged by the reward's equivalence (exact integers, else Math-Verify);
+both are named in :attr:`EvalResult.scoring`. Reported (``eval/`` metric names are what flows and
+plots rely on):
 
 - ``eval/avg_at_k`` and its bootstrap 95% CI over problems (``eval/avg_at_k_ci_low/high``);
 - unbiased ``eval/pass_at_{k}`` for each configured k <= n;
-- ``eval/maj_at_k``: majority vote over the n samples (unparseable samples abstain);
+- ``eval/maj_at_k``: whether the most frequent extracted answer is correct (unparseable samples
+  abstain; answers vote by their text, so ``1/2`` and ``0.5`` are two votes);
 - ``eval/unparseable_frac``: samples with no extractable answer (scored wrong, never an error);
-- a per-problem table and a few sample responses.
+- a per-problem table (with what was extracted) and a few sample responses.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,11 +25,10 @@ import numpy as np
 import pandas as pd
 from rich.progress import Progress
 
-from dapo_core.answers import parse_integer
 from dapo_core.config import Config
-from dapo_core.metrics import avg_at_k, bootstrap_ci, maj_at_k, majority_vote, mean_pass_at_k
+from dapo_core.metrics import avg_at_k, bootstrap_ci, majority_vote, mean_pass_at_k
 from dapo_core.problem import Problem
-from dapo_core.reward import score
+from dapo_core.reward import equivalence_name, score
 from tasks.rollout.generators import Generator, sample_problems
 
 
@@ -33,6 +37,7 @@ class EvalResult:
     metrics: dict[str, float]
     per_problem: pd.DataFrame
     samples: list[dict[str, object]]
+    scoring: dict[str, str]  # eval/answer_format and eval/equivalence: how answers were judged
 
 
 def evaluate_model(
@@ -98,18 +103,19 @@ def summarize(
     cfg: Config,
 ) -> EvalResult:
     """Scores, metrics, the per-problem table and samples from flat prompt-major samples."""
-    n = cfg.eval.n_samples
-    scores = [score(t, p.answer) for t, p in zip(texts, np.repeat(problems, n), strict=True)]
+    n, answer_format = cfg.eval.n_samples, cfg.eval.answer_format
+    truths = np.repeat([p.answer for p in problems], n)
+    scores = [score(t, truth, answer_format) for t, truth in zip(texts, truths, strict=True)]
     correct = np.array([s.acc for s in scores], dtype=bool).reshape(len(problems), n)
     preds = [[s.pred for s in scores[i * n : (i + 1) * n]] for i in range(len(problems))]
-    answers = [_canonical(p.answer) for p in problems]
     per_problem_acc = correct.mean(axis=1)
+    majority_correct = [_majority_correct(p, c) for p, c in zip(preds, correct, strict=True)]
     low, high = bootstrap_ci(per_problem_acc, cfg.eval.bootstrap_samples, seed=cfg.eval.seed)
     metrics = {
         "eval/avg_at_k": avg_at_k(correct),
         "eval/avg_at_k_ci_low": low,
         "eval/avg_at_k_ci_high": high,
-        "eval/maj_at_k": maj_at_k(preds, answers, n),
+        "eval/maj_at_k": float(np.mean(majority_correct)),
         "eval/unparseable_frac": float(np.mean([s.pred is None for s in scores])),
         "eval/response_len_mean": float(np.mean(lengths)),
         "eval/truncated_frac": float(1 - np.mean(finished)),
@@ -127,6 +133,8 @@ def summarize(
             "answer": [p.answer for p in problems],
             "accuracy": per_problem_acc,
             "majority_answer": [majority_vote(row) for row in preds],
+            "majority_correct": majority_correct,
+            "extracted": [extracted_summary(row) for row in preds],
             "mean_response_len": length_arr.mean(axis=1),
             "truncated_frac": 1 - finished_arr.mean(axis=1),
         }
@@ -136,14 +144,31 @@ def summarize(
             "problem_id": p.id,
             "answer": p.answer,
             "response": texts[i * n],
+            "extracted": preds[i][0],
             "correct": bool(correct[i, 0]),
         }
         for i, p in enumerate(problems[:8])
     ]
-    return EvalResult(metrics, per_problem, samples)
+    scoring = {"eval/answer_format": answer_format, "eval/equivalence": equivalence_name()}
+    return EvalResult(metrics, per_problem, samples, scoring)
 
 
-def _canonical(answer: str) -> str:
-    """The ground truth in the form ``Score.pred`` uses for integers (``023`` -> ``23``)."""
-    value = parse_integer(answer)
-    return str(value) if value is not None else answer
+def _majority_correct(preds: list[str | None], correct: np.ndarray) -> bool:
+    """maj@n of one problem: the most frequent answer, judged as its samples were judged (so a
+    majority ``0.5`` against the ground truth ``\\frac{1}{2}`` counts; a text comparison with the
+    ground truth would not)."""
+    vote = majority_vote(preds)
+    return vote is not None and bool(correct[preds.index(vote)])
+
+
+# Answers listed per problem in the per-problem table; the rest are summed up as "others".
+_EXTRACTED_SHOWN = 5
+
+
+def extracted_summary(preds: list[str | None]) -> str:
+    """What was extracted from a problem's samples, most frequent first, with counts:
+    ``540 (5); 541 (2); no answer (1)`` (at most five answers, then the count of the others)."""
+    counts = Counter("no answer" if p is None else p for p in preds).most_common()
+    shown = [f"{answer} ({count})" for answer, count in counts[:_EXTRACTED_SHOWN]]
+    others = sum(count for _, count in counts[_EXTRACTED_SHOWN:])
+    return "; ".join(shown + ([f"others ({others})"] if others else []))

@@ -28,6 +28,7 @@ class EvalSummary:
     per_problem: Any  # pandas DataFrame
     wall_time_s: float
     mlflow_run_id: str | None
+    scoring: dict[str, str]  # eval/answer_format, eval/equivalence: how answers were judged
 
 
 @stage_task("evaluate", retries=1, retry_delay_seconds=2)
@@ -63,6 +64,8 @@ def evaluate_task(
                 "eval.set": name,
                 "eval.model": model_tag,
                 "data.eval_digest": pairs_digest(zip(pp["problem_id"], pp["answer"], strict=True)),
+                "eval.answer_format": result.scoring["eval/answer_format"],
+                "eval.equivalence": result.scoring["eval/equivalence"],
                 **(extra_tags or {}),
             }
         )
@@ -76,12 +79,18 @@ def evaluate_task(
         tracker.log_figure(figure, "plots/eval_curve.png")
     m = result.metrics
     log.info(
-        "evaluate: %s avg@%d %.4f (95%% CI %.4f-%.4f) in %.1fs",
+        "evaluate: %s (%d problems) avg@%d %.4f (95%% CI %.4f-%.4f) in %.1fs; answers read as %s, "
+        "judged by %s",
         name,
+        len(result.per_problem),
         cfg.eval.n_samples,
         m["eval/avg_at_k"],
         m["eval/avg_at_k_ci_low"],
         m["eval/avg_at_k_ci_high"],
         wall,
+        result.scoring["eval/answer_format"],
+        result.scoring["eval/equivalence"],
     )
-    return EvalSummary(name, result.metrics, result.per_problem, wall, tracker.run_id)
+    return EvalSummary(
+        name, result.metrics, result.per_problem, wall, tracker.run_id, result.scoring
+    )

@@ -1,17 +1,37 @@
-"""Evaluation metrics from samples, determinism, and a model that emits garbage."""
+"""Evaluation metrics from samples, determinism, a model that emits garbage, answer formats, and
+published benchmarks evaluated as published (../shared/data, skipped when absent)."""
+
+import json
+import typing
+from pathlib import Path
 
 import pytest
 
-from dapo_core.config_loader import resolve
+from dapo_core.answers import canonical_integer
+from dapo_core.config import EvalConfig
+from dapo_core.config_loader import from_dict, resolve
 from dapo_core.problem import Problem
+from dapo_core.reward import ANSWER_FORMATS, equivalence_name
 from tasks.evaluation.evaluate import evaluate_policy, summarize
 from tasks.models.loading import load_policy
 from tasks.models.resolve import resolve_model_path
 from tasks.rollout.generators import HFGenerator, Rollouts
 
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"  # ../shared/data
+PUBLISHED = {
+    # name: (file, problems as published)
+    "aime-2024": (DATA / "aime-2024" / "aime-2024.parquet", 30),
+    "aime-2024-qwen": (DATA / "aime-2024" / "test.jsonl", 30),
+    "aime-2025": (DATA / "aime-2025" / "test.jsonl", 30),
+    "math-500": (DATA / "math-500" / "test.jsonl", 500),
+}
 
-def _cfg(tiny_cfg, n):
-    return resolve(tiny_cfg.to_dict(), overrides=[f"eval.n_samples={n}", "eval.pass_ks=[1,2,4,32]"])
+
+def _cfg(tiny_cfg, n, *overrides):
+    return resolve(
+        tiny_cfg.to_dict(),
+        overrides=[f"eval.n_samples={n}", "eval.pass_ks=[1,2,4,32]", *overrides],
+    )
 
 
 def _problems():
@@ -46,11 +66,23 @@ def test_summarize_hand_computed(tiny_cfg):
         "answer",
         "accuracy",
         "majority_answer",
+        "majority_correct",
+        "extracted",
         "mean_response_len",
         "truncated_frac",
     ]
     assert table["accuracy"].tolist() == [0.5, 0.25]
     assert table["majority_answer"].tolist() == ["2", "5"]
+    assert table["majority_correct"].tolist() == [True, False]
+    assert table["extracted"].tolist() == [
+        "2 (2); 3 (1); no answer (1)",
+        "5 (2); 4 (1); no answer (1)",
+    ]
+    assert [s["extracted"] for s in r.samples] == ["2", "5"]
+    assert r.scoring == {
+        "eval/answer_format": "dapo",
+        "eval/equivalence": equivalence_name(),
+    }
 
 
 class GarbageGenerator:
@@ -87,3 +119,101 @@ def test_deterministic_for_a_seed(tiny_cfg):
 def test_empty_eval_set_is_an_error(tiny_cfg):
     with pytest.raises(ValueError, match="empty"):
         evaluate_policy(GarbageGenerator(), None, [], _cfg(tiny_cfg, 2), progress=False)
+
+
+# --- answer formats and equivalence beyond integers -------------------------------------------
+
+
+def _half():
+    return [Problem("h", "1/2?", "\\frac{1}{2}", "1/2?", "t")]
+
+
+def test_non_integer_ground_truth_and_majority_by_equivalence(tiny_cfg):
+    texts = ["Answer: 0.5", "Answer: 1/2", "Answer: 0.5", "Answer: 0.25"]
+    r = summarize(_half(), texts, [3] * 4, [True] * 4, _cfg(tiny_cfg, 4))
+    assert r.metrics["eval/avg_at_k"] == 0.75
+    # the majority "0.5" is not the text of the ground truth, but it is equivalent to it
+    assert r.metrics["eval/maj_at_k"] == 1.0
+    assert r.per_problem["extracted"].tolist() == ["0.5 (2); 1/2 (1); 0.25 (1)"]
+
+
+@pytest.mark.parametrize(
+    ("answer_format", "correct"),
+    [
+        ("dapo", [1, 1, 0, 0]),  # the Answer line, else the last box
+        ("boxed", [0, 1, 0, 1]),
+        ("minerva", [0, 0, 1, 0]),
+        ("auto", [1, 1, 1, 1]),  # whichever marker comes last
+    ],
+)
+def test_answer_format_decides_what_is_read(tiny_cfg, answer_format, correct):
+    texts = [
+        "Answer: 0.5",  # DAPO's prompt
+        "So it is $\\boxed{\\frac{1}{2}}$.",  # "put your final answer within \\boxed{}"
+        "Final answer: below\nThe final answer is $0.5$. I hope it is correct.",  # Minerva
+        "Answer: 0.2\nCorrection: $\\boxed{0.5}$",  # a later box corrects the Answer line
+    ]
+    problems = [Problem(f"h{i}", "1/2?", "\\frac{1}{2}", "1/2?", "t") for i in range(4)]
+    cfg = _cfg(tiny_cfg, 1, f"eval.answer_format={answer_format}")
+    r = summarize(problems, texts, [3] * 4, [True] * 4, cfg)
+    assert r.per_problem["accuracy"].tolist() == correct
+    assert r.scoring["eval/answer_format"] == answer_format
+
+
+def test_config_answer_formats_are_the_rewards():
+    hint = typing.get_type_hints(EvalConfig)["answer_format"]
+    assert typing.get_args(hint) == ANSWER_FORMATS
+
+
+def test_config_logged_before_answer_format_loads_with_dapo(tiny_cfg):
+    raw = tiny_cfg.to_dict()
+    del raw["eval"]["answer_format"]
+    assert from_dict(raw).eval.answer_format == "dapo"
+
+
+# --- published benchmarks, evaluated as published ------------------------------------------------
+
+
+def _published(name):
+    path, _ = PUBLISHED[name]
+    return pytest.param(
+        name,
+        marks=pytest.mark.skipif(not path.exists(), reason=f"real data not here: {path}"),
+    )
+
+
+@pytest.mark.parametrize("name", [_published(n) for n in PUBLISHED])
+def test_published_benchmarks_keep_every_problem_and_answer(tiny_cfg, name):
+    from tasks.data.splits import eval_problems
+
+    path, count = PUBLISHED[name]
+    _, problems = eval_problems(tiny_cfg, str(path))
+    assert len(problems) == count
+    if path.suffix == ".jsonl":  # the publisher's answers; integer literals written canonically
+        kept = {p.problem: p.answer for p in problems}
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            published = canonical_integer(row["answer"]) or row["answer"]
+            assert kept[row["problem"].strip()] == published
+
+
+@pytest.mark.skipif(not PUBLISHED["math-500"][0].exists(), reason="real data not here")
+def test_math_500_is_judged_as_published(tiny_cfg):
+    """All 500 problems stay (78 of them had no integer form; 91 had their answer rewritten by
+    the training curation), and each published answer, written back in any of the formats,
+    is judged equivalent to itself."""
+    from tasks.data.splits import eval_problems
+
+    _, problems = eval_problems(tiny_cfg, str(PUBLISHED["math-500"][0]))
+    assert any(p.answer == "\\left( 3, \\frac{\\pi}{2} \\right)" for p in problems)
+    assert sum(not p.answer.lstrip("-").isdigit() for p in problems) >= 180
+    for answer_format, write in [
+        ("dapo", "Working.\nAnswer: {}"),
+        ("boxed", "So it is $\\boxed{{{}}}$."),
+        ("minerva", "Final Answer: The final answer is ${}$. I hope it is correct."),
+    ]:
+        cfg = _cfg(tiny_cfg, 1, f"eval.answer_format={answer_format}")
+        texts = [write.format(p.answer) for p in problems]
+        r = summarize(problems, texts, [1] * 500, [True] * 500, cfg)
+        assert r.metrics["eval/avg_at_k"] == 1.0, answer_format
+        assert r.metrics["eval/num_problems"] == 500.0

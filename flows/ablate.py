@@ -10,6 +10,11 @@ run nested under the sweep's parent run):
   flow run once more) and continues from its last checkpoint; a child that still fails is
   reported in the table and does not stop the others.
 
+A sweep that stops early (Ctrl-C, SIGTERM, or an error in this process) first cancels its
+unfinished flow runs on the pool, found by their ``sweep:<run name>`` tag: queued ones at once,
+running ones through their workers, which stop the processes; the flow run of the sweep itself
+ends CANCELLED and the command says in one line what it cancelled and how to resume.
+
 The parent gathers every child from MLflow as it finishes (so remote workers need only share the
 tracking server) and logs the ablation table (``tasks.evaluation.ablation``): avg@k with its CI per
 variant, each rung's paired difference to the one before, every mechanism's own signal, and the
@@ -21,18 +26,25 @@ from __future__ import annotations
 
 import io
 import re
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 from prefect import flow
+from prefect.exceptions import TerminationSignal
+from prefect.states import Cancelled
 
 from dapo_core.ablation import ABLATION_LADDER, apply_variant
 from dapo_core.ablation_stats import PROBES, SIGNALS, probe_steps, probed_switch, run_signals
 from dapo_core.config import Config, ConfigError
 from dapo_core.config_loader import from_dict, resolve
 from dapo_core.errors import PipelineError, TrainingInterrupted
+from flows.cluster import UNFINISHED, sweep_queue
 from flows.pipeline import default_run_name, load_config, run_dir_for
 from tasks.data.task import curate_task
 from tasks.evaluation.ablation import ablation_table, mechanism_table
@@ -48,6 +60,9 @@ SIGNAL_METRICS = sorted(
 CHILD_DEPLOYMENT = "ablate-run"
 POLL_S = 2.0
 MAX_SUBMISSIONS = 2  # a child whose flow run fails or crashes is submitted once more
+CANCEL_WAIT_S = 6.0
+"""How long a stopped sweep waits for its running children's workers to stop them (a worker
+checks every 3 s that the process it signalled has gone before it marks the run CANCELLED)."""
 
 
 def ordered_variants(variants: list[str] | None) -> list[str]:
@@ -130,7 +145,12 @@ def ablate_flow(
     pool: str | None = None,
 ) -> pd.DataFrame:
     """Train and evaluate each Table 1 variant (cumulative switches) for each seed; with
-    ``pool``, as flow runs of the ``ablate-run`` deployment on that work pool."""
+    ``pool``, as flow runs of the ``ablate-run`` deployment on that work pool.
+
+    Interrupted (Ctrl-C, SIGTERM), the flow run ends CANCELLED and the call raises
+    TrainingInterrupted, whose message says what was cancelled and how to resume; the parent
+    MLflow run ends KILLED. Returning the state rather than raising keeps Prefect from logging the
+    interruption as an error with its call stack."""
     from tasks.tracking.provenance import run_tags
     from tasks.tracking.tracker import Tracker
 
@@ -155,27 +175,38 @@ def ablate_flow(
         name,
         run_tags(cfg, "ablate", variant="ladder", variants=",".join(names), seeds=seeds),
     )
-    parent.log_params(
-        {"ablate.variants": ",".join(names), "ablate.seeds": ",".join(map(str, seeds))}
-    )
     results: list[dict[str, Any]] = []
-    run = _on_pool if pool else _in_process
+    runs = (
+        _on_pool(children, parent.run_id, eval_set, pool, name)
+        if pool
+        else _in_process(children, parent.run_id, eval_set, progress)
+    )
     try:
-        for child, status in run(children, parent.run_id, eval_set, progress, pool):
-            res = _result(cfg, parent.run_id, child, status)
-            results.append(res)
-            done = f"{len(results)}/{len(children)}"
-            if res["status"] == "ok":
-                key = f"avg_at_k/{slug(child.variant)}/seed{child.seed}"
-                parent.log_metrics({key: res["avg_at_k"]}, 0)
-                log.info("ablate: %s %s: avg@k %.4f", done, child.label, res["avg_at_k"])
-            else:
-                log.error("ablate: %s %s %s", done, child.label, res["status"])
-    except (KeyboardInterrupt, TrainingInterrupted):  # Ctrl-C stops the sweep
-        parent.end("KILLED")
-        raise
-    except BaseException:
-        parent.end("FAILED")
+        parent.log_params(
+            {"ablate.variants": ",".join(names), "ablate.seeds": ",".join(map(str, seeds))}
+        )
+        with closing(runs):  # its client is closed before the clean-up below opens another
+            for child, status in runs:
+                res = _result(cfg, parent.run_id, child, status)
+                results.append(res)
+                done = f"{len(results)}/{len(children)}"
+                if res["status"] == "ok":
+                    key = f"avg_at_k/{slug(child.variant)}/seed{child.seed}"
+                    parent.log_metrics({key: res["avg_at_k"]}, 0)
+                    log.info("ablate: %s %s: avg@k %.4f", done, child.label, res["avg_at_k"])
+                else:
+                    log.error("ablate: %s %s %s", done, child.label, res["status"])
+    except (KeyboardInterrupt, TerminationSignal, TrainingInterrupted) as e:  # Ctrl-C, SIGTERM
+        with deferred_signals():  # a second Ctrl-C would leave the runs queued
+            cancelled = stop_runs(name, pool) if pool else None
+            parent.end("KILLED")
+        message = stopped_message(name, len(results), len(children), cancelled, e)
+        return Cancelled(message=message, data=TrainingInterrupted(message))
+    except BaseException as e:
+        with deferred_signals():
+            if pool and (cancelled := stop_runs(name, pool)):
+                log.error("ablate: sweep %s failed (%s); %s", name, e, describe(cancelled))
+            parent.end("FAILED")
         raise
     table = log_tables(parent, results, cfg, root)
     failed = [f"{r['variant']} seed {r['seed']}" for r in results if r["status"] != "ok"]
@@ -189,6 +220,49 @@ def ablate_flow(
     if failed:
         raise PipelineError(f"ablation variants failed: {', '.join(failed)} (see the table)")
     return table
+
+
+def stopped_message(
+    name: str, done: int, total: int, cancelled: tuple[int, int] | None, cause: BaseException
+) -> str:
+    """One line: what the stop left behind and how to go on."""
+    where = f"sweep {name} stopped with {done} of {total} runs finished"
+    if cancelled is not None:
+        where += f"; {describe(cancelled)}"
+    elif isinstance(cause, TrainingInterrupted):  # in process: the child says where it stopped
+        where += f"; {cause}"
+    return f"{where}; to resume, run the same command with --run-name {name}"
+
+
+def describe(cancelled: tuple[int, int]) -> str:
+    queued, running = cancelled
+    return f"cancelled its {queued} queued and {running} running flow runs"
+
+
+def stop_runs(name: str, pool: str) -> tuple[int, int] | None:
+    """``cancel_sweep``, or None (said in the log) where the server cannot be reached: the stop
+    goes on, and the sweep's outcome is not hidden behind this one. On a local cluster it does
+    not wait for the running runs: the cluster sees their processes end before it stops."""
+    try:
+        return cancel_sweep(name, wait_s=0.0 if sweep_queue(pool) else CANCEL_WAIT_S)
+    except Exception as e:  # noqa: BLE001 - a clean-up failure must not replace the cause
+        run_logger().warning("ablate: could not cancel the flow runs of sweep %s: %s", name, e)
+        return None
+
+
+@contextmanager
+def deferred_signals() -> Iterator[None]:
+    """Ignore Ctrl-C and SIGTERM for the few seconds a stopping sweep takes to cancel its runs:
+    cut short, it would leave them queued or running with no one to end them."""
+    if threading.current_thread() is not threading.main_thread():  # only it may set handlers
+        yield
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def children_view(parent_id: str | None) -> dict[str, Any]:
@@ -222,7 +296,7 @@ def _child_config(cfg: Config, variant: str, seed: int) -> Config:
     return apply_variant(resolve(cfg.to_dict(), overrides=overrides), variant)
 
 
-def _in_process(children: list[Child], parent_id, eval_set, progress, pool):
+def _in_process(children: list[Child], parent_id, eval_set, progress):
     """Each child as a flow run in this process, one after another: (child, status)."""
     for child in children:
         try:
@@ -258,13 +332,19 @@ def check_pool(pool: str) -> None:
             ) from None
 
 
-def _on_pool(children: list[Child], parent_id, eval_set, progress, pool):
+def sweep_tag(name: str) -> str:
+    """The tag on every flow run of sweep ``name``: what tells its runs apart on a shared pool,
+    and what finds them to cancel."""
+    return f"sweep:{name}"
+
+
+def _on_pool(children: list[Child], parent_id, eval_set, pool: str, sweep: str):
     """Submit every child to ``pool`` as a run of the ``ablate-run`` deployment, then yield
-    (child, status) as each finishes, in whatever order. Ctrl-C cancels the runs not finished."""
+    (child, status) as each finishes, in whatever order. On a local cluster the runs go to its
+    sweep's own queue (``flows.cluster``); every run is tagged with the sweep (``sweep_tag``)."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.deployments.runner import EntrypointType
-    from prefect.states import Cancelling
 
     deployment = ablate_run_flow.to_deployment(
         name=CHILD_DEPLOYMENT,
@@ -273,7 +353,11 @@ def _on_pool(children: list[Child], parent_id, eval_set, progress, pool):
         description="One (variant, seed) of an ablation sweep: train, then evaluate.",
     )
     deployment.apply(work_pool_name=pool)
-    run_logger().info("ablate: %d runs submitted to work pool %r", len(children), pool)
+    # A sweep of this name stopped without cleaning up (killed) may have left runs that would
+    # train into the same directories as ours: end them first.
+    if left := sum(cancel_sweep(sweep)):
+        run_logger().warning("ablate: cancelled %d runs left by an earlier %s", left, sweep)
+    queue = sweep_queue(pool)
 
     def submit(c: Child) -> Any:
         return run_deployment(
@@ -290,30 +374,68 @@ def _on_pool(children: list[Child], parent_id, eval_set, progress, pool):
             flow_run_name=c.label,
             timeout=0,  # submit, do not wait
             as_subflow=True,
+            tags=[sweep_tag(sweep)],
+            work_queue_name=queue,
         ).id
 
     pending = {submit(c): c for c in children}
+    where = f"work pool {pool!r}" + (f", queue {queue!r}" if queue else "")
+    run_logger().info("ablate: %d runs submitted to %s", len(children), where)
     attempts = dict.fromkeys((c.label for c in children), 1)
     with get_client(sync_client=True) as client:
-        try:
-            while pending:
-                for run_id in list(pending):
-                    state = client.read_flow_run(run_id).state
-                    if state is None or not state.is_final():
-                        continue
-                    child = pending.pop(run_id)
-                    if state.is_completed():
-                        yield child, "ok"
-                    elif attempts[child.label] < MAX_SUBMISSIONS:  # crashed or failed: again,
-                        attempts[child.label] += 1  # from the run's last checkpoint
-                        pending[submit(child)] = child
-                    else:
-                        yield child, f"failed: {state.name}: {state.message or ''}".strip(": ")
-                time.sleep(POLL_S if pending else 0)
-        except BaseException:
-            for run_id in pending:
-                client.set_flow_run_state(run_id, Cancelling(), force=True)
-            raise
+        while pending:
+            for run_id in list(pending):
+                state = client.read_flow_run(run_id).state
+                if state is None or not state.is_final():
+                    continue
+                child = pending.pop(run_id)
+                if state.is_completed():
+                    yield child, "ok"
+                elif attempts[child.label] < MAX_SUBMISSIONS:  # crashed or failed: again,
+                    attempts[child.label] += 1  # from the run's last checkpoint
+                    pending[submit(child)] = child
+                else:
+                    yield child, f"failed: {state.name}: {state.message or ''}".strip(": ")
+            time.sleep(POLL_S if pending else 0)
+
+
+def cancel_sweep(name: str, wait_s: float = CANCEL_WAIT_S) -> tuple[int, int]:
+    """Cancel the unfinished flow runs of sweep ``name``: (queued, running) counts. A queued run
+    is CANCELLED at once (the server does so for a run no worker has started); a running one is
+    set CANCELLING, its worker stops the process and marks it CANCELLED, which this waits up to
+    ``wait_s`` for (a local cluster ends whatever is left once its workers are gone)."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelling
+
+    with get_client(sync_client=True) as client:
+        runs = sweep_runs(client, name)
+        queued = sum(1 for run in runs if run.state and run.state.is_scheduled())
+        for run in runs:
+            client.set_flow_run_state(run.id, Cancelling(message=f"sweep {name} was stopped"))
+        deadline = time.monotonic() + wait_s
+        while len(runs) > queued and sweep_runs(client, name) and time.monotonic() < deadline:
+            time.sleep(0.5)
+    return queued, len(runs) - queued
+
+
+def sweep_runs(client: Any, name: str) -> list[Any]:
+    """The unfinished flow runs of sweep ``name`` (its tag) on this Prefect server."""
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterName,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        FlowRunFilterTags,
+    )
+
+    return client.read_flow_runs(
+        flow_run_filter=FlowRunFilter(
+            tags=FlowRunFilterTags(all_=[sweep_tag(name)]),
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=list(UNFINISHED))),
+        ),
+        deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[CHILD_DEPLOYMENT])),
+    )
 
 
 def gather(cfg: Config, parent_id: str | None, child: Child) -> dict[str, Any]:

@@ -262,9 +262,7 @@ def test_a_failed_child_is_reported_and_the_others_still_run(tiny_cfg, monkeypat
     children = [
         ablate.Child(v, s, tiny_cfg, f"/x/{v}/{s}") for v in ABLATION_LADDER for s in (0, 1)
     ]
-    statuses = {
-        (c.variant, c.seed): st for c, st in ablate._in_process(children, "p", None, False, None)
-    }
+    statuses = {(c.variant, c.seed): st for c, st in ablate._in_process(children, "p", None, False)}
     assert len(ran) == 12 and len(statuses) == 12  # every child ran, failed or not
     assert statuses[("+clip_higher", 1)] == "failed: OSError: disk full"
     assert all(st == "ok" for (v, _), st in statuses.items() if v != "+clip_higher")
@@ -274,7 +272,7 @@ def test_a_failed_child_is_reported_and_the_others_still_run(tiny_cfg, monkeypat
 
     monkeypatch.setattr(ablate, "ablate_run_flow", interrupted)
     with pytest.raises(TrainingInterrupted):  # Ctrl-C stops the sweep, not just one child
-        list(ablate._in_process(children, "p", None, False, None))
+        list(ablate._in_process(children, "p", None, False))
 
 
 def test_on_a_pool_a_crashed_child_is_submitted_once_more(tiny_cfg, monkeypatch):
@@ -292,6 +290,7 @@ def test_on_a_pool_a_crashed_child_is_submitted_once_more(tiny_cfg, monkeypatch)
     submitted = []
 
     def fake_run_deployment(name, parameters, flow_run_name, **kwargs):
+        assert kwargs["tags"] == ["sweep:sw"] and kwargs["work_queue_name"] is None  # own pool
         submitted.append(flow_run_name)
         return types.SimpleNamespace(id=f"{flow_run_name}#{submitted.count(flow_run_name)}")
 
@@ -315,6 +314,9 @@ def test_on_a_pool_a_crashed_child_is_submitted_once_more(tiny_cfg, monkeypatch)
         def read_work_pool(self, pool):
             return pool
 
+        def read_flow_runs(self, **filters):  # no runs left by an earlier attempt
+            return []
+
         def read_flow_run(self, run_id):
             label, attempt = run_id.split("#")
             return types.SimpleNamespace(state=State(outcomes[label][int(attempt) - 1]))
@@ -329,7 +331,7 @@ def test_on_a_pool_a_crashed_child_is_submitted_once_more(tiny_cfg, monkeypatch)
         ablate.Child(v, s, tiny_cfg, "/x")
         for v, s in (("grpo", 0), ("grpo", 1), ("+overlong_filtering", 0))
     ]
-    statuses = {c.label: st for c, st in ablate._on_pool(children, "p", None, False, "pool")}
+    statuses = {c.label: st for c, st in ablate._on_pool(children, "p", None, "pool", "sw")}
     assert statuses["grpo seed0"] == "ok" and statuses["+overlong_filtering seed0"] == "ok"
     assert statuses["grpo seed1"] == "failed: Failed: boom"
     assert sorted(submitted) == sorted([*outcomes] + ["grpo seed0", "grpo seed1"])  # 2 resubmits

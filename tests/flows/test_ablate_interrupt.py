@@ -1,0 +1,270 @@
+"""Stopping a ``dapo ablate --workers N`` sweep: its flow runs are cancelled while its server is
+up, nothing it started is left running, and the next sweep on the same Prefect home runs only its
+own runs (issue 30, item 3). Real processes, real signals, the tiny model."""
+
+import contextlib
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dapo_core.config_loader import resolve
+from tasks.tracking import store
+
+
+def _cli_env(tmp_path, uri):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), HF_HUB_OFFLINE="1")
+    env["MLFLOW_TRACKING_URI"] = uri
+    return env
+
+
+def _sweep(tmp_path, params, run_name, variants, seeds, uri, log):
+    """``dapo ablate --workers 2`` in its own session (as a shell runs a foreground job)."""
+    cmd = [
+        *(sys.executable, "-m", "flows.cli", "ablate", "--params", str(params)),
+        *("--variants", variants, "--seeds", seeds, "--workers", "2"),
+        *("--run-name", run_name, "--no-curate"),
+    ]
+    with log.open("w") as out:
+        return subprocess.Popen(
+            cmd,
+            env=_cli_env(tmp_path, uri),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _wait_for(what, predicate, proc, log, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    while not (found := predicate()):
+        assert proc.poll() is None, (
+            f"sweep exited ({proc.returncode}) before {what}:\n" + (log.read_text()[-3000:])
+        )
+        assert time.monotonic() < deadline, f"no {what} in {timeout_s}s:\n{log.read_text()[-3000:]}"
+        time.sleep(0.2)
+    return found
+
+
+def _flow_runs(home: Path) -> list[dict]:
+    """Every deployment flow run in the Prefect database (the server is stopped by then), with
+    whether it ever ran (a RUNNING state in its history)."""
+    with sqlite3.connect(f"file:{home / 'prefect.db'}?mode=ro", uri=True) as db:
+        rows = db.execute(
+            "select id, name, state_type, parameters, tags, exists(select 1 from flow_run_state "
+            "where flow_run_id = flow_run.id and type = 'RUNNING') "
+            "from flow_run where deployment_id is not null"
+        ).fetchall()
+    keys = ("id", "name", "state", "parameters", "tags", "ran")
+    runs = [dict(zip(keys, r, strict=True)) for r in rows]
+    for r in runs:
+        r["parameters"], r["tags"] = json.loads(r["parameters"]), json.loads(r["tags"])
+    return runs
+
+
+def _processes_of(home: Path) -> dict[int, str]:
+    """The live processes whose environment names this Prefect home (pid: command line): the
+    server, the workers and the flow runs they started all inherit it."""
+    marker = f"PREFECT_HOME={home}".encode()
+    found = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker in (proc / "environ").read_bytes().split(b"\0"):
+                found[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:  # gone meanwhile, or another user's
+            continue
+    return {pid: cmd.decode() for pid, cmd in found.items()}
+
+
+@pytest.fixture
+def leave_nothing_running(tmp_path):
+    """Whatever the test asserts, end every process a sweep of this test left behind."""
+    yield
+    for pid in _processes_of(tmp_path / "prefect"):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _submit_foreign_run(url: str, like: dict, run_dir: str) -> str:
+    """A run of the ``ablate-run`` deployment on the pool's default queue, as an older sweep
+    (or one whose clean-up never ran) would have left: no sweep of ours may execute it."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: url}), get_client(sync_client=True) as c:
+        deployment = c.read_deployment_by_name("ablate-run/ablate-run")
+        run = c.create_flow_run_from_deployment(
+            deployment.id,
+            parameters={**like, "run_dir": run_dir, "parent_run_id": None},
+            name="leftover seed0",
+            tags=["leftover"],
+        )
+    return str(run.id)
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_cancels_its_runs_and_the_next_runs_only_its_own(
+    flow_cfg, mlflow_uri, tmp_path, leave_nothing_running
+):
+    """Ctrl-C once a child trains: every run of the sweep ends CANCELLED, nothing it started is
+    left, one line says so; the next sweep on the same Prefect home runs its own runs only, not
+    even a run queued on the pool by someone else."""
+    home, runs = tmp_path / "prefect", tmp_path / "runs"
+    uri = mlflow_uri  # the session's store: a new one takes seconds to create
+    # Long enough that no child finishes before the signal; one seed, so no run builds a model.
+    long = [
+        *("train.steps=2000", "train.max_stalled_steps=0", "eval.every_n_steps=0"),
+        f"train.out_dir={runs}",
+    ]
+    cfg = resolve(flow_cfg.to_dict(), overrides=long)
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps(cfg.to_dict()))
+    four = "grpo,+overlong_filtering,+clip_higher,+overlong_shaping"  # 2 run, 2 wait
+
+    log1 = tmp_path / "sweep1.log"
+    first = _sweep(tmp_path, params, "sweep-one", four, "0", uri, log1)
+    url = _wait_for("server URL", lambda: _url(log1), first, log1, 150)
+    # a child has logged a training step (so its MLflow run exists)
+    steps = _wait_for(
+        "child training",
+        lambda: list(runs.glob("sweep-one/*/seed0/metrics.jsonl")),
+        first,
+        log1,
+        150,
+    )
+    (child,) = [r for r in _live_runs(url) if r.parameters["run_dir"] == str(steps[0].parent)]
+    foreign = _submit_foreign_run(url, child.parameters, str(tmp_path / "leftover"))
+    os.killpg(first.pid, signal.SIGINT)  # Ctrl-C in the sweep's terminal
+    cleanup_s, exit_s = _stop_times(first, home)
+    out = log1.read_text()
+    print(f"sweep one: SIGINT to all else gone {cleanup_s:.1f}s, to exit {exit_s:.1f}s")
+    assert first.returncode == 130, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("interrupted")]
+    assert "sweep sweep-one stopped" in line and "queued and 2 running" in line, line
+    assert "--run-name sweep-one" in line
+    # The sweep's server, workers and children's processes within ~10 s; the command's own exit
+    # adds the interpreter's clean-up (seconds of garbage collection on a busy machine).
+    assert cleanup_s < 12 and exit_s < 30, out[-3000:]
+    assert not _processes_of(home)
+
+    ours = [r for r in _flow_runs(home) if "sweep-one" in r["parameters"]["run_dir"]]
+    assert sorted(r["name"] for r in ours) == sorted(f"{v} seed0" for v in four.split(","))
+    assert all("sweep:sweep-one" in r["tags"] for r in ours)
+    assert {r["state"] for r in ours} == {"CANCELLED"}, [(r["name"], r["state"]) for r in ours]
+    assert sum(r["ran"] for r in ours) == 2  # stopped while running; the others never ran
+    assert _parent_flow_run_states(home) == ["CANCELLED"]
+    parent = [r for r in store.search_runs(cfg, "ablate", uri=uri) if r["name"] == "sweep-one"]
+    assert [p["status"] for p in parent] == ["KILLED"]
+    children = store.search_runs(
+        cfg, "ablate", f"tags.mlflow.parentRunId = '{parent[0]['run_id']}'", uri=uri
+    )
+    assert children and all(c["status"] == "KILLED" for c in children)
+
+    # The next sweep on the same Prefect home, with the leftover still on the pool's default queue
+    params.write_text(json.dumps(resolve(cfg.to_dict(), overrides=["train.steps=1"]).to_dict()))
+    log2 = tmp_path / "sweep2.log"
+    second = _sweep(tmp_path, params, "sweep-two", "grpo,+overlong_filtering", "0", uri, log2)
+    assert second.wait(timeout=300) == 0, log2.read_text()[-3000:]
+    assert not _processes_of(home)
+    after = {r["id"]: r for r in _flow_runs(home)}
+    ran = [r for r in after.values() if r["ran"] and r["id"] not in {o["id"] for o in ours}]
+    assert sorted(r["name"] for r in ran) == ["+overlong_filtering seed0", "grpo seed0"]
+    for r in ran:
+        assert r["state"] == "COMPLETED" and "sweep:sweep-two" in r["tags"]
+        assert Path(r["parameters"]["run_dir"]).parent.parent.name == "sweep-two"
+    assert after[foreign]["state"] == "SCHEDULED" and not after[foreign]["ran"]
+    assert not (tmp_path / "leftover").exists()
+    assert all(after[r["id"]]["state"] == r["state"] for r in ours)  # sweep one's runs untouched
+
+
+def _url(log: Path) -> str | None:
+    """The API of the sweep's local server, once the command has said where it is."""
+    found = re.search(r"flow runs at (http://\S+)", log.read_text())
+    return found and f"{found[1]}/api"
+
+
+def _stop_times(proc: subprocess.Popen, home: Path) -> tuple[float, float]:
+    """Seconds from now until every other process of the sweep is gone, and until it exits."""
+    t0 = time.monotonic()
+    cleanup_s = None
+    while proc.poll() is None and time.monotonic() - t0 < 60:
+        if cleanup_s is None and set(_processes_of(home)) <= {proc.pid}:
+            cleanup_s = time.monotonic() - t0
+        time.sleep(0.1)
+    exit_s = time.monotonic() - t0
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    return (exit_s if cleanup_s is None else cleanup_s), exit_s
+
+
+def _parent_flow_run_states(home: Path) -> list[str]:
+    with sqlite3.connect(f"file:{home / 'prefect.db'}?mode=ro", uri=True) as db:
+        rows = db.execute(
+            "select flow_run.state_type from flow_run join flow on flow.id = flow_run.flow_id "
+            "where flow.name = 'ablate'"
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+def _live_runs(url: str) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: url}), get_client(sync_client=True) as c:
+        return [r for r in c.read_flow_runs() if r.deployment_id]
+
+
+class _Run:
+    def __init__(self, i, state):
+        from prefect.states import Cancelled, Cancelling, Running, Scheduled
+
+        self.id = f"run-{i}"
+        self.state = {"Scheduled": Scheduled, "Running": Running}[state]()
+        self.transitions = {"Scheduled": Cancelled, "Running": Cancelling}[state]
+
+
+def test_cancel_sweep_ends_queued_runs_and_asks_running_ones_to_stop(monkeypatch):
+    """The server ends a queued run at once (CANCELLED) and a running one through its worker
+    (CANCELLING, then CANCELLED): the counts say which, and the wait ends when none is left."""
+    import prefect.client.orchestration
+    from prefect.states import Cancelled
+
+    from flows import ablate
+
+    runs = {r.id: r for r in (_Run(0, "Scheduled"), _Run(1, "Scheduled"), _Run(2, "Running"))}
+    proposed, filters = [], []
+
+    class Client:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read_flow_runs(self, **kw):
+            filters.append(kw)
+            found = [r for r in runs.values() if not r.state.is_final()]
+            for r in found:  # the worker has stopped a CANCELLING run by the next look
+                if r.state.is_cancelling():
+                    r.state = Cancelled()
+            return found
+
+        def set_flow_run_state(self, run_id, state, force=False):
+            proposed.append((run_id, state.type.value, force))
+            runs[run_id].state = runs[run_id].transitions()  # the worker stops the running one
+
+    monkeypatch.setattr(prefect.client.orchestration, "get_client", lambda **kw: Client())
+    assert ablate.cancel_sweep("sw", wait_s=30) == (2, 1)
+    assert sorted(proposed) == sorted((r, "CANCELLING", False) for r in runs)  # not forced
+    assert filters[0]["flow_run_filter"].tags.all_ == ["sweep:sw"]  # this sweep's runs only
+    assert filters[0]["deployment_filter"].name.any_ == ["ablate-run"]
+    assert len(filters) == 3  # one look to find them, then until the running one has ended

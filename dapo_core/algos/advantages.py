@@ -89,12 +89,14 @@ def broadcast(per_seq: Tensor, mask: Tensor) -> Tensor:
     return masked(per_seq.reshape(-1, 1).expand(mask.shape), mask)
 
 
-def token_rewards(inp: AdvantageInput, seq_rewards: Tensor) -> Tensor:
-    """(N, T) r_t: R_i on the last valid token of row i, plus the per-token rewards."""
+def token_rewards(inp: AdvantageInput, last_token: Tensor) -> Tensor:
+    """(N, T) r_t: ``last_token`` (P, G) on the last valid token of each row, plus the per-token
+    rewards. ``last_token`` is the sequence reward alone (not ``sequence_rewards``, which
+    already holds the per-token rewards' sum)."""
     mask = inp.mask
     t = torch.arange(mask.shape[1], device=mask.device)
     last = torch.where(mask, t, -1).amax(dim=1)  # (N,); -1 for an empty row
-    r = torch.where(t == last[:, None], seq_rewards.reshape(-1, 1), 0.0)  # (N, T)
+    r = torch.where(t == last[:, None], last_token.reshape(-1, 1), 0.0)  # (N, T)
     if inp.token_rewards is not None:
         r = r + _float(inp.token_rewards)
     return masked(r, mask)
@@ -185,8 +187,8 @@ def rloo(inp: AdvantageInput, p: NoParams) -> tuple[Advantages, Metrics]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _reinforce_pp(inp: AdvantageInput, rewards: Tensor, gamma: float):
-    returns = discounted_returns(token_rewards(inp, rewards), inp.mask, gamma)  # (N, T)
+def _reinforce_pp(inp: AdvantageInput, last_token: Tensor, gamma: float):
+    returns = discounted_returns(token_rewards(inp, last_token), inp.mask, gamma)  # (N, T)
     adv = whiten(returns, inp.mask)
     return Advantages(adv, returns), _metrics(adv, returns, inp.mask)
 
@@ -195,17 +197,18 @@ def _reinforce_pp(inp: AdvantageInput, rewards: Tensor, gamma: float):
 def reinforce_pp(inp: AdvantageInput, p: ReturnParams) -> tuple[Advantages, Metrics]:
     """G_t = r_t + gamma G_{t+1} (R on the last valid token), A = whiten(G) over the batch's
     valid tokens. Source: Hu 2025 (REINFORCE++); verl ``reinforce_plus_plus``."""
-    return _reinforce_pp(inp, sequence_rewards(inp), p.gamma)
+    return _reinforce_pp(inp, _float(inp.rewards), p.gamma)
 
 
 @ADVANTAGES.register("reinforce_pp_baseline", BaselineReturnParams)
 def reinforce_pp_baseline(
     inp: AdvantageInput, p: BaselineReturnParams
 ) -> tuple[Advantages, Metrics]:
-    """As ``reinforce_pp`` on R_i - mean(R) (the group mean as baseline), then whitened over
-    the batch. Source: Hu 2025; verl ``reinforce_plus_plus_baseline`` (which has gamma = 1)."""
-    rewards = sequence_rewards(inp)
-    return _reinforce_pp(inp, rewards - rewards.mean(dim=1, keepdim=True), p.gamma)
+    """As ``reinforce_pp`` with the group mean of R subtracted from the sequence reward first,
+    then whitened over the batch (R includes the per-token rewards' sum, as verl's score does).
+    Source: Hu 2025; verl ``reinforce_plus_plus_baseline`` (which has gamma = 1)."""
+    baseline = sequence_rewards(inp).mean(dim=1, keepdim=True)  # (P, 1)
+    return _reinforce_pp(inp, _float(inp.rewards) - baseline, p.gamma)
 
 
 def gae_advantages(
@@ -238,7 +241,7 @@ def gae(inp: AdvantageInput, p: GaeParams) -> tuple[Advantages, Metrics]:
     if inp.values is None:
         raise ConfigError(f"{p.entry}: needs critic values (AdvantageInput.values), got None")
     values = masked(_float(inp.values).detach(), inp.mask)
-    r = token_rewards(inp, sequence_rewards(inp))
+    r = token_rewards(inp, _float(inp.rewards))
     adv, returns = gae_advantages(r, values, inp.mask, p.gamma, p.lam)
     if p.whiten:
         adv = whiten(adv, inp.mask)

@@ -49,14 +49,16 @@ def _sums(loss_t: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
 
 @AGGREGATIONS.register("token_mean", NoParams)
 def token_mean(loss_t: Tensor, mask: Tensor, p: NoParams) -> tuple[Tensor, Tensor]:
-    """DAPO Eq. 12: numerator sum_i sum_t l_it, count = number of valid tokens."""
+    """Token-level: numerator sum_i sum_t l_it, count = number of valid tokens.
+    Source: DAPO section 3.3, Eq. 12."""
     seq_sum, lengths = _sums(loss_t, mask)
     return seq_sum.sum(), lengths.sum()
 
 
 @AGGREGATIONS.register("seq_mean_token_mean", NoParams)
 def seq_mean_token_mean(loss_t: Tensor, mask: Tensor, p: NoParams) -> tuple[Tensor, Tensor]:
-    """GRPO: numerator sum_i mean_t l_it over non-empty rows, count = number of non-empty rows."""
+    """Sample-level: numerator sum_i mean_t l_it over non-empty rows, count = number of
+    non-empty rows. Source: GRPO (Shao et al. 2024, Eq. 3); verl ``seq-mean-token-mean``."""
     seq_sum, lengths = _sums(loss_t, mask)
     seq_mean = seq_sum / lengths.clamp(min=1)  # (B,); an empty row's sum is 0
     return seq_mean.sum(), (lengths > 0).sum().to(loss_t.dtype)

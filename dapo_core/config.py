@@ -110,8 +110,7 @@ class TinyModelConfig:
     """Examples per supervised step."""
     seed: int
     """Seed of the build (initial weights, warm-start batches), not of RL: runs with other
-    ``train.seed`` share the model. ``dapo ablate`` builds one model per seed (its own directory)
-    so that a sweep's confidence intervals cover the warm start's randomness too."""
+    ``train.seed`` share the model, whichever of them builds it."""
 
 
 @dataclass(frozen=True)

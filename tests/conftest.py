@@ -21,7 +21,6 @@ TINY_OVERRIDES = [
     "tiny.num_kv_heads=1",
     "tiny.warm_start_steps=30",
     "tiny.warm_start_batch=16",
-    "tiny.warm_start_lr=0.006",
     "rollout.group_size=4",
     "rollout.max_response_len=6",
     "algo.cache_len=2",

@@ -10,7 +10,6 @@ learned here would inflate every later score on it.
 
 from __future__ import annotations
 
-import math
 import random
 import sys
 from pathlib import Path
@@ -51,18 +50,6 @@ def sft_batch(tokenizer, problems: list[Problem]) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": attn, "labels": lab}
 
 
-def warm_start_lr_scale(step: int, steps: int) -> float:
-    """The learning rate's multiplier at ``step`` of ``steps``: a linear warmup over the first
-    5%, then a cosine decay to 0. At a constant rate the model the build ends with is wherever
-    the noisy last steps left it: its accuracy swung from 11% to 56% with the seed alone, so
-    rounding differences between machines gave different starting models (issue 30)."""
-    warmup = max(1, steps // 20)
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
 def warm_start(
     model_dir: Path, train: list[Problem], steps: int, lr: float, batch: int, seed: int
 ) -> list[float]:
@@ -75,7 +62,6 @@ def warm_start(
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: warm_start_lr_scale(step, steps))
     rng = random.Random(seed)
     torch.manual_seed(seed)
     losses = []
@@ -87,7 +73,6 @@ def warm_start(
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
-            schedule.step()
             losses.append(loss.item())
             progress.update(bar, advance=1, description=f"warm start loss {loss.item():.3f}")
     model.save_pretrained(model_dir)

@@ -16,7 +16,6 @@ import pytest
 
 from tasks.models import build
 from tasks.models.build import BUILD_RECORD, code_digest, dir_digest, ensure_built, is_built
-from tasks.models.warm_start import warm_start_lr_scale
 
 
 def _module(path: Path, source: str):
@@ -135,14 +134,3 @@ def test_dir_digest_reads_contents_and_says_when_it_does_not(tmp_path, monkeypat
     assert dir_digest(tmp_path) != first
     monkeypatch.setattr(build, "HASH_LIMIT_BYTES", 1)
     assert dir_digest(tmp_path).startswith("size:")
-
-
-def test_warm_start_schedule_warms_up_then_decays_to_zero():
-    steps = 100  # warmup 5 steps
-    assert warm_start_lr_scale(0, steps) == pytest.approx(0.2)
-    assert warm_start_lr_scale(4, steps) == pytest.approx(1.0)
-    assert warm_start_lr_scale(5, steps) == pytest.approx(1.0)  # cosine starts at its peak
-    assert warm_start_lr_scale(5 + 95 // 2, steps) == pytest.approx(0.5, abs=0.02)
-    assert warm_start_lr_scale(steps, steps) == pytest.approx(0.0)
-    after = [warm_start_lr_scale(s, steps) for s in range(5, steps + 1)]
-    assert all(a >= b for a, b in zip(after, after[1:], strict=False))

@@ -92,8 +92,9 @@ class Advantages:
     advantages: Tensor  # (N, T) what the policy loss weighs each token by
     returns: Tensor
     """(N, T) the regression target of a critic: A + V for gae (before whitening, as in verl);
-    the undiscounted/discounted return of the (shaped) reward for the other estimators. Only a
-    critic reads it; a critic-free trainer may ignore it."""
+    the discounted return G_t for reinforce_pp (of R - group mean for its baseline variant);
+    R on every valid token for the sequence-level estimators. Only a critic reads it; a
+    critic-free trainer may ignore it."""
 
 
 def masked(x: Tensor, mask: Tensor) -> Tensor:

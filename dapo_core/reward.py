@@ -51,6 +51,7 @@ import functools
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -383,13 +384,20 @@ def score(response: str, ground_truth: str, answer_format: AnswerFormat = "dapo"
 
 # --- equivalence beyond integers: Math-Verify, guarded ---------------------------------------
 
-# Wall-clock budget of one Math-Verify judgement (parsing both texts and comparing them).
+# Budget of one Math-Verify judgement (parsing both texts and comparing them), in CPU seconds of
+# the scoring thread, so that a busy machine does not turn a slow judgement into a wrong one: the
+# slowest of MATH-500's answers takes 0.16 s once Math-Verify is warm. Wall-clock time is capped
+# too, at _EQUIVALENCE_WALL_SECONDS.
 _EQUIVALENCE_SECONDS = 1.0
+_EQUIVALENCE_WALL_SECONDS = 10.0
 # Texts Math-Verify must not see: sympy would compute these in single C calls (a power tower,
 # the factorial or binomial of a huge number), which no deadline can interrupt.
 _POWER_TOWER_RE = re.compile(r"\^\s*(?:\{[^{}]*\^|\(?\s*[\d.]+\s*\)?\s*\^|\{?\s*[-+]?\s*\d{6})")
 _HUGE_FACTORIAL_RE = re.compile(r"\d{5}\s*\}?\s*\)?\s*!|binom\s*\{?\s*\d{5}|choose\s*\d{5}")
 _LATEX_DELIMITERS = ("$", "\\(", "\\[", "\\boxed")
+# Brackets nested deeper are refused: answers nest a few levels (\left( 3, \frac{\pi}{2} \right)
+# is 3), and each level multiplies the parser's work.
+_MAX_NESTING = 12
 # Judgements repeat (the n samples of a problem often agree): cache short ones.
 _EQUIVALENCE_CACHE: dict[tuple[str, str], bool] = {}
 _EQUIVALENCE_CACHE_MAX = 8192
@@ -423,7 +431,7 @@ def _judge(answer: str, ground_truth: str) -> bool:
     math_verify = _math_verify()  # imported outside the deadline: an import is never cut short
     if math_verify is None:
         return _verbatim(answer, ground_truth)
-    with _deadline(_EQUIVALENCE_SECONDS):
+    with _deadline(_EQUIVALENCE_SECONDS, _EQUIVALENCE_WALL_SECONDS):
         gold = _GOLD_CACHE.get(ground_truth)
         if gold is None:
             gold = math_verify.parse(_as_latex(ground_truth), parsing_timeout=None)
@@ -437,14 +445,27 @@ def _judge(answer: str, ground_truth: str) -> bool:
 
 
 def _refused(text: str) -> bool:
-    """Texts not given to Math-Verify: too long, too costly (see the patterns above), or cut
-    off (unbalanced braces: Math-Verify would read ``\\boxed{\\frac{1}{2}`` as 1/2)."""
+    """Texts not given to Math-Verify: too long, too deep, too costly (see the patterns above),
+    or cut off (unbalanced braces: Math-Verify would read ``\\boxed{\\frac{1}{2}`` as 1/2)."""
     return (
         len(text) > MAX_CHARS
+        or _nesting(text) > _MAX_NESTING
         or _POWER_TOWER_RE.search(text) is not None
         or _HUGE_FACTORIAL_RE.search(text) is not None
         or not balanced_braces(text)
     )
+
+
+def _nesting(text: str) -> int:
+    """The deepest nesting of brackets of any kind in ``text``."""
+    depth = deepest = 0
+    for char in text:
+        if char in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in ")]}":
+            depth -= 1
+    return deepest
 
 
 def _as_latex(text: str) -> str:
@@ -473,8 +494,16 @@ def _math_verify() -> Any:
             # process, which is noise, not news.
             for name in ("math_verify.parser", "math_verify.grader"):
                 logging.getLogger(name).addFilter(_NoTimeoutNotice())
+            _warm_up(math_verify)
         _MATH_VERIFY.append(math_verify)
     return _MATH_VERIFY[0]
+
+
+def _warm_up(math_verify: Any) -> None:
+    """One judgement outside any deadline: the first builds the LaTeX parser (~0.5 s of CPU),
+    a one-off cost that must not count against the first answer judged."""
+    gold = math_verify.parse("$\\frac{1}{2}$", parsing_timeout=None)
+    math_verify.verify(gold, math_verify.parse("$0.5$", parsing_timeout=None), timeout_seconds=None)
 
 
 class _NoTimeoutNotice(logging.Filter):
@@ -506,35 +535,66 @@ class _Overtime(BaseException):
 
 
 @contextmanager
-def _deadline(seconds: float) -> Iterator[None]:
-    """Raise :class:`_Overtime` in this thread if the block runs longer than ``seconds``.
+def _deadline(cpu_seconds: float, wall_seconds: float) -> Iterator[None]:
+    """Raise :class:`_Overtime` in this thread once the block has used ``cpu_seconds`` of this
+    thread's CPU time, or ``wall_seconds`` have passed.
 
     A timer thread raises it asynchronously in the calling thread (``PyThreadState_SetAsyncExc``),
     which takes effect between two bytecodes, as a signal handler would; unlike
     ``signal.alarm`` (Math-Verify's own timeout) it works off the main thread and leaves the
-    process's alarm alone. A long single C call finishes first: the guards keep those out.
+    process's alarm alone. It fires once: an exception raised inside a garbage-collector callback
+    is swallowed there, and the block then runs to its end. A long single C call finishes
+    first: the guards keep those out. Without a per-thread CPU clock (outside Linux and the
+    BSDs) the budget is wall-clock time.
     """
     thread_id = threading.get_ident()
+    cpu_clock = _thread_cpu_clock(thread_id)
+    cpu_start = time.clock_gettime(cpu_clock) if cpu_clock is not None else 0.0
+    wall_end = time.monotonic() + wall_seconds
     lock = threading.Lock()
-    state = {"open": True, "fired": False}
+    state: dict[str, Any] = {"open": True, "fired": False, "timer": None}
 
-    def expire() -> None:
+    def check() -> None:
+        """Fire if the budget is spent; otherwise check again when it could be."""
         with lock:
-            if state["open"]:
-                state["fired"] = True
-                _raise_in_thread(thread_id, _Overtime)
+            if not state["open"]:
+                return
+            left = wall_end - time.monotonic()
+            if cpu_clock is not None:
+                try:
+                    left = min(left, cpu_seconds - (time.clock_gettime(cpu_clock) - cpu_start))
+                except OSError:  # the thread is gone: nothing to interrupt
+                    return
+            if left > 0:
+                arm(left)
+                return
+            state["fired"] = True
+            _raise_in_thread(thread_id, _Overtime)
 
-    timer = threading.Timer(seconds, expire)
-    timer.daemon = True
-    timer.start()
+    def arm(delay: float) -> None:
+        timer = threading.Timer(delay, check)
+        timer.daemon = True
+        state["timer"] = timer
+        timer.start()
+
+    with lock:
+        arm(min(cpu_seconds, wall_seconds))
     try:
         yield
     finally:
-        timer.cancel()
         with lock:
             state["open"] = False
+            state["timer"].cancel()
             if state["fired"]:
                 _raise_in_thread(thread_id, None)  # withdraw it if it has not been raised yet
+
+
+def _thread_cpu_clock(thread_id: int) -> int | None:
+    """The CPU-time clock of thread ``thread_id`` (readable from any thread), if there is one."""
+    try:
+        return time.pthread_getcpuclockid(thread_id)
+    except (AttributeError, OSError):
+        return None
 
 
 def _raise_in_thread(thread_id: int, exception: type[BaseException] | None) -> None:

@@ -23,8 +23,8 @@ Rules implemented here:
   - ``auto`` (a prompt of unknown style): whichever of those three markers comes last in the
     response; with none, a response that is one short line is itself the answer.
 
-  A Minerva sentence inside an Answer line (``Final Answer: The final answer is $100$. I hope
-  it is correct.``) is read as its value in every format.
+  A Minerva sentence on an Answer line (``Final Answer: The final answer is $100$. I hope it
+  is correct.``) is read as its value (``$100$``) wherever Answer lines are read.
 * Equivalence. A ground truth that is an integer is compared as an exact Python int with the
   integer the answer denotes (``dapo_core.answers.parse_integer``): equivalent spellings count
   (``023``, ``1,000``, ``32,\\! 349``, ``$540$``, ``540 degrees``, ``x = 540``, ``x \\approx
@@ -35,9 +35,10 @@ Rules implemented here:
   = ``\\frac13``, ``.4`` = ``0.4``, ``\\frac{1}{3}\\text{ meters}`` and ``k = \\frac{1}{3}`` =
   ``\\frac{1}{3}``; a ground truth it cannot read is matched verbatim, modulo blanks.
 * Cost is bounded: only the tail of very long responses is scanned; answer texts, integers and
-  the exact arithmetic are size-limited; Math-Verify sees only short answer texts without power
-  towers or huge factorials, under a deadline that works in any thread (Math-Verify's own
-  timeout is ``signal.alarm``, which only the main thread may use). ``score`` never raises.
+  the exact arithmetic are size-limited; Math-Verify sees only short, shallow answer texts
+  without power towers or huge factorials, under a deadline that works in any thread
+  (Math-Verify's own timeout is ``signal.alarm``, which only the main thread may use). ``score``
+  never raises.
 
 Only the standard library is imported at module load: sympy on the rare integer path that needs
 it (surds such as ``\\sqrt{2}\\cdot\\sqrt{8}``), Math-Verify (and sympy) at the first ground truth
@@ -407,10 +408,15 @@ _GOLD_CACHE: dict[str, Any] = {}
 def equivalent(answer: str, ground_truth: str) -> bool:
     """Math-Verify's verdict on whether ``answer`` denotes ``ground_truth`` (both answer texts).
 
-    False when either text is refused (longer than ``exact.MAX_CHARS``, a power tower, a huge
-    factorial, unbalanced braces) or the judgement runs past its deadline. A ground truth that
-    Math-Verify cannot read is matched verbatim, modulo blanks. Never raises.
+    False when the answer is refused (longer than ``exact.MAX_CHARS``, nested too deep, a power
+    tower, a huge factorial, unbalanced braces) or the judgement runs past its deadline. A
+    ground truth that is refused, or that Math-Verify cannot read, is matched verbatim, modulo
+    blanks. Never raises.
     """
+    if _refused(answer):
+        return False
+    if _refused(ground_truth):
+        return _verbatim(answer, ground_truth)
     key = (answer, ground_truth)
     cached = _EQUIVALENCE_CACHE.get(key)
     if cached is not None:
@@ -426,8 +432,6 @@ def equivalent(answer: str, ground_truth: str) -> bool:
 
 
 def _judge(answer: str, ground_truth: str) -> bool:
-    if _refused(answer) or _refused(ground_truth):
-        return False
     math_verify = _math_verify()  # imported outside the deadline: an import is never cut short
     if math_verify is None:
         return _verbatim(answer, ground_truth)
@@ -502,8 +506,12 @@ def _math_verify() -> Any:
 def _warm_up(math_verify: Any) -> None:
     """One judgement outside any deadline: the first builds the LaTeX parser (~0.5 s of CPU),
     a one-off cost that must not count against the first answer judged."""
-    gold = math_verify.parse("$\\frac{1}{2}$", parsing_timeout=None)
-    math_verify.verify(gold, math_verify.parse("$0.5$", parsing_timeout=None), timeout_seconds=None)
+    try:
+        gold = math_verify.parse("$\\frac{1}{2}$", parsing_timeout=None)
+        pred = math_verify.parse("$0.5$", parsing_timeout=None)
+        math_verify.verify(gold, pred, timeout_seconds=None)
+    except Exception:  # a failed warm-up only means a slower first judgement
+        return
 
 
 class _NoTimeoutNotice(logging.Filter):

@@ -646,7 +646,7 @@ def test_scoring_off_the_main_thread() -> None:
     def work() -> None:
         try:
             results.extend(score(r, g).acc for r, g, _ in THREAD_CASES)
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:  # reported below
             results.append(e)
 
     thread = threading.Thread(target=work)
@@ -689,7 +689,7 @@ def test_a_judgement_past_its_deadline_is_not_equivalent(monkeypatch, in_thread:
             outcome.append(time.perf_counter() - start)
             time.sleep(0.4)  # a withdrawn deadline must not fire later
             outcome.append(score("Answer: 7", "7").acc)
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:  # reported below
             outcome.append(e)
 
     if in_thread:

@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 from prefect import flow
@@ -204,7 +204,8 @@ def ablate_flow(
         return Cancelled(message=message, data=TrainingInterrupted(message))
     except BaseException as e:
         with deferred_signals():
-            if pool and (cancelled := stop_runs(name, pool)):
+            cancelled = stop_runs(name, pool) if pool else None
+            if cancelled and any(cancelled):
                 log.error("ablate: sweep %s failed (%s); %s", name, e, describe(cancelled))
             parent.end("FAILED")
         raise
@@ -223,7 +224,7 @@ def ablate_flow(
 
 
 def stopped_message(
-    name: str, done: int, total: int, cancelled: tuple[int, int] | None, cause: BaseException
+    name: str, done: int, total: int, cancelled: Stopped | None, cause: BaseException
 ) -> str:
     """One line: what the stop left behind and how to go on."""
     where = f"sweep {name} stopped with {done} of {total} runs finished"
@@ -234,17 +235,29 @@ def stopped_message(
     return f"{where}; to resume, run the same command with --run-name {name}"
 
 
-def describe(cancelled: tuple[int, int]) -> str:
-    queued, running = cancelled
-    return f"cancelled its {queued} queued and {running} running flow runs"
+class Stopped(NamedTuple):
+    """What cancelling a sweep's flow runs did."""
+
+    queued: int  # CANCELLED at once
+    running: int  # CANCELLING: their workers stop them
+    stopping: int  # of those, not ended yet when the sweep stopped waiting
 
 
-def stop_runs(name: str, pool: str) -> tuple[int, int] | None:
+def describe(cancelled: Stopped) -> str:
+    said = f"cancelled its {cancelled.queued} queued and {cancelled.running} running flow runs"
+    if cancelled.stopping:
+        said += f" ({cancelled.stopping} still being stopped by their workers)"
+    return said
+
+
+def stop_runs(name: str, pool: str) -> Stopped | None:
     """``cancel_sweep``, or None (said in the log) where the server cannot be reached: the stop
     goes on, and the sweep's outcome is not hidden behind this one. On a local cluster it does
-    not wait for the running runs: the cluster sees their processes end before it stops."""
+    not wait for the running runs: the cluster ends them before it stops (``close_queue``)."""
     try:
-        return cancel_sweep(name, wait_s=0.0 if sweep_queue(pool) else CANCEL_WAIT_S)
+        if sweep_queue(pool):
+            return cancel_sweep(name, wait_s=0.0)._replace(stopping=0)
+        return cancel_sweep(name)
     except Exception as e:  # noqa: BLE001 - a clean-up failure must not replace the cause
         run_logger().warning("ablate: could not cancel the flow runs of sweep %s: %s", name, e)
         return None
@@ -355,8 +368,8 @@ def _on_pool(children: list[Child], parent_id, eval_set, pool: str, sweep: str):
     deployment.apply(work_pool_name=pool)
     # A sweep of this name stopped without cleaning up (killed) may have left runs that would
     # train into the same directories as ours: end them first.
-    if left := sum(cancel_sweep(sweep)):
-        run_logger().warning("ablate: cancelled %d runs left by an earlier %s", left, sweep)
+    if any(left := cancel_sweep(sweep)):
+        run_logger().warning("ablate: sweep %s had runs left unfinished: %s", sweep, describe(left))
     queue = sweep_queue(pool)
 
     def submit(c: Child) -> Any:
@@ -399,11 +412,10 @@ def _on_pool(children: list[Child], parent_id, eval_set, pool: str, sweep: str):
             time.sleep(POLL_S if pending else 0)
 
 
-def cancel_sweep(name: str, wait_s: float = CANCEL_WAIT_S) -> tuple[int, int]:
-    """Cancel the unfinished flow runs of sweep ``name``: (queued, running) counts. A queued run
-    is CANCELLED at once (the server does so for a run no worker has started); a running one is
-    set CANCELLING, its worker stops the process and marks it CANCELLED, which this waits up to
-    ``wait_s`` for (a local cluster ends whatever is left once its workers are gone)."""
+def cancel_sweep(name: str, wait_s: float = CANCEL_WAIT_S) -> Stopped:
+    """Cancel the unfinished flow runs of sweep ``name``. A queued run is CANCELLED at once (the
+    server does so for a run no worker has started); a running one is set CANCELLING, and its
+    worker stops the process and marks it CANCELLED, which this waits up to ``wait_s`` for."""
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelling
 
@@ -412,10 +424,11 @@ def cancel_sweep(name: str, wait_s: float = CANCEL_WAIT_S) -> tuple[int, int]:
         queued = sum(1 for run in runs if run.state and run.state.is_scheduled())
         for run in runs:
             client.set_flow_run_state(run.id, Cancelling(message=f"sweep {name} was stopped"))
-        deadline = time.monotonic() + wait_s
-        while len(runs) > queued and sweep_runs(client, name) and time.monotonic() < deadline:
+        stopping, deadline = len(runs) - queued, time.monotonic() + wait_s
+        while stopping and time.monotonic() < deadline:
             time.sleep(0.5)
-    return queued, len(runs) - queued
+            stopping = len(sweep_runs(client, name))
+    return Stopped(queued, len(runs) - queued, stopping)
 
 
 def sweep_runs(client: Any, name: str) -> list[Any]:

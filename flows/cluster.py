@@ -168,7 +168,6 @@ def _spawn(cmd: list[str], env: dict[str, str], log: Path, stack: ExitStack) -> 
 def stop_all(procs: list[subprocess.Popen]) -> None:
     """Stop the server and the workers (``procs[1:]``) at once, so their grace periods do not add
     up; they hold no flow run by now (``close_queue``)."""
-
     graces = [SERVER_STOP_GRACE_S] + [WORKER_STOP_GRACE_S] * (len(procs) - 1)
     with ThreadPoolExecutor(max_workers=max(1, len(procs))) as pool:
         list(pool.map(stop_group, procs, graces))

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_ablate import processes_of  # this directory's test module (pytest puts it on the path)
 
 from dapo_core.config_loader import resolve
 from tasks.tracking import store
@@ -70,25 +71,11 @@ def _flow_runs(home: Path) -> list[dict]:
     return runs
 
 
-def _processes_of(home: Path) -> dict[int, str]:
-    """The live processes whose environment names this Prefect home (pid: command line): the
-    server, the workers and the flow runs they started all inherit it."""
-    marker = f"PREFECT_HOME={home}".encode()
-    found = {}
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and marker in (proc / "environ").read_bytes().split(b"\0"):
-                found[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:  # gone meanwhile, or another user's
-            continue
-    return {pid: cmd.decode() for pid, cmd in found.items()}
-
-
 @pytest.fixture
 def leave_nothing_running(tmp_path):
     """Whatever the test asserts, end every process a sweep of this test left behind."""
     yield
-    for pid in _processes_of(tmp_path / "prefect"):
+    for pid in processes_of(tmp_path / "prefect"):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
 
@@ -154,7 +141,7 @@ def test_an_interrupted_sweep_cancels_its_runs_and_the_next_runs_only_its_own(
     # The sweep's server, workers and children's processes within ~10 s; the command's own exit
     # adds the interpreter's clean-up (seconds of garbage collection on a busy machine).
     assert cleanup_s < 12 and exit_s < 30, out[-3000:]
-    assert not _processes_of(home)
+    assert not processes_of(home)
 
     ours = [r for r in _flow_runs(home) if "sweep-one" in r["parameters"]["run_dir"]]
     assert sorted(r["name"] for r in ours) == sorted(f"{v} seed0" for v in four.split(","))
@@ -174,7 +161,7 @@ def test_an_interrupted_sweep_cancels_its_runs_and_the_next_runs_only_its_own(
     log2 = tmp_path / "sweep2.log"
     second = _sweep(tmp_path, params, "sweep-two", "grpo,+overlong_filtering", "0", uri, log2)
     assert second.wait(timeout=300) == 0, log2.read_text()[-3000:]
-    assert not _processes_of(home)
+    assert not processes_of(home)
     after = {r["id"]: r for r in _flow_runs(home)}
     ran = [r for r in after.values() if r["ran"] and r["id"] not in {o["id"] for o in ours}]
     assert sorted(r["name"] for r in ran) == ["+overlong_filtering seed0", "grpo seed0"]
@@ -197,7 +184,7 @@ def _stop_times(proc: subprocess.Popen, home: Path) -> tuple[float, float]:
     t0 = time.monotonic()
     cleanup_s = None
     while proc.poll() is None and time.monotonic() - t0 < 60:
-        if cleanup_s is None and set(_processes_of(home)) <= {proc.pid}:
+        if cleanup_s is None and set(processes_of(home)) <= {proc.pid}:
             cleanup_s = time.monotonic() - t0
         time.sleep(0.1)
     exit_s = time.monotonic() - t0
@@ -263,7 +250,7 @@ def test_cancel_sweep_ends_queued_runs_and_asks_running_ones_to_stop(monkeypatch
             runs[run_id].state = runs[run_id].transitions()  # the worker stops the running one
 
     monkeypatch.setattr(prefect.client.orchestration, "get_client", lambda **kw: Client())
-    assert ablate.cancel_sweep("sw", wait_s=30) == (2, 1)
+    assert ablate.cancel_sweep("sw", wait_s=30) == (2, 1, 0)  # queued, running, not ended
     assert sorted(proposed) == sorted((r, "CANCELLING", False) for r in runs)  # not forced
     assert filters[0]["flow_run_filter"].tags.all_ == ["sweep:sw"]  # this sweep's runs only
     assert filters[0]["deployment_filter"].name.any_ == ["ablate-run"]

@@ -103,7 +103,7 @@ def bare_regex(response: str, ground_truth: str) -> bool:
 
 CHUNK = 50  # responses per interleaved timing slice
 # This thread's CPU time: what a scorer costs, without the time other processes hold the core
-# (on 2 shared cores wall-clock medians of the same run varied from 1.3x to 3.2x).
+# (on 2 shared cores wall-clock medians of back-to-back runs were 1.3x and 3.2x).
 _clock = time.thread_time
 
 

@@ -172,13 +172,16 @@ def train(
             _report_training(result.steps, result.wall_time_s, result.history[-1], out, None)
         return
     _load(params, config, set_, variant)  # a config error is reported before Prefect starts
-    summary = train_flow(
-        **_flow_args(params, config, set_),
-        variant=variant,
-        run_dir=str(target.resolve()) if target else None,
-        resume=resume is not None,
-        track=track,
-    )
+    # The one writer of the run directory, before Prefect or MLflow start: a second process
+    # on a live run is refused in one line (the flow and the task hold it again, re-entrantly).
+    with _run_dir_writer(target):
+        summary = train_flow(
+            **_flow_args(params, config, set_),
+            variant=variant,
+            run_dir=str(target.resolve()) if target else None,
+            resume=resume is not None,
+            track=track,
+        )
     _report_training(
         summary.steps,
         summary.wall_time_s,
@@ -186,6 +189,15 @@ def train(
         summary.model_path,
         summary.mlflow_run_id,
     )
+
+
+def _run_dir_writer(target: Path | None):
+    """Hold ``target`` as its one writer (nothing when the flow picks a new directory)."""
+    import contextlib
+
+    from tasks.rundir import RunDir
+
+    return RunDir(target.resolve()).writer() if target else contextlib.nullcontext()
 
 
 def default_train_dir(cfg) -> Path:
@@ -681,6 +693,15 @@ def ui(
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
     cmd = ui_command(uri, port, host)
+    if not _loopback(host):
+        console.print(
+            f"[bold yellow]warning:[/] the MLflow UI has no authentication: on {host}, anyone who "
+            f"can reach port {port} of this machine can read, change and delete every run. Keep "
+            "the default --host "
+            "127.0.0.1 (reach it through an SSH tunnel), or turn on MLflow's basic auth: run the "
+            "command `dapo ui --print-only` prints with `--app-name basic-auth` added and "
+            "MLFLOW_AUTH_ADMIN_PASSWORD set (the admin's password on first start)"
+        )
     sys.stdout.write(f"http://{host}:{port}\n")
     sys.stdout.flush()
     if print_only:
@@ -691,6 +712,18 @@ def ui(
     if rc:
         console.print(f"[bold red]error:[/] mlflow ui exited with {rc} (is port {port} in use?)")
         raise typer.Exit(rc)
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only (localhost, 127.x, ::1)."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
 
 
 @app.command("reproduce")

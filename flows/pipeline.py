@@ -83,18 +83,19 @@ def train_flow(
     cfg = load_config(params, config, overrides, variant)
     name = run_name or (Path(run_dir).name if run_dir else default_run_name("train"))
     target = run_dir or str(run_dir_for(cfg, name))
-    return train_task(
-        cfg,
-        target,
-        kind="train",
-        run_name=name,
-        variant=variant,
-        max_steps=max_steps,
-        progress=progress,
-        resume=resume,
-        track=track,
-        preflight=preflight_if_new(cfg, target),
-    )
+    with RunDir(target).writer():  # the one writer, across the task's retries too
+        return train_task(
+            cfg,
+            target,
+            kind="train",
+            run_name=name,
+            variant=variant,
+            max_steps=max_steps,
+            progress=progress,
+            resume=resume,
+            track=track,
+            preflight=preflight_if_new(cfg, target),
+        )
 
 
 def preflight_if_new(cfg: Config, run_dir: str) -> PreflightResult | None:
@@ -164,42 +165,45 @@ def pipeline_flow(
     ``baseline``: a run that starts from scratch also evaluates the starting policy on the same
     set, logged at step 0 of the same run, so ``eval/avg_at_k`` charts the lift."""
     cfg = load_config(params, config, overrides, variant)
-    data = curate_task(cfg) if curate else {"status": "not requested"}
     name = run_name or default_run_name("pipeline")
     target = str(run_dir_for(cfg, name))
-    checked = preflight_if_new(cfg, target)
-    trained = train_task.with_options(task_run_name=f"train {name}")(
-        cfg,
-        target,
-        kind="pipeline",
-        run_name=name,
-        variant=variant,
-        max_steps=max_steps,
-        progress=progress,
-        extra_tags=tags,
-        preflight=checked,
-    )
-    before = None
-    if baseline and trained.resumed_from == 0:
-        before = evaluate_task.with_options(task_run_name=f"evaluate {name} at step 0")(
+    # The one writer of the run directory from before its training (and the task's retries)
+    # until its evaluation is written there too.
+    with RunDir(target).writer():
+        data = curate_task(cfg) if curate else {"status": "not requested"}
+        checked = preflight_if_new(cfg, target)
+        trained = train_task.with_options(task_run_name=f"train {name}")(
             cfg,
-            None,  # the configured policy, before any RL step
+            target,
+            kind="pipeline",
+            run_name=name,
+            variant=variant,
+            max_steps=max_steps,
+            progress=progress,
+            extra_tags=tags,
+            preflight=checked,
+        )
+        before = None
+        if baseline and trained.resumed_from == 0:
+            before = evaluate_task.with_options(task_run_name=f"evaluate {name} at step 0")(
+                cfg,
+                None,  # the configured policy, before any RL step
+                eval_set,
+                kind="pipeline",
+                run_id=trained.mlflow_run_id,
+                step=0,
+                progress=progress,
+                artifact_dir="eval-step0",
+            )
+        evaluated = evaluate_task.with_options(task_run_name=f"evaluate {name}")(
+            cfg,
+            trained.model_path,
             eval_set,
             kind="pipeline",
             run_id=trained.mlflow_run_id,
-            step=0,
+            step=trained.steps,
+            run_dir=trained.run_dir,
             progress=progress,
-            artifact_dir="eval-step0",
+            extra_tags=tags,
         )
-    evaluated = evaluate_task.with_options(task_run_name=f"evaluate {name}")(
-        cfg,
-        trained.model_path,
-        eval_set,
-        kind="pipeline",
-        run_id=trained.mlflow_run_id,
-        step=trained.steps,
-        run_dir=trained.run_dir,
-        progress=progress,
-        extra_tags=tags,
-    )
-    return {"curate": data, "train": trained, "evaluate": evaluated, "baseline": before}
+        return {"curate": data, "train": trained, "evaluate": evaluated, "baseline": before}

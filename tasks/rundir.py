@@ -5,30 +5,62 @@
     <run>/config.json            the resolved config (``dapo train --resume`` reads it back)
     <run>/metrics.jsonl          one row per training step: {"step": N, "train/...": ...}
     <run>/validation.jsonl       one row per validation: {"step": N, "val/...": ...}
-    <run>/checkpoints/step_N/    model/, optimizer_rank*.pt, trainer.pt, then COMPLETE (last)
+    <run>/checkpoints/step_N/    model/, optimizer_rank*.pt, trainer.pt, then COMPLETE (last:
+                                 every file's size and CRC-32, checked before a resume)
     <run>/final/                 the trained model, once ``train.steps`` steps are done
     <run>/mlflow_run.json        the MLflow run this directory logs to (every attempt uses it)
     <run>/plots/                 the run's figures
+    <run>/.lock                  flock'ed by the one process that writes here; names its pid
 
 The resume rule, in one place: an attempt continues from the latest *complete* checkpoint and
 redoes the steps after it. Steps up to :attr:`ResumePoint.logged_through` were already recorded
 by an earlier attempt (in ``metrics.jsonl``, in MLflow, in ``validation.jsonl``), so no sink
-records them again; exact resume makes the redone steps' values the same anyway.
+records them again; exact resume makes the redone steps' values the same anyway. A checkpoint
+whose files no longer match its record (truncated, corrupt) is passed over, with a warning, for
+the one before it.
+
+One writer per directory: :meth:`RunDir.writer` holds an advisory lock (``flock``) on ``.lock``
+for as long as a process writes here, and refuses a second one. The kernel drops the lock when its
+holder dies, however it dies, so a killed run never blocks its own resume.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import logging
 import os
 import shutil
+import socket
+import sys
+import threading
+import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dapo_core.errors import PipelineError
 
+log = logging.getLogger(__name__)
+
 CHECKPOINT_PREFIX = "step_"
 COMPLETE = "COMPLETE"  # written last into a checkpoint: a directory without it is half-written
+DAMAGED_PREFIX = ".damaged-"  # a checkpoint set aside: never resumed from, never pruned
+LOCK_FILE = ".lock"
+_CHUNK = 16 << 20  # bytes read at a time for a file's checksum
+
+
+class RunDirBusy(PipelineError):
+    """Another live process writes this run directory."""
+
+
+# The run directories this process holds: {real path: [lock fd, depth]}. A flock belongs to an
+# open file description, so a second open+flock in the same process would refuse its own holder;
+# the flow, the task and run_training each take the lock, and only the outermost one opens it.
+_held: dict[str, list[int]] = {}
+_held_guard = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -38,6 +70,7 @@ class ResumePoint:
     step: int  # the checkpoint's step (0: from scratch)
     checkpoint: Path | None
     logged_through: int  # steps <= this are in the metrics file already: record none again
+    damaged: tuple[Path, ...] = ()  # later checkpoints passed over: their files are damaged
 
 
 class RunDir:
@@ -45,6 +78,8 @@ class RunDir:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self._checked: dict[tuple[Path, int], str | None] = {}  # checksums are read once
+        self._warned: set[Path] = set()
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -63,6 +98,64 @@ class RunDir:
     final = property(lambda self: self.path / "final")
     plots = property(lambda self: self.path / "plots")
     mlflow_file = property(lambda self: self.path / "mlflow_run.json")
+    lock_file = property(lambda self: self.path / LOCK_FILE)
+
+    # -- the one writer ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def writer(self) -> Iterator[None]:
+        """Hold this directory as its one writer until the block ends; a directory that another
+        live process holds is refused (:class:`RunDirBusy`). Re-entrant within a process."""
+        key = self._acquire()
+        try:
+            yield
+        finally:
+            _release(key)
+
+    def _acquire(self) -> str:
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            key = os.path.realpath(self.path)
+            with _held_guard:
+                if key in _held:
+                    _held[key][1] += 1
+                    return key
+                _held[key] = [self._lock(), 1]
+            return key
+        except OSError as e:
+            raise self._unwritable(e) from None
+
+    def _lock(self) -> int:
+        """A file descriptor holding the flock, with this process named in the file."""
+        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by exec
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise RunDirBusy(self._busy(holder)) from None
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "command": _command()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode(), 0)
+        return fd
+
+    def _busy(self, holder: dict[str, Any]) -> str:
+        pid = holder.get("pid", "unknown")
+        where = (
+            "" if holder.get("host") in (None, socket.gethostname()) else f" on {holder['host']}"
+        )
+        what = f": {holder['command']}" if holder.get("command") else ""
+        return (
+            f"{self.path} is being written by another process (pid {pid}{where}{what}); wait "
+            f"for it to finish, or stop it (kill {pid}) and continue the run with "
+            f"`dapo train --resume {self.path}`; a new run needs another --run-dir"
+        )
+
+    def _unwritable(self, e: OSError) -> PipelineError:
+        return PipelineError(
+            f"cannot write to the run directory {self.path} ({e.strerror or e}); pick a "
+            "writable one with --run-dir, or set train.out_dir"
+        )
 
     # -- starting an attempt -------------------------------------------------------------------
 
@@ -71,9 +164,28 @@ class RunDir:
         return any(p.exists() for p in (self.config_file, self.metrics_file, self.checkpoints_dir))
 
     def resume_point(self) -> ResumePoint:
-        ckpt = self.latest_checkpoint()
+        """The latest checkpoint whose files are intact; each later one is named in a warning."""
         logged = max((row["step"] for row in self.read_metrics()), default=0)
-        return ResumePoint(checkpoint_step(ckpt) if ckpt else 0, ckpt, logged)
+        damaged: list[Path] = []
+        for ckpt in reversed(self.checkpoints()):
+            if self.check_checkpoint(ckpt) is None:
+                self._warn_damaged(damaged, f"its checkpoint at step {checkpoint_step(ckpt)}")
+                return ResumePoint(checkpoint_step(ckpt), ckpt, logged, tuple(damaged))
+            damaged.append(ckpt)
+        self._warn_damaged(damaged, "step 0")
+        return ResumePoint(0, None, logged, tuple(damaged))
+
+    def _warn_damaged(self, damaged: list[Path], instead: str) -> None:
+        for ckpt in damaged:
+            if ckpt not in self._warned:  # once per directory, however often it is asked
+                self._warned.add(ckpt)
+                problem = self.check_checkpoint(ckpt)
+                log.warning(
+                    "checkpoint %s is damaged (%s); the run continues from %s",
+                    ckpt,
+                    problem,
+                    instead,
+                )
 
     def refuse_unless(self, resume: bool) -> None:
         """A used directory is continued only on request (every rank checks, before any writes)."""
@@ -91,10 +203,7 @@ class RunDir:
             probe.write_text("")
             probe.unlink()
         except OSError as e:
-            raise PipelineError(
-                f"cannot write to the run directory {self.path} ({e.strerror or e}); pick a "
-                "writable one with --run-dir, or set train.out_dir"
-            ) from None
+            raise self._unwritable(e) from None
 
     def describe_stop(self, steps: int, resume_hint: str) -> str:
         """Where a stopped run stands and how to continue it."""
@@ -147,15 +256,41 @@ class RunDir:
         """The temporary directory a checkpoint is written into before :meth:`commit_checkpoint`."""
         return self.checkpoints_dir / f".tmp-{CHECKPOINT_PREFIX}{step:06d}"
 
-    def commit_checkpoint(self, step: int, keep: int) -> Path:
-        """Mark the staged checkpoint complete, move it into place and keep the last ``keep``."""
+    def commit_checkpoint(self, step: int, keep: int, sealed: dict | None = None) -> Path:
+        """Publish the staged checkpoint and keep the last ``keep``.
+
+        Every file reaches the disk (fsync) and is recorded in COMPLETE (size, CRC-32) before
+        one rename publishes the directory, so a crash at any point leaves either the previous
+        checkpoints or this one complete. ``sealed``: records of files other ranks wrote and
+        sealed (:func:`seal_files`); the rest are sealed here."""
         staged, final = self.staging_checkpoint(step), self.checkpoints_dir / _ckpt_name(step)
-        (staged / COMPLETE).write_text(json.dumps({"step": step}))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(staged, final)
+        files = {**(sealed or {})}
+        rest = [p for p in staged.rglob("*") if p.is_file() and _rel(p, staged) not in files]
+        files.update(seal_files(staged, rest))
+        _write_synced(staged / COMPLETE, json.dumps({"step": step, "files": files}))
+        for d in sorted((p for p in staged.rglob("*") if p.is_dir()), reverse=True):
+            _fsync_dir(d)  # their entries (the files' names) reach the disk too
+        _fsync_dir(staged)
+        _publish(staged, final)
         for old in self.checkpoints()[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
         return final
+
+    def check_checkpoint(self, ckpt: Path) -> str | None:
+        """What is wrong with a complete checkpoint's files (None: they match its record).
+        Checkpoints written before records were kept are taken as they are."""
+        key = (ckpt, (ckpt / COMPLETE).stat().st_mtime_ns)
+        if key not in self._checked:
+            self._checked[key] = _check_files(ckpt)
+        return self._checked[key]
+
+    def set_aside(self, damaged: Iterable[Path]) -> None:
+        """Rename damaged checkpoints to ``.damaged-step_N`` (kept to inspect, never resumed
+        from, never counted when pruning); only the writer calls it."""
+        for ckpt in damaged:
+            aside = ckpt.with_name(DAMAGED_PREFIX + ckpt.name)
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(ckpt, aside)
 
     # -- the MLflow run ------------------------------------------------------------------------
 
@@ -177,6 +312,102 @@ def checkpoint_step(path: Path) -> int:
 
 def _ckpt_name(step: int) -> str:
     return f"{CHECKPOINT_PREFIX}{step:06d}"
+
+
+# -- durable files -----------------------------------------------------------------------------
+
+
+def seal_files(root: Path, files: Iterable[Path]) -> dict[str, dict[str, int]]:
+    """Flush each file to the disk and record it: ``{path relative to root: {size, crc32}}``.
+    Each rank seals the files it wrote, while they are still in its page cache."""
+    records = {}
+    for path in files:
+        with path.open("rb") as f:
+            crc = _crc32(f)
+            os.fsync(f.fileno())
+        records[_rel(path, root)] = {"size": path.stat().st_size, "crc32": crc}
+    return records
+
+
+def _check_files(ckpt: Path) -> str | None:
+    files = json.loads((ckpt / COMPLETE).read_text()).get("files")
+    for name, want in (files or {}).items():
+        path = ckpt / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != want["size"]:
+            return f"{name} has {size} bytes, {want['size']} were written"
+        with path.open("rb") as f:
+            if _crc32(f) != want["crc32"]:
+                return f"{name} does not match its checksum"
+    return None
+
+
+def _crc32(f) -> int:
+    crc = 0
+    while chunk := f.read(_CHUNK):
+        crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _rel(path: Path, root: Path) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with path.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _publish(staged: Path, final: Path) -> None:
+    """Rename ``staged`` to ``final``; a checkpoint already there (the same step saved again) is
+    moved aside first, so a complete one exists at every moment."""
+    retired = final.with_name(f".old-{final.name}")
+    shutil.rmtree(retired, ignore_errors=True)
+    if final.exists():
+        os.replace(final, retired)
+    os.replace(staged, final)
+    _fsync_dir(final.parent)
+    _fsync_dir(final.parent.parent)  # the run directory, when checkpoints/ is new
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+# -- the lock ----------------------------------------------------------------------------------
+
+
+def _release(key: str) -> None:
+    with _held_guard:
+        held = _held[key]
+        held[1] -= 1
+        if held[1] == 0:
+            del _held[key]
+            os.ftruncate(held[0], 0)  # nobody holds it now; the kernel drops the flock on close
+            os.close(held[0])
+
+
+def _read_holder(fd: int) -> dict[str, Any]:
+    """Who holds the lock, as its holder wrote it (empty while it has not written yet)."""
+    try:
+        return json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except ValueError:
+        return {}
+
+
+def _command() -> str:
+    """This process's command line, short enough for a one-line message."""
+    text = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv else ""
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _append_row(path: Path, row: dict[str, Any]) -> None:

@@ -2,24 +2,36 @@
 
 A checkpoint is the model (as an ordinary Hugging Face directory), each rank's optimizer state (a
 ZeRO partition under DeepSpeed) and the trainer's loop state (step, data position, carried groups,
-RNG states). It is written into a staging directory and moved into place by ``RunDir``, so a save
-killed half-way is never picked up.
+RNG states). It is written into a staging directory, flushed to the disk and moved into place by
+``RunDir``, so a save killed half-way is never picked up.
+
+Loading runs no code from the files: they are read with ``torch.load(weights_only=True)``, which
+rebuilds tensors and plain data (dicts, lists, tuples, numbers, strings) only. The trainer's state
+is saved in that form (its carried groups as dicts of fields, numpy's RNG state as a tensor);
+DeepSpeed's optimizer state holds a few DeepSpeed types, allowed by name for those files only. A
+file that needs anything else is refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
 import shutil
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
 
 from dapo_core.errors import PipelineError
-from tasks.rundir import RunDir
-from tasks.training.distributed import barrier
+from tasks.rundir import RunDir, seal_files
+from tasks.training.batches import Group
+from tasks.training.distributed import all_gather_objects, barrier
 from tasks.training.trainer import DAPOTrainer
 
 TRAINER_STATE = "trainer.pt"
+STATE_FORMAT = 2  # 2: plain data; absent: the pickled objects of earlier versions
 
 
 def save_checkpoint(trainer: DAPOTrainer, run_dir: RunDir) -> Path:
@@ -31,22 +43,30 @@ def save_checkpoint(trainer: DAPOTrainer, run_dir: RunDir) -> Path:
         shutil.rmtree(staged, ignore_errors=True)  # left by a save that was killed
         staged.mkdir(parents=True)
     barrier(world)
-    torch.save(trainer.engine.state_dict(), staged / f"optimizer_rank{rank}.pt")
-    barrier(world)
+    optim = staged / f"optimizer_rank{rank}.pt"
+    torch.save(trainer.engine.state_dict(), optim)
+    sealed = _seal_on_every_rank(staged, optim, world)
     weights = trainer.engine.full_state_dict()  # gathered from ZeRO-3 partitions (collective)
     final = run_dir.checkpoints_dir / staged.name.removeprefix(".tmp-")
     if rank == 0:
         trainer.model.save_pretrained(staged / "model", state_dict=weights)
         trainer.tokenizer.save_pretrained(staged / "model")
-        torch.save(trainer.state_dict(), staged / TRAINER_STATE)
-        final = run_dir.commit_checkpoint(step, trainer.cfg.train.keep_checkpoints)
+        torch.save(plain_trainer_state(trainer.state_dict()), staged / TRAINER_STATE)
+        final = run_dir.commit_checkpoint(step, trainer.cfg.train.keep_checkpoints, sealed)
     barrier(world)
     return final
 
 
+def _seal_on_every_rank(staged: Path, own: Path, world: int) -> dict[str, dict[str, int]]:
+    """Each rank flushes and checksums the file it wrote (in parallel, from its page cache);
+    rank 0 records them all in the checkpoint's COMPLETE."""
+    parts = all_gather_objects(seal_files(staged, [own]), world)
+    return {name: record for part in parts for name, record in part.items()}
+
+
 def load_checkpoint(trainer: DAPOTrainer, ckpt: Path) -> None:
     """Restore the trainer from a checkpoint written with the same number of ranks."""
-    state = torch.load(ckpt / TRAINER_STATE, weights_only=False)
+    state = safe_load(ckpt / TRAINER_STATE, _legacy_types())
     if state["world"] != trainer.world:
         raise PipelineError(
             f"{ckpt} was written by {state['world']} rank(s); resume it with as many"
@@ -55,9 +75,98 @@ def load_checkpoint(trainer: DAPOTrainer, ckpt: Path) -> None:
     # loading it restores the (partitioned) parameters; otherwise the weights load here.
     if not trainer.engine.partitioned:
         _load_weights(trainer.model, ckpt / "model")
-    optim = torch.load(ckpt / f"optimizer_rank{trainer.rank}.pt", weights_only=False)
+    allowed = _deepspeed_types() if trainer.engine.ds is not None else []
+    optim = safe_load(ckpt / f"optimizer_rank{trainer.rank}.pt", allowed)
     trainer.engine.load_state_dict(optim)
-    trainer.load_state_dict(state)
+    trainer.load_state_dict(restore_trainer_state(state))
+
+
+def safe_load(path: Path, allowed: list | None = None) -> Any:
+    """``torch.load`` without running code from the file: tensors, plain data and the types in
+    ``allowed`` only. A file that needs more is refused (PipelineError naming it)."""
+    try:
+        with torch.serialization.safe_globals(allowed or []):
+            return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:
+        raise PipelineError(
+            f"refusing to load {path}: it holds {_unsafe_globals(path)} besides tensors and plain "
+            "data, and unpickling it could run code; it was not written by this version of dapo "
+            "(delete that checkpoint, or resume from another)"
+        ) from None
+    except (RuntimeError, EOFError, OSError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise PipelineError(f"cannot read {path} ({first}): the file is damaged") from None
+
+
+def _unsafe_globals(path: Path) -> str:
+    """The globals a checkpoint file would import, read without unpickling it."""
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # not a zip checkpoint (a bare pickle): nothing more to say safely
+        return "objects other than tensors"
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "") if names else "objects"
+
+
+# -- the trainer's state as plain data ---------------------------------------------------------
+
+
+def plain_trainer_state(state: dict[str, Any]) -> dict[str, Any]:
+    """``DAPOTrainer.state_dict()`` in the types ``weights_only`` loading rebuilds: carried
+    groups as dicts of their fields, numpy's RNG state as a dict with its keys in a tensor."""
+    name, keys, pos, has_gauss, gauss = state["rng"]["numpy"]
+    numpy_rng = {
+        "name": name,
+        "keys": torch.from_numpy(keys.astype(np.int64)),  # uint32 keys, exact in int64
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(gauss),
+    }
+    groups = [(int(born), _plain_group(g)) for born, g in state["buffer"]["groups"]]
+    return {
+        **state,
+        "format": STATE_FORMAT,
+        "rng": {**state["rng"], "numpy": numpy_rng},
+        "buffer": {**state["buffer"], "groups": groups},
+    }
+
+
+def restore_trainer_state(state: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`plain_trainer_state` (a state saved before it passes unchanged)."""
+    if state.get("format") != STATE_FORMAT:
+        return state
+    rng = state["rng"]["numpy"]
+    keys = rng["keys"].numpy().astype(np.uint32)
+    numpy_rng = (rng["name"], keys, rng["pos"], rng["has_gauss"], rng["cached_gaussian"])
+    groups = [(born, Group(**fields)) for born, fields in state["buffer"]["groups"]]
+    return {
+        **state,
+        "rng": {**state["rng"], "numpy": numpy_rng},
+        "buffer": {**state["buffer"], "groups": groups},
+    }
+
+
+def _plain_group(group: Group) -> dict[str, Any]:
+    if not isinstance(group, Group):  # a type we could not rebuild without unpickling it
+        raise TypeError(f"cannot checkpoint a carried {type(group).__name__}, only a Group")
+    return {f.name: getattr(group, f.name) for f in dataclasses.fields(group)}
+
+
+def _legacy_types() -> list:
+    """What trainer states saved before the plain format hold: numpy's RNG keys (a uint32 array,
+    rebuilt from its bytes, no code run) and carried groups (a dataclass of plain fields)."""
+    from numpy._core.multiarray import _reconstruct
+
+    return [np.ndarray, np.dtype, type(np.dtype(np.uint32)), _reconstruct, Group]
+
+
+def _deepspeed_types() -> list:
+    """What a ZeRO optimizer's ``state_dict`` holds besides tensors and plain data (DeepSpeed
+    0.19): its stage, its loss scaler and, under ZeRO-1/2, where each parameter's slice lies."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address]
 
 
 def _load_weights(model: torch.nn.Module, model_dir: Path) -> None:

@@ -7,16 +7,18 @@ latest complete checkpoint; record no step twice) is the one this function follo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dapo_core.config import Config
+from dapo_core.errors import PipelineError
 from dapo_core.problem import Problem
 from tasks.data.splits import splits
 from tasks.models.loading import load_policy
@@ -25,7 +27,13 @@ from tasks.rollout.generators import HFGenerator, VLLMGenerator
 from tasks.rundir import ResumePoint, RunDir
 from tasks.runtime import configure_torch
 from tasks.training import checkpoint, probe
-from tasks.training.distributed import barrier, env_world_size, init_distributed
+from tasks.training.distributed import (
+    all_gather_objects,
+    all_ranks_true,
+    barrier,
+    env_world_size,
+    init_distributed,
+)
 from tasks.training.trainer import DAPOTrainer, MetricsSink, StepResult
 
 log = logging.getLogger(__name__)
@@ -118,18 +126,55 @@ def run_training(
     result)`` runs after every step, after that step's checkpoint if any (validation, samples).
     ``resume``: continue the run already in ``run_dir``; without it a used directory is refused.
     ``problems``: the training split, when the caller has read it already.
+    The run directory is held as its one writer throughout (rank 0 holds it for all ranks).
     """
     t0 = time.perf_counter()
     device = configure_torch(cfg.train.cpu_threads)
     rank, world = init_distributed(device)  # several ranks under the deepspeed launcher
     probe.check_world(cfg.tracking.switch_probe, world)  # before anything is written
-    run_dir.refuse_unless(resume)
-    barrier(world)  # every rank has checked before rank 0 writes
+    with _writer(run_dir, rank, world):
+        run_dir.refuse_unless(resume)
+        barrier(world)  # every rank has checked before rank 0 writes
+        trainer, start = _start(cfg, run_dir, device, (rank, world), sink, problems)
+        end = cfg.train.steps if max_steps is None else trainer.step + max_steps
+        _steps(trainer, run_dir, min(end, cfg.train.steps), progress, on_step)
+        checkpoint.save_checkpoint(trainer, run_dir)
+        _save_final(trainer, run_dir)
+        history = run_dir.read_metrics() if rank == 0 else []
+    return TrainResult(run_dir, trainer.step, history, time.perf_counter() - t0, start)
+
+
+@contextlib.contextmanager
+def _writer(run_dir: RunDir, rank: int, world: int) -> Iterator[None]:
+    """Hold ``run_dir`` as its one writer: rank 0 takes the lock and every rank learns whether
+    it did, so that no rank waits at a barrier for one that gave up."""
+    with contextlib.ExitStack() as stack:
+        refused: PipelineError | None = None
+        if rank == 0:
+            try:
+                stack.enter_context(run_dir.writer())
+            except PipelineError as e:
+                refused = e
+        if not all_ranks_true(refused is None, world):
+            raise refused or PipelineError(f"rank 0 could not take {run_dir}: see its message")
+        yield
+
+
+def _start(
+    cfg: Config,
+    run_dir: RunDir,
+    device: str,
+    ranks: tuple[int, int],
+    sink: MetricsSink | None,
+    problems: list[Problem] | None,
+) -> tuple[DAPOTrainer, ResumePoint]:
+    """Write the config, load the policy and restore the latest intact checkpoint, if any."""
+    rank, world = ranks
     if rank == 0:
         run_dir.write_config(cfg.to_dict())
         resolve_model_path(cfg)  # may build the embedded model: one rank does it
     barrier(world)
-    start = run_dir.resume_point()
+    start = _resume_point(run_dir, rank, world)
     model_path = resolve_model_path(cfg)
     model, tokenizer = load_policy(model_path, weights_dtype(cfg, world), device)
     if cfg.model.gradient_checkpointing:
@@ -140,7 +185,27 @@ def run_training(
     trainer = DAPOTrainer(cfg, model, tokenizer, generator, train, record)
     if start.checkpoint:
         checkpoint.load_checkpoint(trainer, start.checkpoint)
-    end = cfg.train.steps if max_steps is None else min(cfg.train.steps, trainer.step + max_steps)
+    return trainer, start
+
+
+def _resume_point(run_dir: RunDir, rank: int, world: int) -> ResumePoint:
+    """Rank 0 checks the checkpoints' files (reading each once) and sets damaged ones aside;
+    every rank resumes from the checkpoint it chose."""
+    start = run_dir.resume_point() if rank == 0 else None
+    if rank == 0 and start.damaged:
+        run_dir.set_aside(start.damaged)
+    return all_gather_objects(start, world)[0]
+
+
+def _steps(
+    trainer: DAPOTrainer,
+    run_dir: RunDir,
+    end: int,
+    progress: bool,
+    on_step: Callable[[DAPOTrainer, StepResult], None] | None,
+) -> None:
+    """Train up to step ``end``, with a checkpoint every ``train.checkpoint_every`` steps."""
+    cfg = trainer.cfg
     with _progress_bar(progress) as bar:
         task = bar.add_task("", total=cfg.train.steps, completed=trainer.step)
         while trainer.step < end:
@@ -151,10 +216,6 @@ def run_training(
                 checkpoint.save_checkpoint(trainer, run_dir)
             if on_step:
                 on_step(trainer, result)
-    checkpoint.save_checkpoint(trainer, run_dir)
-    _save_final(trainer, run_dir)
-    history = run_dir.read_metrics() if rank == 0 else []
-    return TrainResult(run_dir, trainer.step, history, time.perf_counter() - t0, start)
 
 
 def _save_final(trainer: DAPOTrainer, run_dir: RunDir) -> None:

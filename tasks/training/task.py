@@ -109,9 +109,42 @@ def train_task(
     """Train in ``run_dir``, continuing from its last checkpoint if it has one (a retry, or a
     scheduled run that trains a few more steps each night), and track it in MLflow.
     ``resume=False`` refuses a directory that already holds a run; ``track=False`` opens no
-    MLflow run (every tracker call is then a no-op)."""
-    log = run_logger()
+    MLflow run (every tracker call is then a no-op). A directory another live process writes
+    is refused before anything is written or tracked."""
     rd = RunDir(run_dir)
+    with rd.writer():  # the one writer: first, so a refused attempt opens no MLflow run
+        return _train(
+            cfg,
+            rd,
+            kind=kind,
+            run_name=run_name,
+            variant=variant,
+            parent_run_id=parent_run_id,
+            max_steps=max_steps,
+            progress=progress,
+            extra_tags=extra_tags,
+            resume=resume,
+            track=track,
+            preflight=preflight,
+        )
+
+
+def _train(
+    cfg: Config,
+    rd: RunDir,
+    *,
+    kind: str,
+    run_name: str | None,
+    variant: str | None,
+    parent_run_id: str | None,
+    max_steps: int | None,
+    progress: bool,
+    extra_tags: dict[str, str] | None,
+    resume: bool,
+    track: bool,
+    preflight: PreflightResult | None,
+) -> TrainSummary:
+    log = run_logger()
     rd.refuse_unless(resume)  # before an MLflow run is opened
     rd.check_writable()
     start = rd.resume_point()

@@ -1,0 +1,227 @@
+"""One writer per run directory, durable checkpoints and safe loading (issue 23, items 3 and 5)."""
+
+import json
+import logging
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from dapo_core.config_loader import resolve
+from dapo_core.errors import PipelineError
+from flows.cli import app
+from tasks.rundir import COMPLETE, RunDir, RunDirBusy, seal_files
+from tasks.training import checkpoint
+from tasks.training.batches import Group
+from tasks.training.run import run_training
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env(tmp_path: Path, name: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        PREFECT_HOME=str(tmp_path / f"prefect-{name}"),
+        MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    )
+    return env
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _holder(run_dir: Path) -> int | None:
+    """The pid the lock file names (None before anyone wrote it)."""
+    try:
+        return json.loads((run_dir / ".lock").read_text() or "{}").get("pid")
+    except FileNotFoundError:
+        return None
+
+
+def _steps(run_dir: Path) -> list[int]:
+    """The step of every line of metrics.jsonl, duplicates included."""
+    return [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _strip(history):  # timings differ between runs; everything else must match exactly
+    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in history]
+
+
+def _same_weights(a: Path, b: Path) -> bool:
+    wa, wb = (load_file(str(p / "final" / "model.safetensors")) for p in (a, b))
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.slow
+def test_two_concurrent_resumes_one_runs_the_other_is_refused(tiny_cfg, tmp_path):
+    """Two `dapo train --resume DIR` at once (real processes): one trains to the end, the other
+    exits 2 in one line naming the first's pid, before Prefect or MLflow start."""
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["train.steps=5"])
+    run = tmp_path / "run"
+    run_training(cfg, RunDir(run), progress=False, max_steps=2)
+    cmd = [sys.executable, "-m", "flows.cli", "train", "--resume", str(run), "--no-track"]
+    with (tmp_path / "first.log").open("w") as log:
+        first = subprocess.Popen(cmd, cwd=ROOT, env=_env(tmp_path, "first"), stdout=log, stderr=log)
+        try:
+            _wait_for(lambda: _holder(run) == first.pid, 120, "the first to lock")
+            second = subprocess.run(
+                cmd,
+                cwd=ROOT,
+                env=_env(tmp_path, "second"),
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert first.wait(timeout=300) == 0, (tmp_path / "first.log").read_text()[-3000:]
+        finally:
+            first.kill()
+    assert second.returncode == 2, second.stderr[-3000:]
+    errors = [x for x in second.stderr.splitlines() if "error" in x]
+    assert len(errors) == 1 and f"pid {first.pid}" in errors[0] and "--resume" in errors[0]
+    assert "Traceback" not in second.stderr
+    assert not (tmp_path / "prefect-second" / "prefect.db").exists()  # no flow run began
+    assert _steps(run) == [1, 2, 3, 4, 5]  # one line per step, none twice
+    assert (run / "final" / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_a_live_writer_refuses_others_and_once_killed_blocks_no_resume(tiny_cfg, tmp_path):
+    """A run stopped at step 2 (alive, holding its directory): a resume and a new run there are
+    refused with its pid and write nothing. SIGKILLed, it leaves no lock behind: the resume
+    continues from its checkpoint and ends as the uninterrupted run does."""
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["train.steps=4", "train.checkpoint_every=2"])
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps(cfg.to_dict()))
+    run = tmp_path / "run"
+    worker = [sys.executable, str(ROOT / "tests/tasks/stall_worker.py"), str(params), str(run)]
+    holder = subprocess.Popen(
+        [*worker, "2"], cwd=ROOT, env=_env(tmp_path, "w"), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        lines = (x.strip() for x in iter(holder.stdout.readline, ""))
+        assert "at step 2" in lines  # before it, DeepSpeed's notices; after it, the stall
+        before = (run / "metrics.jsonl").read_text()
+        for resume in (True, False):
+            with pytest.raises(RunDirBusy, match=f"pid {holder.pid}"):
+                run_training(cfg, RunDir(run), resume=resume, progress=False)
+        assert (run / "metrics.jsonl").read_text() == before
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    rest = run_training(cfg, RunDir(run), resume=True, progress=False)
+    full = run_training(cfg, RunDir(tmp_path / "full"), progress=False)
+    assert rest.start.step == 2 and _steps(run) == [1, 2, 3, 4]
+    assert _strip(rest.history) == _strip(full.history)
+    assert _same_weights(run, tmp_path / "full")
+
+
+@pytest.mark.slow
+def test_a_corrupt_latest_checkpoint_is_passed_over_with_a_warning(tiny_cfg, tmp_path, caplog):
+    over = ["train.steps=4", "train.checkpoint_every=1", "train.keep_checkpoints=3"]
+    cfg = resolve(tiny_cfg.to_dict(), overrides=over)
+    full = run_training(cfg, RunDir(tmp_path / "full"), progress=False)
+    cut = RunDir(tmp_path / "cut")
+    run_training(cfg, cut, progress=False, max_steps=3)
+    latest = cut.latest_checkpoint()
+    tensors = latest / "model" / "model.safetensors"
+    os.truncate(tensors, tensors.stat().st_size // 2)
+    with caplog.at_level(logging.WARNING, logger="tasks.rundir"):
+        rest = run_training(cfg, cut, resume=True, progress=False)
+    warned = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert len(warned) == 1 and latest.name in warned[0] and "at step 2" in warned[0]
+    assert "model/model.safetensors" in warned[0]
+    assert rest.start.step == 2 and rest.start.damaged == (latest,)
+    assert (latest.parent / f".damaged-{latest.name}").is_dir()  # set aside, never resumed
+    assert _strip(rest.history) == _strip(full.history)
+    assert _same_weights(tmp_path / "full", tmp_path / "cut")
+
+
+class _Payload:
+    """Unpickled, it would run a shell command: what a crafted checkpoint carries."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_crafted_to_run_code_is_refused(tiny_cfg, tmp_path):
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["train.steps=2"])
+    rd = RunDir(tmp_path / "run")
+    run_training(cfg, rd, progress=False, max_steps=1)
+    ckpt, marker = rd.latest_checkpoint(), tmp_path / "pwned"
+    state = ckpt / checkpoint.TRAINER_STATE
+    torch.save({"step": 1, "world": 1, "evil": _Payload(marker)}, state)
+    torch.load(state, weights_only=False)  # the payload works where pickles are trusted
+    assert marker.exists()
+    marker.unlink()
+    # Complete and intact by its record, as whoever crafted it would leave it.
+    meta = json.loads((ckpt / COMPLETE).read_text())
+    meta["files"].update(seal_files(ckpt, [state]))
+    (ckpt / COMPLETE).write_text(json.dumps(meta))
+    with pytest.raises(PipelineError, match=re.escape(f"refusing to load {state}")) as refused:
+        run_training(cfg, rd, resume=True, progress=False)
+    assert "\n" not in str(refused.value) and "posix.system" in str(refused.value)
+    assert not marker.exists()
+
+
+def test_trainer_state_round_trips_as_plain_data(tmp_path):
+    """Carried groups, numpy's RNG state and the rest load with weights_only and nothing
+    allowed; a state saved before the plain format still loads (numpy arrays, Group)."""
+    group = Group("p1", "7", [1, 2], [[3, 4], [5]], [True, False], [True, False], ["a", "b"])
+    state = {
+        "step": 3,
+        "bad_steps": 0,
+        "stalled_steps": 1,
+        "world": 1,
+        "stream": {"epoch": 1, "pos": 5},
+        "buffer": {"groups": [(2, group)], "kept_count": 1.5, "generated_count": 2.25},
+        "rng": {
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+        },
+    }
+    plain, legacy = tmp_path / "plain.pt", tmp_path / "legacy.pt"
+    torch.save(checkpoint.plain_trainer_state(state), plain)
+    torch.save(state, legacy)
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(plain) == []
+    back = checkpoint.restore_trainer_state(checkpoint.safe_load(plain))
+    old = checkpoint.safe_load(legacy, checkpoint._legacy_types())
+    for loaded in (back, old):
+        assert loaded["buffer"] == state["buffer"] and loaded["stream"] == state["stream"]
+        assert loaded["rng"]["python"] == state["rng"]["python"]
+        assert torch.equal(loaded["rng"]["torch"], state["rng"]["torch"])
+        name, keys, *rest = loaded["rng"]["numpy"]
+        want_name, want_keys, *want_rest = state["rng"]["numpy"]
+        assert name == want_name and rest == want_rest and np.array_equal(keys, want_keys)
+        assert keys.dtype == np.uint32
+    with pytest.raises(PipelineError, match="refusing to load"):
+        checkpoint.safe_load(legacy)  # numpy arrays are allowed for old trainer states only
+
+
+@pytest.mark.parametrize(("host", "warned"), [("0.0.0.0", True), ("127.0.0.1", False)])
+def test_ui_on_a_public_interface_warns_it_has_no_authentication(host, warned):
+    out = CliRunner().invoke(app, ["ui", "--host", host, "--print-only"])
+    assert out.exit_code == 0, out.output
+    assert ("no authentication" in out.output) == warned
+    assert ("--app-name basic-auth" in out.output) == warned

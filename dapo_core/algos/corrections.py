@@ -120,7 +120,8 @@ def seq_tis(batch: TokenBatch, p: SeqTisParams) -> tuple[Tensor, Tensor, Metrics
 
 @CORRECTIONS.register("none", NoParams)
 def none(batch: TokenBatch, p: NoParams) -> tuple[Tensor, Tensor, Metrics]:
-    """No correction: weights 1, every valid token kept, no metrics (DAPO's default)."""
+    """No correction: weights 1, every valid token kept, no metrics.
+    Source: DAPO (its loss assumes the sampler is pi_old)."""
     return _ones(batch), batch.mask, {}
 
 

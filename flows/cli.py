@@ -47,7 +47,7 @@ ConfigOpt = Annotated[
 ]
 SetOpt = Annotated[
     list[str] | None,
-    typer.Option("--set", "-S", help="Override a value: -S algo.eps_high=0.3 (repeatable)."),
+    typer.Option("--set", "-S", help="Override a value: -S algo.loss.eps_high=0.3 (repeatable)."),
 ]
 ParamsOpt = Annotated[
     Path | None,

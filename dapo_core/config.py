@@ -185,7 +185,8 @@ class AlgoConfig:
     """Rollout correction for the sampler's policy not being pi_old (``CORRECTIONS``):
     ``{name: none}``, or ``token_tis`` (``cap``, truncated importance sampling; what the old
     ``algo.tis_cap`` set), ``seq_tis``, ``token_mask``, ``seq_mask`` (extras, not in the paper;
-    ``dapo_core.mismatch``)."""
+    ``dapo_core.mismatch``). The tokens ``token_mask``/``seq_mask`` drop leave the numerator but
+    stay in the global count (it is fixed before the forward passes that decide them)."""
     clip_higher: bool
     """Switch: decoupled clip (section 3.1). Off means eps_high = eps_low (symmetric PPO clip)."""
     token_level_loss: bool

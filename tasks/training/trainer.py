@@ -3,11 +3,15 @@
 One step:
 1. build the batch with dynamic sampling (``dapo_core.sampling.fill_batch``): generate G responses
    per prompt, score them (``dapo_core.reward``), keep informative groups, carry the surplus;
-2. rewards with the overlong penalty, group advantages, the overlong-filter loss mask;
+2. rewards with the overlong penalty, per-token advantages from the ``algo.advantage`` entry, the
+   overlong-filter loss mask;
 3. old log-probs once, only when there are several updates per rollout (with one update the ratio
    is exactly 1 and the pass would be wasted);
 4. ``prompt_batch / mini_batch`` gradient updates, each accumulated over micro-batches sized by a
-   token budget, with the loss normalizer counted over the whole mini-batch (and all ranks);
+   token budget; each micro-batch calls the ``algo`` entries (``dapo_core.algorithm``: rollout
+   correction -> policy loss -> aggregation) and divides by the aggregation's count over the
+   whole mini-batch (and all ranks), known before any backward; the entries' metrics are summed
+   as (numerator, denominator) over micro-batches and ranks and logged as ``train/<name>``;
 5. AdamW with linear warm-up (step 1 trains at lr / warmup, never at 0; the lr is a function of the
    step, so a resumed run needs no scheduler state), gradient clipping, and
    a skip of any update whose loss or gradient is not finite.

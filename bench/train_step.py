@@ -1,7 +1,7 @@
 """Train-step benchmark on CPU: our DAPO update against a naive update, measured in one run.
 
 Both sides train the same policy on the same rollouts (P prompts x G samples of up to L tokens),
-with the same loss (``dapo_core.loss.policy_loss``, token-level, global normalizer):
+with the same loss (the trainer's ``algo`` entries: DAPO's clip, token-level, global count):
 
 - ours: micro-batches under a token budget, each distinct prompt forwarded once and shared by its
   samples, only response positions projected onto the vocabulary (chunked), zero-advantage
@@ -23,7 +23,7 @@ import time
 import torch
 
 from bench import common
-from dapo_core.loss import policy_loss
+from dapo_core.algos import TokenBatch, aggregate
 from tasks.data.splits import splits
 from tasks.models.loading import load_policy
 from tasks.models.resolve import resolve_model_path
@@ -44,8 +44,10 @@ def naive_update(trainer: DAPOTrainer, samples) -> None:
     mask = torch.zeros_like(logp)
     for i, s in enumerate(samples):
         mask[i, s.prompt_len - 1 : len(s.input_ids) - 1] = 1.0
-    adv = torch.tensor([s.advantage for s in samples])
-    loss, _ = policy_loss(logp, logp.detach(), adv, mask, trainer.loss_cfg)
+    adv = torch.tensor([s.advantage for s in samples])[:, None].expand_as(logp)
+    alg = trainer.algorithm
+    loss_t, _ = alg.loss(TokenBatch(logp, logp.detach(), adv, mask))
+    loss = aggregate(alg.aggregation.entry, alg.aggregation.params, loss_t, mask.bool())
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     trainer.engine.optimizer.step()

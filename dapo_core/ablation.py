@@ -1,15 +1,21 @@
-"""The Table 1 ladder of DAPO (arXiv 2503.14476), defined once.
+"""The Table 1 ladder of DAPO (arXiv 2503.14476), defined once, and the peers' algorithms.
 
 Naive GRPO -> +overlong filtering -> +clip-higher -> +soft overlong punishment -> +token-level loss
 -> +dynamic sampling: each variant is the cumulative switch settings of the ``algo`` section, and
 each switch is read in exactly one ``dapo_core`` function.
+
+Beside the ladder, :data:`ALGORITHM_PRESETS` are algorithms of the family (DESIGN.md section 9):
+each is DAPO's full recipe (every switch on, so the data side stays DAPO's) with some of the
+``algo`` entries replaced; ``dapo`` replaces none.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
-from dapo_core.config import Config, ConfigError
+from dapo_core.algorithm import checked_entry
+from dapo_core.config import AlgoConfig, Config, ConfigError
 
 ABLATION_SWITCHES: tuple[str, ...] = (
     "overlong_filtering",
@@ -46,9 +52,49 @@ PAPER_TABLE1_AIME24: dict[str, float] = {
 """AIME 2024 avg@32 of Qwen2.5-32B per variant, from DAPO Table 1."""
 
 
+MAX_RESPONSE_LEN = "rollout.max_response_len"  # in a preset: the config's value of that key
+
+ALGORITHM_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "dapo": {},
+    # Liu et al. 2025: no std in the advantage, a constant normaliser (B x L_max)
+    "dr_grpo": {
+        "advantage": {"name": "dr_grpo"},
+        "aggregation": {"name": "seq_mean_token_sum_norm", "max_len": MAX_RESPONSE_LEN},
+    },
+    # Zheng et al. 2025: the sequence ratio; verl pins the sample-level mean for it
+    "gspo": {"loss": {"name": "gspo"}, "aggregation": {"name": "seq_mean_token_mean"}},
+    # MiniMax-M1: a clipped, constant importance weight on REINFORCE
+    "cispo": {"loss": {"name": "cispo"}},
+    # Ahmadian et al. 2024: the leave-one-out baseline
+    "rloo": {"advantage": {"name": "rloo"}},
+    # Hu 2025: discounted returns whitened over the batch
+    "reinforce_pp": {"advantage": {"name": "reinforce_pp"}},
+}
+"""Algorithm name -> the ``algo`` entries it replaces in DAPO's full recipe."""
+
+
 def apply_variant(cfg: Config, variant: str) -> Config:
-    """The config of one Table 1 variant: the ladder's switches replace the algo switches."""
-    if variant not in ABLATION_LADDER:
-        raise ConfigError(f"unknown variant {variant!r}; choose one of {list(ABLATION_LADDER)}")
-    algo = dataclasses.replace(cfg.algo, **ABLATION_LADDER[variant])
-    return dataclasses.replace(cfg, algo=algo)
+    """The config of one Table 1 variant (the ladder's switches replace the algo switches) or of
+    one algorithm preset (every switch on, its entries replace the config's)."""
+    if variant in ABLATION_LADDER:
+        return dataclasses.replace(
+            cfg, algo=dataclasses.replace(cfg.algo, **ABLATION_LADDER[variant])
+        )
+    if variant in ALGORITHM_PRESETS:
+        return dataclasses.replace(cfg, algo=_preset_algo(cfg, ALGORITHM_PRESETS[variant]))
+    raise ConfigError(
+        f"unknown variant {variant!r}; Table 1 rungs: {', '.join(ABLATION_LADDER)}; "
+        f"algorithms: {', '.join(ALGORITHM_PRESETS)}"
+    )
+
+
+def _preset_algo(cfg: Config, entries: dict[str, dict[str, Any]]) -> AlgoConfig:
+    """DAPO's full recipe with ``entries`` in place of the config's (validated by each entry)."""
+    chosen = {}
+    for key, entry in entries.items():
+        entry = {
+            k: cfg.rollout.max_response_len if v == MAX_RESPONSE_LEN else v
+            for k, v in entry.items()
+        }
+        chosen[key] = checked_entry(key, entry)
+    return dataclasses.replace(cfg.algo, **ABLATION_LADDER["+dynamic_sampling"], **chosen)

@@ -136,7 +136,24 @@ class RolloutConfig:
     before each rollout (half the memory traffic of fp32 weights, and its buffers never move);
     ``policy``, the trained weights as they are; ``auto``, the bf16 copy on CUDA when the policy
     holds fp32 weights, the policy otherwise. The gap between the two is logged per step
-    (``train/mismatch_*``) and ``algo.tis_cap`` corrects for it."""
+    (``train/mismatch_*``) and ``algo.correction`` can correct for it."""
+
+
+class AlgoEntry(dict):
+    """One ``algo`` entry as the config writes it: ``{name: <entry>, <parameter>: value, ...}``.
+
+    A plain mapping, so that presets merge into it and ``-S algo.loss.eps_high=0.3`` sets one
+    parameter; the loader checks it against the entry's own parameter dataclass
+    (``dapo_core.algorithm.checked_entry``) and stores every parameter, defaults included, so a
+    logged config does not depend on the code's defaults."""
+
+    @property
+    def name(self) -> str:
+        return self["name"]
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {k: v for k, v in self.items() if k != "name"}
 
 
 UPDATE_SWITCHES = ("overlong_filtering", "clip_higher", "overlong_shaping", "token_level_loss")
@@ -148,17 +165,28 @@ or loss); the other, ``dynamic_sampling``, acts on which groups make up the batc
 class AlgoConfig:
     """The DAPO algorithm and its ablation switches (DAPO section 3, Table 1)."""
 
-    eps_low: float
-    """Lower clip range epsilon_low of the importance ratio (Eq. 10; paper: 0.2)."""
-    eps_high: float
-    """Upper clip range epsilon_high (Clip-Higher, section 3.1; paper: 0.28)."""
-    dual_clip_c: float | None
-    """Dual-clip constant c for negative advantages (extra, not in the paper); null = off."""
-    tis_cap: float | None
-    """Truncated importance sampling: weight each token's loss by min(pi_old / pi_rollout, C),
-    correcting for the sampler's arithmetic differing from the trainer's (bf16 rollouts, vLLM)
-    and, for groups carried from earlier steps, for the policy's drift since; C here, null = off
-    (extra, not in the paper; ``dapo_core.mismatch``)."""
+    loss: AlgoEntry
+    """The policy loss (``dapo_core.algos.POLICY_LOSSES``) and its parameters, e.g.
+    ``{name: clip, eps_low: 0.2, eps_high: 0.28, dual_clip_c: null}`` (Eq. 10; ``gspo``,
+    ``cispo``). ``clip_higher=false`` sets its eps_high to its eps_low."""
+    aggregation: AlgoEntry
+    """How per-token losses become the update's loss, with a count over the whole mini-batch
+    (``AGGREGATIONS``): ``token_mean`` (Eq. 12), ``seq_mean_token_mean`` (GRPO),
+    ``seq_mean_token_sum_norm`` (Dr.GRPO, ``max_len``). ``token_level_loss=false`` turns
+    ``token_mean`` into ``seq_mean_token_mean``."""
+    advantage: AlgoEntry
+    """The advantage estimator (``ADVANTAGES``): ``grpo`` (Eq. 9), ``dr_grpo``, ``rloo``,
+    ``reinforce_pp``, ``reinforce_pp_baseline`` (``gae`` needs a critic the trainer lacks)."""
+    kl: AlgoEntry
+    """KL to a frozen reference policy: ``{name: none}`` (DAPO removes it, section 2.3); the
+    estimators k1/k2/k3 exist (``dapo_core.algos.kl``) but the trainer keeps no reference model
+    yet, so only ``none`` is accepted."""
+    correction: AlgoEntry
+    """Rollout correction for the sampler's policy not being pi_old (``CORRECTIONS``):
+    ``{name: none}``, or ``token_tis`` (``cap``, truncated importance sampling; what the old
+    ``algo.tis_cap`` set), ``seq_tis``, ``token_mask``, ``seq_mask`` (extras, not in the paper;
+    ``dapo_core.mismatch``). The tokens ``token_mask``/``seq_mask`` drop leave the numerator but
+    stay in the global count (it is fixed before the forward passes that decide them)."""
     clip_higher: bool
     """Switch: decoupled clip (section 3.1). Off means eps_high = eps_low (symmetric PPO clip)."""
     token_level_loss: bool
@@ -181,17 +209,6 @@ class AlgoConfig:
     """Size each generation batch to what the step still needs, from the recent kept fraction
     (``train.gen_batch`` becomes the largest batch); off: every batch is ``gen_batch`` (beyond the
     paper; ``dapo_core.sampling.sized_gen_batch``)."""
-
-    def loss_config(self) -> LossConfig:
-        """The subset of switches the policy loss reads."""
-        return LossConfig(
-            eps_low=self.eps_low,
-            eps_high=self.eps_high,
-            clip_higher=self.clip_higher,
-            token_level_loss=self.token_level_loss,
-            dual_clip_c=self.dual_clip_c,
-            tis_cap=self.tis_cap,
-        )
 
 
 @dataclass(frozen=True)

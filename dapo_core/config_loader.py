@@ -1,10 +1,10 @@
 """Building a validated :class:`~dapo_core.config.Config` from nested mappings.
 
 The base mapping (params.yaml), overlay presets (each a subset of keys) and dotted overrides in
-DVC's convention: ``-S algo.eps_high=0.3`` (the value is parsed as JSON, so ``1e-6`` is a float and
-``true``/``null`` work; anything else is taken as a string). Unknown and missing keys and values of
-the wrong type are errors that name the key and the file. Reading files is the caller's job
-(``tasks/params.py``): this module only validates nested mappings.
+DVC's convention: ``-S algo.loss.eps_high=0.3`` (the value is parsed as JSON, so ``1e-6`` is a
+float and ``true``/``null`` work; anything else is taken as a string). Unknown and missing keys
+and values of the wrong type are errors that name the key and the file. Reading files is the
+caller's job (``tasks/params.py``): this module only validates nested mappings.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from dapo_core.config import UPDATE_SWITCHES, Config, ConfigError
+from dapo_core.algorithm import checked_entry
+from dapo_core.config import UPDATE_SWITCHES, AlgoEntry, Config, ConfigError
 
 
 def resolve(
@@ -47,7 +48,7 @@ def from_dict(
     def where(key: str) -> str:
         return (origins or {}).get(key, source)
 
-    raw = _backfill(raw)
+    raw = _backfill(migrate_flat_algo(raw))
     cfg = _build(Config, raw, prefix="", where=where)
     _check_values(cfg, source, where)
     return cfg
@@ -56,12 +57,37 @@ def from_dict(
 # Keys added after runs were logged, each with the value that behaves as runs did before it
 # existed: a config logged earlier (``dapo reproduce``, a resubmitted sweep run) still loads.
 ADDED_KEYS: dict[tuple[str, str], Any] = {
-    ("algo", "tis_cap"): None,  # no truncated importance sampling
     ("rollout", "weights"): "policy",  # sampling from the trained weights themselves
     ("tracking", "switch_probe"): None,  # no probe
     ("tiny", "seed"): 0,  # builds before it used a run's seed; 0 is what sweeps built with
     ("eval", "answer_format"): "dapo",  # the Answer line, else the last box
 }
+
+
+# The flat keys of ``algo`` before the algorithm entries (issue 24), and the entries that ran then.
+FLAT_ALGO_KEYS = ("eps_low", "eps_high", "dual_clip_c", "tis_cap")
+
+
+def migrate_flat_algo(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A config in the old form (``algo.eps_low``, ``eps_high``, ``dual_clip_c``, ``tis_cap``)
+    rewritten as the entries that behave the same: the ``clip`` loss with those clip ranges,
+    ``token_mean`` (the switches then chose the aggregation, as they still do), ``grpo``
+    advantages, no KL, and ``token_tis`` with cap ``tis_cap`` (or no correction). A copy; a
+    config in the new form is returned as it is."""
+    algo = raw.get("algo")
+    if not isinstance(algo, Mapping) or "loss" in algo or not set(FLAT_ALGO_KEYS) & set(algo):
+        return raw
+    algo = dict(algo)
+    flat = {k: algo.pop(k) for k in FLAT_ALGO_KEYS if k in algo}
+    cap = flat.pop("tis_cap", None)
+    algo |= {
+        "loss": {"name": "clip", **flat},
+        "aggregation": {"name": "token_mean"},
+        "advantage": {"name": "grpo"},
+        "kl": {"name": "none"},
+        "correction": {"name": "none"} if cap is None else {"name": "token_tis", "cap": cap},
+    }
+    return {**raw, "algo": algo}
 
 
 def _backfill(raw: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -81,7 +107,8 @@ def _did_you_mean(name: str, candidates: typing.Iterable[str]) -> str:
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
-    """``algo.eps_high=0.3`` -> (["algo", "eps_high"], 0.3); the value is JSON, else a str."""
+    """``algo.loss.eps_high=0.3`` -> (["algo", "loss", "eps_high"], 0.3); the value is JSON,
+    else a str."""
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {item!r} must look like section.key=value")
@@ -106,7 +133,15 @@ def _merge(
             raise ConfigError(
                 f"{source}: unknown key '{prefix}{key}' (not in the base config){hint}"
             )
-        if isinstance(value, Mapping) and isinstance(base[key], dict) and _is_section(base[key]):
+        # An overlay that names an algo entry ({name: gspo}) replaces it whole: the old entry's
+        # parameters are not the new one's.
+        replaces = isinstance(value, Mapping) and "name" in value
+        if (
+            isinstance(value, Mapping)
+            and isinstance(base[key], dict)
+            and _is_section(base[key])
+            and not replaces
+        ):
             _merge(base[key], value, source, origins, prefix=f"{prefix}{key}.")
         else:
             base[key] = value
@@ -180,6 +215,11 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
         if value is None:
             return None
         raise bad
+    if hint is AlgoEntry:  # validated by the entry itself, its messages prefixed by the source
+        try:
+            return checked_entry(key.split(".")[-1], value)
+        except ConfigError as err:
+            raise ConfigError(f"{source}: {err}") from None
     if origin is Literal:
         if value in args:
             return value
@@ -321,14 +361,11 @@ def _check_values(cfg: Config, source: str, where: typing.Callable[[str], str]) 
 
     _check_bounds(cfg, where)
     a, t, r, e, d = cfg.algo, cfg.train, cfg.rollout, cfg.eval, cfg.data
-    need(0 < a.eps_low < 1, f"algo.eps_low must be in (0, 1), got {a.eps_low}")
-    need(a.eps_high > 0, f"algo.eps_high must be > 0, got {a.eps_high}")
-    need(a.dual_clip_c is None or a.dual_clip_c > 1, "algo.dual_clip_c must be > 1 or null")
-    need(a.tis_cap is None or a.tis_cap >= 1, "algo.tis_cap must be >= 1 or null (off)")
     need(
-        a.tis_cap is None or r.backend != "vllm" or (r.temperature == 1 and r.top_p == 1),
-        "algo.tis_cap needs the sampler's log-probs, which vLLM gives the trainer's way only at "
-        "rollout.temperature=1.0 and rollout.top_p=1.0: set those, or algo.tis_cap=null",
+        a.correction.name == "none" or r.backend != "vllm" or (r.temperature == 1 and r.top_p == 1),
+        "algo.correction needs the sampler's log-probs, which vLLM gives the trainer's way only "
+        "at rollout.temperature=1.0 and rollout.top_p=1.0: set those, or algo.correction.name="
+        "none",
     )
     need(0 <= a.cache_len < r.max_response_len, "algo.cache_len must be in [0, max_response_len)")
     need(r.group_size >= 2, "rollout.group_size must be >= 2 (advantages need a group)")

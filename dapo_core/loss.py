@@ -135,15 +135,23 @@ def policy_loss(
     return loss, metrics
 
 
-def long_weight_share(lengths: Sequence[int], token_level: bool) -> float:
+def long_weight_share(
+    lengths: Sequence[int], token_level: bool = True, weights: Sequence[float] | None = None
+) -> float:
     """Share of a batch's loss weight carried by its responses longer than the median length.
 
     Under the token-level loss (Eq. 12) each token weighs the same, so a response weighs in
     proportion to its length; under the sample-level loss (GRPO) each response weighs the same
-    whatever its length. 0.0 for an empty batch."""
+    whatever its length. ``weights``, when given, are each response's weight as the configured
+    aggregation gives it (``dapo_core.algorithm.response_weights``) and ``token_level`` is
+    ignored. 0.0 for an empty batch."""
     n = np.asarray(lengths, dtype=np.float64)
+    if weights is None:
+        weight = n if token_level else np.ones_like(n)
+    else:
+        weight = np.asarray(weights, dtype=np.float64)
+    weight = weight[n > 0]
     n = n[n > 0]
     if n.size == 0:
         return 0.0
-    weight = n if token_level else np.ones_like(n)
     return float(weight[n > np.median(n)].sum() / weight.sum())

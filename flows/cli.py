@@ -19,10 +19,15 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from dapo_core.ablation import ABLATION_LADDER, apply_variant
+from dapo_core.ablation import ABLATION_LADDER, ALGORITHM_PRESETS, apply_variant
 from dapo_core.config import ConfigError
 from dapo_core.errors import PipelineError, TrainingInterrupted
 from flows.report import report_ablation, report_pipeline
+
+VARIANTS_HELP = (
+    f"A Table 1 variant ({', '.join(ABLATION_LADDER)}) or an algorithm "
+    f"({', '.join(ALGORITHM_PRESETS)})."
+)
 
 app = typer.Typer(
     help="DAPO (arXiv 2503.14476) training pipeline: curate, train, evaluate, ablate.",
@@ -42,7 +47,7 @@ ConfigOpt = Annotated[
 ]
 SetOpt = Annotated[
     list[str] | None,
-    typer.Option("--set", "-S", help="Override a value: -S algo.eps_high=0.3 (repeatable)."),
+    typer.Option("--set", "-S", help="Override a value: -S algo.loss.eps_high=0.3 (repeatable)."),
 ]
 ParamsOpt = Annotated[
     Path | None,
@@ -99,9 +104,7 @@ def show_config(
     params: ParamsOpt = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    variant: Annotated[
-        str | None, typer.Option(help=f"A Table 1 variant: {', '.join(ABLATION_LADDER)}.")
-    ] = None,
+    variant: Annotated[str | None, typer.Option(help=VARIANTS_HELP)] = None,
 ) -> None:
     """Print the resolved configuration as JSON (after presets, overrides and the variant)."""
     cfg = _load(params, config, set_, variant)
@@ -110,7 +113,7 @@ def show_config(
 
 @app.command("variants")
 def variants() -> None:
-    """List the Table 1 ablation ladder: each variant's algorithm switches."""
+    """List the Table 1 ablation ladder (each variant's switches) and the algorithm presets."""
     from rich.table import Table
 
     from dapo_core.ablation import ABLATION_SWITCHES, PAPER_TABLE1_AIME24
@@ -124,6 +127,12 @@ def variants() -> None:
         marks = ["✓" if switches[s] else "·" for s in ABLATION_SWITCHES]
         table.add_row(name, *marks, f"{PAPER_TABLE1_AIME24[name]:.0f}")
     Console().print(table)
+    algos = Table(title="Algorithms (DAPO's full recipe with these algo entries replaced)")
+    algos.add_column("variant")
+    algos.add_column("algo entries")
+    for name, entries in ALGORITHM_PRESETS.items():
+        algos.add_row(name, json.dumps(entries) if entries else "(DAPO as configured)")
+    Console().print(algos)
 
 
 @app.command("train")
@@ -132,7 +141,7 @@ def train(
     params: ParamsOpt = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    variant: Annotated[str | None, typer.Option(help="A Table 1 variant to train.")] = None,
+    variant: Annotated[str | None, typer.Option(help=VARIANTS_HELP)] = None,
     run_dir: Annotated[
         Path | None, typer.Option(help="Run directory (default: train.out_dir/<timestamp>).")
     ] = None,
@@ -476,7 +485,7 @@ def pipeline(
     params: ParamsOpt = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    variant: Annotated[str | None, typer.Option(help="A Table 1 variant to train.")] = None,
+    variant: Annotated[str | None, typer.Option(help=VARIANTS_HELP)] = None,
     run_name: RunNameOpt = None,
     eval_set: EvalSetOpt = None,
     max_steps: Annotated[

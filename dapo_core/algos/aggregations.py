@@ -51,8 +51,10 @@ def _sums(loss_t: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
 def token_mean(loss_t: Tensor, mask: Tensor, p: NoParams) -> tuple[Tensor, Tensor]:
     """Token-level: numerator sum_i sum_t l_it, count = number of valid tokens.
     Source: DAPO section 3.3, Eq. 12."""
-    seq_sum, lengths = _sums(loss_t, mask)
-    return seq_sum.sum(), lengths.sum()
+    mask = mask.bool()
+    # One sum over every token, not per row then over rows: the order of a flat sum, so DAPO's
+    # loss is bitwise what the trainer computed before the registries.
+    return masked(loss_t, mask).sum(), mask.sum().to(loss_t.dtype)
 
 
 @AGGREGATIONS.register("seq_mean_token_mean", NoParams)

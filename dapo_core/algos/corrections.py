@@ -6,6 +6,8 @@ pi_old that the loss's ratio assumes (``dapo_core.mismatch``). With the per-toke
 log w_t = old_logp_t - rollout_logp_t on valid tokens, every entry is
 ``fn(batch: TokenBatch, p) -> (weights (B, T), keep_mask (B, T) bool, metrics)``:
 
+- ``none``: weights 1, keeps every valid token (the identity, so a trainer calls a correction
+  whether or not one is configured);
 - ``token_tis``: w_t = min(exp(log w_t), cap), truncated importance sampling per token (Yao et
   al. 2025; also slime, SkyRL; ``dapo_core.mismatch.tis_weights``), keeps every token;
 - ``seq_tis``: w_i = min(exp(sum_t log w_t), cap) per sequence, the sequence-level importance
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dapo_core.algos.registry import CORRECTIONS, Params
+from dapo_core.algos.registry import CORRECTIONS, NoParams, Params
 from dapo_core.algos.types import Metrics, TokenBatch, masked, mean_over, share
 from dapo_core.config import ConfigError
 
@@ -114,6 +116,13 @@ def seq_tis(batch: TokenBatch, p: SeqTisParams) -> tuple[Tensor, Tensor, Metrics
     metrics = _metrics(weights, mask, mask)
     metrics["is_capped_frac"] = share(capped, _nonempty(mask))  # a share of sequences
     return weights, mask, metrics
+
+
+@CORRECTIONS.register("none", NoParams)
+def none(batch: TokenBatch, p: NoParams) -> tuple[Tensor, Tensor, Metrics]:
+    """No correction: weights 1, every valid token kept, no metrics.
+    Source: DAPO (its loss assumes the sampler is pi_old)."""
+    return _ones(batch), batch.mask, {}
 
 
 def _ones(batch: TokenBatch) -> Tensor:

@@ -10,7 +10,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dapo_core.ablation import ABLATION_LADDER, ABLATION_SWITCHES
+from dapo_core.ablation import (
+    ABLATION_LADDER,
+    ABLATION_SWITCHES,
+    ALGORITHM_PRESETS,
+    apply_variant,
+)
 from dapo_core.config import Config
 from tasks.data.version import data_version
 from tasks.models.resolve import model_md5
@@ -57,7 +62,12 @@ def prefect_flow_run_id() -> str | None:
 
 
 def variant_of(cfg: Config) -> str:
-    """The Table 1 variant whose switches ``cfg.algo`` has, or ``custom``."""
+    """The algorithm preset whose entries ``cfg.algo`` has (other than ``dapo``'s, which the
+    ladder names by its switches), else the Table 1 variant whose switches it has, or
+    ``custom``."""
+    for name in ALGORITHM_PRESETS:
+        if ALGORITHM_PRESETS[name] and apply_variant(cfg, name).algo == cfg.algo:
+            return name
     switches = {s: getattr(cfg.algo, s) for s in ABLATION_SWITCHES}
     for name, ladder in ABLATION_LADDER.items():
         if all(switches[s] == ladder[s] for s in ABLATION_SWITCHES):

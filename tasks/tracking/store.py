@@ -57,7 +57,8 @@ def experiment_name(cfg: Config, kind: str) -> str:
 
 
 def flatten_config(cfg: Config | Mapping[str, Any]) -> dict[str, str]:
-    """``{"algo.eps_high": "0.28", ...}``: the resolved config as MLflow params (lists as JSON)."""
+    """``{"algo.loss.eps_high": "0.28", ...}``: the resolved config as MLflow params (lists as
+    JSON)."""
     raw = cfg.to_dict() if isinstance(cfg, Config) else cfg
     out: dict[str, str] = {}
 

@@ -1,9 +1,10 @@
 """The tracker: one MLflow run, written through ``MlflowClient`` (the only place, with
 ``tasks.tracking.store``, that talks to MLflow).
 
-Each run gets the resolved config as flattened params (``algo.eps_high``) and as a ``config.json``
-artifact, and the tags of ``tasks.tracking.provenance``. Per-step metrics are buffered and written
-with ``log_batch`` every few steps or seconds (one call per value is far slower).
+Each run gets the resolved config as flattened params (``algo.loss.eps_high``) and as a
+``config.json`` artifact, and the tags of ``tasks.tracking.provenance``. Per-step metrics are
+buffered and written with ``log_batch`` every few steps or seconds (one call per value is far
+slower).
 
 Tracking is never allowed to kill a training run: every MLflow call goes through one guard that
 catches the error, warns once, and keeps going (metrics stay buffered and are retried after a

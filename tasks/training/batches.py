@@ -66,11 +66,31 @@ class Sample:
 
     input_ids: list[int]  # prompt + response
     prompt_len: int
-    advantage: float
+    advantage: float  # the response's advantage (the mean over its tokens of token_advantages)
     keep: bool  # False when overlong filtering masks it out
     old_logp: torch.Tensor | None = None  # (response_len,), when several updates per rollout
     rollout_logp: torch.Tensor | None = None  # (response_len,), the sampler's log-probs
     fresh: bool = True  # sampled by this step's policy (not a group carried from an earlier step)
+    token_advantages: torch.Tensor | None = None  # (response_len,); None: ``advantage`` on each
+
+    @property
+    def response_len(self) -> int:
+        return len(self.input_ids) - self.prompt_len
+
+    @property
+    def carries_loss(self) -> bool:
+        """False when its loss is identically zero: masked out, or every advantage 0."""
+        if not self.keep:
+            return False
+        if self.token_advantages is None:
+            return self.advantage != 0.0
+        return bool(self.token_advantages.any())
+
+    def advantages(self) -> torch.Tensor:
+        """(response_len,) per-token advantages."""
+        if self.token_advantages is not None:
+            return self.token_advantages
+        return torch.full((self.response_len,), self.advantage)
 
 
 def fed_tokens(

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dapo_core.algos import Metrics
 from dapo_core.config import Config
 from dapo_core.errors import TrainingStopped
 from dapo_core.overlong import shaped_rewards
@@ -72,20 +73,42 @@ def dynamic_sampling_metrics(ds: BatchStats) -> dict[str, float]:
 
 class UpdateSums:
     """One update's statistics, summed over its micro-batches (then over ranks) and turned into
-    the per-update values ``update_metrics`` reads. A micro-batch's token means (clip shares,
-    entropy) are weighted by its tokens; the mismatch sums count only freshly sampled tokens."""
+    the per-update values ``update_metrics`` reads. The entropy (a token mean) is weighted by
+    each micro-batch's tokens; the mismatch sums count only freshly sampled tokens; the
+    algorithm entries' metrics are (numerator, denominator) pairs, summed apart and divided once
+    (``dapo_core.algos.reduce_metrics``), whatever entries emitted them."""
 
-    # summed as mean x tokens: clip_frac_high's sum is the count of tokens clipped above
-    TOKEN_MEANS = ("clip_frac_high", "clip_frac_low", "entropy")
-    TOTALS = ("loss", "tokens", "clip_high_old_prob_sum")
+    TOKEN_MEANS = ("entropy",)
+    TOTALS = ("loss", "tokens")
     MISMATCH = ("mismatch_abs_diff", "mismatch_kl", "mismatch_tokens")
 
     def __init__(self) -> None:
         self.sums = dict.fromkeys(self.TOKEN_MEANS + self.TOTALS + self.MISMATCH, 0.0)
         self.max_ratio = 0.0
+        self.entries: dict[str, list[float]] = {}  # name -> [numerator, denominator]
+
+    def add_micro(
+        self, stats: dict[str, torch.Tensor], entries: Metrics, real: bool = True
+    ) -> None:
+        """One micro-batch: its statistics and its entries' metrics, in one host transfer. A
+        padding micro-batch (``real`` false) adds nothing but its metric names, so that every
+        rank all-reduces the same list."""
+        values = [v.detach().float() for v in stats.values()]
+        names = sorted(entries)
+        values += [entries[k][i].detach().float() for k in names for i in (0, 1)]
+        flat = torch.stack(values).tolist()
+        for k in names:
+            self.entries.setdefault(k, [0.0, 0.0])
+        if not real:
+            return
+        self.add(dict(zip(stats, flat, strict=False)))
+        pairs = flat[len(stats) :]
+        for j, k in enumerate(names):
+            self.entries[k][0] += pairs[2 * j]
+            self.entries[k][1] += pairs[2 * j + 1]
 
     def add(self, micro: dict[str, float]) -> None:
-        """One micro-batch's statistics (``policy_loss`` metrics, its entropy, loss, tokens)."""
+        """One micro-batch's statistics (its entropy, loss, tokens, mismatch sums)."""
         for k in self.TOKEN_MEANS:
             self.sums[k] += micro[k] * micro["tokens"]
         for k in self.TOTALS:
@@ -97,18 +120,20 @@ class UpdateSums:
 
     def all_reduce(self, world: int) -> None:
         keys = list(self.sums)
-        self.sums = dict(
-            zip(keys, all_reduce_sum([self.sums[k] for k in keys], world), strict=True)
-        )
+        names = sorted(self.entries)
+        flat = [self.sums[k] for k in keys] + [x for k in names for x in self.entries[k]]
+        flat = all_reduce_sum(flat, world)
+        self.sums = dict(zip(keys, flat[: len(keys)], strict=True))
+        pairs = flat[len(keys) :]
+        self.entries = {k: [pairs[2 * j], pairs[2 * j + 1]] for j, k in enumerate(names)}
         self.max_ratio = all_reduce_max(self.max_ratio, world)
 
-    def result(self) -> dict[str, float]:
-        """Token means, the loss and token count, the tokens clipped above (shares x tokens are
-        counts) with their summed pi_old, and the mismatch means when any were measured."""
+    def result(self) -> dict[str, Any]:
+        """Token means, the loss and token count, the mismatch means when any were measured,
+        and ``entries``: each entry metric's summed (numerator, denominator)."""
         s, n = self.sums, self.sums["tokens"]
-        out = {k: s[k] / n if n else 0.0 for k in self.TOKEN_MEANS}
-        out |= {"loss": s["loss"], "tokens": n, "clip_high_tokens": s["clip_frac_high"]}
-        out["clip_high_old_prob_sum"] = s["clip_high_old_prob_sum"]
+        out: dict[str, Any] = {k: s[k] / n if n else 0.0 for k in self.TOKEN_MEANS}
+        out |= {"loss": s["loss"], "tokens": n, "entries": dict(self.entries)}
         if n_mis := s["mismatch_tokens"]:
             out["mismatch_abs_diff"] = s["mismatch_abs_diff"] / n_mis
             out["mismatch_kl"] = s["mismatch_kl"] / n_mis
@@ -116,9 +141,34 @@ class UpdateSums:
         return out
 
 
-def update_metrics(updates: list[dict[str, float]], lr: float) -> dict[str, float]:
-    """The step's loss-side metrics: means over its updates, except ``clip_high_old_prob``,
-    pooled over every token the step clipped above."""
+POOLED_OVER_STEP = ("clip_high_old_prob",)
+"""Entry metrics over a subset of tokens that many updates lack (the tokens clipped above): pooled
+over the step's updates, and logged only when some update had such tokens. Every other entry
+metric is the mean over the step's updates of each update's value, as the loss is."""
+
+
+def entry_metrics(updates: list[dict[str, Any]], names: list[str] = ()) -> dict[str, float]:
+    """``train/<name>`` of every metric the algorithm entries emitted, and of ``names`` (the
+    entries' metrics: an update without tokens counts 0 for them, as a share of no tokens)."""
+    parts = [u.get("entries", {}) for u in updates]
+    out = {}
+    for name in sorted({*names, *(k for p in parts for k in p)}):
+        pairs = [p.get(name, (0.0, 0.0)) for p in parts]
+        if name in POOLED_OVER_STEP:
+            num, den = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+            if den:
+                out[f"train/{name}"] = num / den
+        else:
+            values = [num / den if den else 0.0 for num, den in pairs]
+            out[f"train/{name}"] = float(np.mean(values)) if values else 0.0
+    return out
+
+
+def update_metrics(
+    updates: list[dict[str, Any]], lr: float, names: list[str] = ()
+) -> dict[str, float]:
+    """The step's loss-side metrics: means over its updates, and the entries' metrics
+    (:func:`entry_metrics`)."""
 
     def mean(key: str) -> float:
         return float(np.mean([u[key] for u in updates])) if updates else 0.0
@@ -133,20 +183,18 @@ def update_metrics(updates: list[dict[str, float]], lr: float) -> dict[str, floa
         }
     else:
         extra = {}
-    clipped_above = sum(u.get("clip_high_tokens", 0.0) for u in updates)
-    if clipped_above:  # the mean pi_old of the step's tokens clipped above
-        prob = sum(u["clip_high_old_prob_sum"] for u in updates) / clipped_above
-        extra["train/clip_high_old_prob"] = prob
-    return extra | {
-        "train/entropy": mean("entropy"),
-        "train/clip_frac_low": mean("clip_frac_low"),
-        "train/clip_frac_high": mean("clip_frac_high"),
-        "train/grad_norm": float(np.nanmean(norms)) if any(map(math.isfinite, norms)) else 0.0,
-        "train/loss": mean("loss"),
-        "train/lr": lr,
-        "train/skipped_updates": float(sum(not u["finite"] for u in updates)),
-        "perf/padding_frac": mean("padding_frac"),
-    }
+    return (
+        extra
+        | entry_metrics(updates, names)
+        | {
+            "train/entropy": mean("entropy"),
+            "train/grad_norm": float(np.nanmean(norms)) if any(map(math.isfinite, norms)) else 0.0,
+            "train/loss": mean("loss"),
+            "train/lr": lr,
+            "train/skipped_updates": float(sum(not u["finite"] for u in updates)),
+            "perf/padding_frac": mean("padding_frac"),
+        }
+    )
 
 
 class StallWatch:

@@ -3,11 +3,15 @@
 One step:
 1. build the batch with dynamic sampling (``dapo_core.sampling.fill_batch``): generate G responses
    per prompt, score them (``dapo_core.reward``), keep informative groups, carry the surplus;
-2. rewards with the overlong penalty, group advantages, the overlong-filter loss mask;
+2. rewards with the overlong penalty, per-token advantages from the ``algo.advantage`` entry, the
+   overlong-filter loss mask;
 3. old log-probs once, only when there are several updates per rollout (with one update the ratio
    is exactly 1 and the pass would be wasted);
 4. ``prompt_batch / mini_batch`` gradient updates, each accumulated over micro-batches sized by a
-   token budget, with the loss normalizer counted over the whole mini-batch (and all ranks);
+   token budget; each micro-batch calls the ``algo`` entries (``dapo_core.algorithm``: rollout
+   correction -> policy loss -> aggregation) and divides by the aggregation's count over the
+   whole mini-batch (and all ranks), known before any backward; the entries' metrics are summed
+   as (numerator, denominator) over micro-batches and ranks and logged as ``train/<name>``;
 5. AdamW with linear warm-up (step 1 trains at lr / warmup, never at 0; the lr is a function of the
    step, so a resumed run needs no scheduler state), gradient clipping, and
    a skip of any update whose loss or gradient is not finite.
@@ -25,6 +29,7 @@ hands over its loop state (``state_dict``).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import random
@@ -36,10 +41,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from dapo_core.advantages import group_advantages
-from dapo_core.config import AlgoConfig, Config, LossConfig
+from dapo_core.algorithm import (
+    Algorithm,
+    algorithm,
+    global_count,
+    response_weights,
+    token_advantages,
+)
+from dapo_core.algos import TokenBatch, aggregate, reduce_metrics
+from dapo_core.config import AlgoConfig, Config
 from dapo_core.errors import TrainingStopped
-from dapo_core.loss import long_weight_share, policy_loss
+from dapo_core.loss import long_weight_share
 from dapo_core.metrics import masked_mean
 from dapo_core.mismatch import mismatch_sums
 from dapo_core.overlong import overlong_filter_mask, shaped_rewards
@@ -92,6 +104,12 @@ def seed_everything(seed: int) -> None:
 def warmup_lambda(warmup_steps: int) -> Callable[[int], float]:
     """Linear warm-up then constant: step s (0-based) trains at lr * (s+1)/warmup, never at 0."""
     return lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+
+
+def response_advantage(adv: torch.Tensor) -> float:
+    """A response's advantage: the mean of its tokens' (exactly A_i for sequence-level
+    estimators: a float64 sum of equal float32 values divided by their number)."""
+    return float(adv.double().mean().float()) if adv.numel() else 0.0
 
 
 def new_rollout_log() -> dict[str, Any]:
@@ -148,7 +166,8 @@ class DAPOTrainer:
             before_forward=self.engine.before_forward,
         )
         self.lr_at = warmup_lambda(cfg.train.warmup_steps)
-        self.loss_cfg = cfg.algo.loss_config()
+        self.algorithm = algorithm(cfg.algo)  # the entries every update calls
+        self.metric_names = self.algorithm.metric_names()
         self.probed_switch = cfg.tracking.switch_probe  # the switch a probe flips, or None
         probe.check_world(self.probed_switch, self.world)
         install_rms_norm(
@@ -202,7 +221,7 @@ class DAPOTrainer:
                 updates = self._updates(samples)
         self.step += 1
         self.bad_steps = 0 if all(u["finite"] for u in updates) else self.bad_steps + 1
-        metrics.update(update_metrics(updates, lr))
+        metrics.update(update_metrics(updates, lr, self.metric_names))
         step_time = time.perf_counter() - t0
         tokens = sum(gen_log["lengths"]) + sum(u["tokens"] for u in updates)
         metrics.update(
@@ -240,16 +259,14 @@ class DAPOTrainer:
             sized=cfg.algo.size_gen_batches,
         )
 
-    def _updates(
-        self, samples: list[Sample], loss_cfg: LossConfig | None = None
-    ) -> list[dict[str, float]]:
+    def _updates(self, samples: list[Sample], alg: Algorithm | None = None) -> list[dict[str, Any]]:
         """``prompt_batch / mini_batch`` gradient updates over the step's samples (with the run's
-        loss unless ``loss_cfg`` says otherwise: a switch probe's flipped update)."""
+        algorithm unless ``alg`` says otherwise: a switch probe's flipped update)."""
         per_update = self.cfg.train.mini_batch * self.cfg.rollout.group_size
         minis = [samples[i : i + per_update] for i in range(0, len(samples), per_update)]
         if len(minis) > 1:  # with one update the ratio is exactly 1: no extra pass
             self._compute_old_logprobs(minis)
-        return [self._update(mini, loss_cfg) for mini in minis]
+        return [self._update(mini, alg) for mini in minis]
 
     def _probed_updates(
         self, groups: list[Group], samples: list[Sample]
@@ -266,7 +283,7 @@ class DAPOTrainer:
         before, saved = entropy(), probe.snapshot(self.engine)
         # The flipped update draws no random numbers today; forking keeps it so if one ever does.
         with torch.random.fork_rng(devices=probe.cuda_devices(self.device)):
-            self._updates(self._samples(groups, algo)[0], algo.loss_config())
+            self._updates(self._samples(groups, algo)[0], algorithm(algo))
             after_flipped = entropy()
         probe.restore(self.engine, saved)
         t_real = time.perf_counter()
@@ -353,45 +370,51 @@ class DAPOTrainer:
             cache_len=a.cache_len,
             factor=a.overlong_penalty_factor,
         ).view_as(acc)
-        adv = group_advantages(rewards).flatten()  # (P*G,)
+        alg = algorithm(a) if algo else self.algorithm
+        adv_t, adv_metrics = token_advantages(alg.advantage, rewards, lengths)  # (P*G, T)
         keep = overlong_filter_mask(
             torch.ones(acc.numel(), 1), ~finished.flatten(), overlong_filtering=a.overlong_filtering
         )[:, 0].bool()
         samples = []
         for gi, g in enumerate(groups):
-            rollout_logps = self._rollout_logps(g)
+            rollout_logps = self._rollout_logps(g, alg)
             for j, resp in enumerate(g.response_ids):
                 k = gi * len(g.response_ids) + j
+                adv_k = adv_t[k, : len(resp)]
                 samples.append(
                     Sample(
                         g.prompt_ids + resp,
                         len(g.prompt_ids),
-                        float(adv[k]),
+                        response_advantage(adv_k),
                         bool(keep[k]),
                         rollout_logp=rollout_logps[j] if rollout_logps else None,
                         fresh=getattr(g, "step", None) == self.step,
+                        token_advantages=adv_k,
                     )
                 )
-        carrying = [len(s.input_ids) - s.prompt_len for s in samples if s.keep and s.advantage]
-        stats = {
+        carrying = [len(s.input_ids) - s.prompt_len for s in samples if s.carries_loss]
+        weights = response_weights(alg.aggregation, carrying)
+        stats = {f"train/{k}": float(v) for k, v in reduce_metrics([adv_metrics]).items()}
+        stats |= {
             "train/batch_acc_mean": acc.float().mean().item(),
-            "train/adv_abs_mean": adv.abs().mean().item(),
-            "train/long_weight_share": long_weight_share(carrying, a.token_level_loss),
+            # per response (its token mean), as before per-token advantages
+            "train/adv_abs_mean": torch.tensor([abs(s.advantage) for s in samples]).mean().item(),
+            "train/long_weight_share": long_weight_share(carrying, weights=weights),
         }
         return samples, stats
 
-    def _rollout_logps(self, group: Group) -> list[torch.Tensor] | None:
+    def _rollout_logps(self, group: Group, alg: Algorithm) -> list[torch.Tensor] | None:
         """The sampler's log-probs of each response, as ``_generate_groups`` stored them (None
         when the backend gives none, or for a group carried in a checkpoint written before they
         were kept)."""
         logprobs = getattr(group, "logprobs", None)
         if logprobs is None:
-            if self.cfg.algo.tis_cap is not None:
+            if alg.corrects:
                 raise TrainingStopped(
-                    "algo.tis_cap needs the sampler's log-probs: this rollout backend gave none "
-                    "(vLLM gives them at rollout.temperature=1.0 and top_p=1.0), or a group "
+                    "algo.correction needs the sampler's log-probs: this rollout backend gave "
+                    "none (vLLM gives them at rollout.temperature=1.0 and top_p=1.0), or a group "
                     "carried in a checkpoint from an older version lacks them. Set "
-                    "algo.tis_cap=null"
+                    "algo.correction.name=none"
                 )
             return None
         return logprobs
@@ -404,7 +427,7 @@ class DAPOTrainer:
     def _my_micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
         """This rank's shard of the samples that carry loss, packed into micro-batches; padded with
         empty micro-batches to the largest count over ranks (ZeRO-3 gathers at every forward)."""
-        active = [s for s in samples if s.keep and s.advantage != 0.0]
+        active = [s for s in samples if s.carries_loss]
         # Shard by prompt, so that a group's shared prompt is computed on one rank.
         _, keys = distinct_prompts(active)
         mine = [s for s, k in zip(active, keys, strict=True) if k % self.world == self.rank]
@@ -428,50 +451,51 @@ class DAPOTrainer:
 
     # -- one update ----------------------------------------------------------------------------
 
-    def _update(
-        self, samples: list[Sample], loss_cfg: LossConfig | None = None
-    ) -> dict[str, float]:
-        """One gradient update over a mini-batch of samples (the same list on every rank)."""
-        loss_cfg = loss_cfg or self.loss_cfg
-        token_level = loss_cfg.token_level_loss
-        # The normalizer counts every sample of the whole mini-batch (every rank holds all of it),
+    def _update(self, samples: list[Sample], alg: Algorithm | None = None) -> dict[str, Any]:
+        """One gradient update over a mini-batch of samples (the same list on every rank):
+        correction -> policy loss -> aggregation, each micro-batch divided by the global count."""
+        alg = alg or self.algorithm
+        # The count spans every sample of the whole mini-batch (every rank holds all of it),
         # including the ones skipped because their loss is identically zero.
-        kept = [s for s in samples if s.keep]
-        count = sum(len(s.input_ids) - s.prompt_len for s in kept) if token_level else len(kept)
-        normalizer = max(float(count), 1.0)
+        count = global_count(alg.aggregation, [s.response_len for s in samples if s.keep])
         sums = UpdateSums()
         batches = self._my_micro_batches(samples)
         for i, real in enumerate(batches):
             batch = real or self._dummy()
             logp, ent, mask = self._forward_logprobs(batch)
             old = self._padded(batch, "old_logp", logp)
-            old = logp.detach() if old is None else old
-            adv = torch.tensor([s.advantage for s in batch], device=self.device)
             rollout = self._padded(batch, "rollout_logp", logp)
-            loss, m = policy_loss(
-                logp, old, adv, mask, loss_cfg, normalizer=normalizer, rollout_logp=rollout
+            tokens = TokenBatch(
+                logp,
+                logp.detach() if old is None else old,
+                self._stack([s.advantages() for s in batch], logp),
+                mask,
+                rollout_logp=rollout,
             )
+            weights, keep, m = alg.correction(tokens)
+            loss_t, m_loss = alg.loss(dataclasses.replace(tokens, mask=keep))
+            entry = alg.aggregation
+            loss = aggregate(entry.entry, entry.params, loss_t * weights, keep, count)
+            stats = {"tokens": mask.sum(), "entropy": masked_mean(ent, mask), "loss": loss}
             if rollout is not None:  # the sampler's arithmetic: groups sampled this step only
                 fresh = torch.tensor([float(s.fresh) for s in batch], device=self.device)
-                gap = mismatch_sums(old, rollout, mask * fresh[:, None])
-                m |= {f"mismatch_{k}": v for k, v in gap.items()}
+                gap = mismatch_sums(tokens.old_logp, rollout, mask * fresh[:, None])
+                stats |= {f"mismatch_{k}": v for k, v in gap.items()}
             self.engine.backward(loss, boundary=i == len(batches) - 1)
-            if not real:
-                continue
-            # One host transfer per micro-batch for all of its statistics.
-            stats = {"tokens": m["num_tokens"], "entropy": masked_mean(ent, mask), "loss": loss}
-            stats |= {
-                k: m[k] for k in ("clip_frac_high", "clip_frac_low", "clip_high_old_prob_sum")
-            }
-            stats |= {k: v for k, v in m.items() if k.startswith("mismatch_")}
-            values = torch.stack([v.detach().float() for v in stats.values()]).tolist()
-            sums.add(dict(zip(stats, values, strict=True)))
+            sums.add_micro(stats, m | m_loss, real=bool(real))
         sums.all_reduce(self.world)
         grad_norm, applied = self.engine.step(finite=math.isfinite(sums.sums["loss"]))
         out = sums.result()
         out.update(grad_norm=grad_norm, finite=float(applied))
         out["padding_frac"] = sample_padding_fraction([b for b in batches if b])  # this rank's
         return out
+
+    @staticmethod
+    def _stack(rows: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+        """Per-response rows as a (b, R) tensor shaped like ``like``, zeros past each row."""
+        out = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+        out = torch.nn.functional.pad(out, (0, like.shape[1] - out.shape[1]))
+        return out.to(like.device, like.dtype)
 
     @staticmethod
     def _padded(batch: list[Sample], field: str, like: torch.Tensor) -> torch.Tensor | None:
@@ -481,9 +505,7 @@ class DAPOTrainer:
         if any(r is None for r in rows):
             return None
         # One padding op on the rows' device and one copy to ``like``'s, not a copy per row.
-        out = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
-        out = torch.nn.functional.pad(out, (0, like.shape[1] - out.shape[1]))
-        return out.to(like.device, like.dtype)
+        return DAPOTrainer._stack(rows, like)
 
     # -- metrics and state ---------------------------------------------------------------------
 

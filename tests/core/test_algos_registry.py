@@ -37,7 +37,7 @@ def test_importing_the_package_registers_every_builtin():
         "rloo",
     ]
     assert KL_ESTIMATORS.names() == ["k1", "k2", "k3"]
-    assert CORRECTIONS.names() == ["seq_mask", "seq_tis", "token_mask", "token_tis"]
+    assert CORRECTIONS.names() == ["none", "seq_mask", "seq_tis", "token_mask", "token_tis"]
 
 
 def test_every_entry_documents_its_formula_source_and_owns_its_params():

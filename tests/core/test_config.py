@@ -3,6 +3,7 @@ import dataclasses
 import pytest
 
 from dapo_core.ablation import ABLATION_LADDER, ABLATION_SWITCHES, apply_variant
+from dapo_core.algorithm import algorithm
 from dapo_core.config import ConfigError
 from dapo_core.config_loader import from_dict, parse_override, resolve
 from tasks.params import DEFAULT_PARAMS, REPO_ROOT, load_params, read_yaml
@@ -15,14 +16,16 @@ def base():
 
 def test_default_params_load(base):
     cfg = load_params()
-    assert cfg.algo.eps_low == 0.2 and cfg.algo.eps_high == 0.28
+    assert cfg.algo.loss == {"name": "clip", "eps_low": 0.2, "eps_high": 0.28, "dual_clip_c": None}
+    assert cfg.algo.aggregation.name == "token_mean" and cfg.algo.advantage.name == "grpo"
+    assert cfg.algo.kl.name == "none" and cfg.algo.correction.name == "none"
     assert isinstance(cfg.train.lr, float)
 
 
 def test_unknown_key_names_key_and_file(base, tmp_path):
     bad = tmp_path / "p.yaml"
-    bad.write_text(DEFAULT_PARAMS.read_text().replace("eps_high:", "eps_hihg:"))
-    with pytest.raises(ConfigError, match=r"p\.yaml.*unknown key 'algo\.eps_hihg'"):
+    bad.write_text(DEFAULT_PARAMS.read_text().replace("cache_len:", "cache_lne:"))
+    with pytest.raises(ConfigError, match=r"p\.yaml.*unknown key 'algo\.cache_lne'"):
         load_params(bad)
 
 
@@ -40,12 +43,14 @@ def test_wrong_type_and_literal(base):
 
 
 def test_overrides(base):
-    cfg = resolve(base, overrides=["algo.eps_high=0.3", "train.lr=1e-6", "algo.dual_clip_c=10"])
-    assert cfg.algo.eps_high == 0.3 and cfg.train.lr == 1e-6 and cfg.algo.dual_clip_c == 10.0
+    sets = ["algo.loss.eps_high=0.3", "train.lr=1e-6", "algo.loss.dual_clip_c=10"]
+    cfg = resolve(base, overrides=sets)
+    assert cfg.algo.loss.params == {"eps_low": 0.2, "eps_high": 0.3, "dual_clip_c": 10.0}
+    assert cfg.train.lr == 1e-6
     with pytest.raises(ConfigError, match="unknown key 'algo.nope'"):
         resolve(base, overrides=["algo.nope=1"])
     with pytest.raises(ConfigError, match="section.key=value"):
-        parse_override("algo.eps_high")
+        parse_override("algo.loss.eps_high")
 
 
 def test_overlay_presets(tmp_path):
@@ -89,12 +94,12 @@ def test_errors_name_where_the_value_came_from_and_suggest_keys(base, tmp_path):
         resolve(base, overrides=["train.lr=abc"])
     with pytest.raises(ConfigError, match=r"^preset\.yaml: train\.steps must be >= 1"):
         resolve(base, overlays=[("preset.yaml", {"train": {"steps": 0}})])
-    with pytest.raises(ConfigError, match=r"did you mean 'algo\.eps_high'\?"):
-        resolve(base, overrides=["algo.eps_hihg=0.3"])
-    with pytest.raises(ConfigError, match=r"did you mean 'algo\.eps_high'\?"):
-        resolve(base, overlays=[("p.yaml", {"algo": {"eps_hihg": 0.3}})])
-    broken = {**base, "algo": {**base["algo"], "eps_hihg": 0.3}}
-    with pytest.raises(ConfigError, match=r"did you mean 'algo\.eps_high'\?"):
+    with pytest.raises(ConfigError, match=r"did you mean 'algo\.loss\.eps_high'\?"):
+        resolve(base, overrides=["algo.loss.eps_hihg=0.3"])
+    with pytest.raises(ConfigError, match=r"did you mean 'algo\.loss\.eps_high'\?"):
+        resolve(base, overlays=[("p.yaml", {"algo": {"loss": {"eps_hihg": 0.3}}})])
+    broken = {**base, "algo": {**base["algo"], "loss": {"name": "clip", "eps_hihg": 0.3}}}
+    with pytest.raises(ConfigError, match=r"algo.loss clip: unknown parameter 'eps_hihg'; did you"):
         resolve(broken)
 
 
@@ -132,7 +137,9 @@ def test_ladder_is_cumulative_and_ends_at_full_dapo(base):
     cfg = from_dict(base)
     grpo = apply_variant(cfg, "grpo")
     assert not any(getattr(grpo.algo, s) for s in ABLATION_SWITCHES)
-    assert grpo.algo.loss_config().clip_higher is False
+    assert algorithm(grpo.algo).loss.params.eps_high == 0.2  # the symmetric clip
+    assert algorithm(grpo.algo).aggregation.entry.name == "seq_mean_token_mean"
+    assert grpo.algo.loss == cfg.algo.loss  # the ladder changes switches only
     full = apply_variant(cfg, "+dynamic_sampling")
     assert all(getattr(full.algo, s) for s in ABLATION_SWITCHES)
     assert dataclasses.replace(full, algo=cfg.algo).train == cfg.train  # only algo changes
@@ -180,18 +187,18 @@ def test_a_config_logged_before_a_key_existed_still_loads():
     for section, key in ADDED_KEYS:
         del logged[section][key]
     cfg = from_dict(logged, source="the run's config")
-    assert cfg.algo.tis_cap is None and cfg.rollout.weights == "policy"
+    assert cfg.rollout.weights == "policy" and cfg.tiny.seed == 0
     assert cfg.tracking.switch_probe is None
-    assert "tis_cap" not in logged["algo"]  # the caller's mapping is left as it was
+    assert "weights" not in logged["rollout"]  # the caller's mapping is left as it was
 
 
 def test_tis_with_vllm_needs_the_distribution_vllm_reports():
     from dapo_core.config import ConfigError
     from tasks.params import load_params
 
-    ok = ["rollout.backend=vllm", "algo.tis_cap=2"]
-    assert load_params(overrides=ok).algo.tis_cap == 2.0  # temperature 1, top-p 1
-    with pytest.raises(ConfigError, match="algo.tis_cap needs the sampler's log-probs"):
+    ok = ["rollout.backend=vllm", 'algo.correction={"name": "token_tis", "cap": 2}']
+    assert load_params(overrides=ok).algo.correction.params == {"cap": 2.0}  # temp. 1, top-p 1
+    with pytest.raises(ConfigError, match="algo.correction needs the sampler's log-probs"):
         load_params(overrides=[*ok, "rollout.temperature=0.7"])
 
 
@@ -199,8 +206,8 @@ def test_a_cross_field_rule_blames_the_override_that_broke_it():
     from dapo_core.config import ConfigError
     from tasks.params import load_params
 
-    with pytest.raises(ConfigError, match=r"^override -S algo.tis_cap=0.5: algo.tis_cap must be"):
-        load_params(overrides=["algo.tis_cap=0.5"])
+    with pytest.raises(ConfigError, match=r"^override -S .*: algo.correction token_tis: cap must"):
+        load_params(overrides=['algo.correction={"name": "token_tis", "cap": 0.5}'])
     # prompt_batch from the preset, mini_batch from -S: the override is what to change
     with pytest.raises(ConfigError, match=r"^override -S train.mini_batch=5: train.prompt_batch"):
         load_params(overlays=["configs/chain.yaml"], overrides=["train.mini_batch=5"])
@@ -221,3 +228,56 @@ def test_update_switches_are_the_ladder_but_dynamic_sampling():
     from dapo_core.config import UPDATE_SWITCHES
 
     assert set(UPDATE_SWITCHES) == set(ABLATION_SWITCHES) - {"dynamic_sampling"}
+
+
+OLD_FLAT_ALGO = {"eps_low": 0.2, "eps_high": 0.25, "dual_clip_c": 3.0, "tis_cap": 2.0}
+
+
+def test_a_config_logged_with_the_flat_algo_keys_loads_as_the_same_algorithm():
+    """Runs logged before the algorithm entries wrote algo.eps_low/eps_high/dual_clip_c/tis_cap
+    flat: they migrate to the clip loss, token_mean, grpo, no KL and token_tis."""
+    from dapo_core.config_loader import from_dict
+    from tasks.params import load_params
+
+    logged = load_params().to_dict()
+    entries = ("loss", "aggregation", "advantage", "kl", "correction")
+    old = {k: v for k, v in logged["algo"].items() if k not in entries} | OLD_FLAT_ALGO
+    cfg = from_dict({**logged, "algo": old}, source="the run's config")
+    assert cfg.algo.loss == {"name": "clip", "eps_low": 0.2, "eps_high": 0.25, "dual_clip_c": 3.0}
+    assert cfg.algo.correction == {"name": "token_tis", "cap": 2.0}
+    assert cfg.algo.aggregation.name == "token_mean" and cfg.algo.advantage.name == "grpo"
+    assert cfg.algo.kl.name == "none"
+    assert "loss" not in old  # the caller's mapping is left as it was
+    # an older one still, without tis_cap: no correction; the rest as the default config
+    del old["tis_cap"]
+    old |= {"eps_high": 0.28, "dual_clip_c": None}
+    assert from_dict({**logged, "algo": old}) == load_params()
+
+
+def test_algo_entries_are_validated_by_the_entry_and_overlays_replace_a_named_entry(base):
+    with pytest.raises(ConfigError, match=r"algo.loss: unknown entry 'clipp'; did you mean 'clip'"):
+        resolve(base, overrides=["algo.loss.name=clipp"])
+    with pytest.raises(ConfigError, match=r"algo.loss gspo: unknown parameter 'dual_clip_c'"):
+        resolve(base, overrides=["algo.loss.name=gspo"])  # the clip's parameters stay
+    with pytest.raises(ConfigError, match=r"algo.aggregation seq_mean_token_sum_norm: missing"):
+        resolve(base, overrides=['algo.aggregation={"name": "seq_mean_token_sum_norm"}'])
+    with pytest.raises(ConfigError, match=r"algo.kl: 'k3' is not available; the trainer keeps no"):
+        resolve(base, overrides=["algo.kl.name=k3"])
+    gspo = resolve(base, overlays=[("p.yaml", {"algo": {"loss": {"name": "gspo"}}})])
+    assert gspo.algo.loss == {"name": "gspo", "eps_low": 3e-4, "eps_high": 4e-4}  # defaults
+    assert resolve(gspo.to_dict()) == gspo  # a logged config reloads as it ran
+
+
+def test_algorithm_presets_replace_entries_of_the_full_recipe(base):
+    from dapo_core.ablation import ALGORITHM_PRESETS
+
+    cfg = from_dict(base)
+    assert set(ALGORITHM_PRESETS) >= {"dapo", "dr_grpo", "gspo", "cispo", "rloo", "reinforce_pp"}
+    assert apply_variant(cfg, "dapo") == apply_variant(cfg, "+dynamic_sampling")
+    dr = algorithm(apply_variant(cfg, "dr_grpo").algo)
+    assert dr.aggregation.params.max_len == cfg.rollout.max_response_len
+    assert dr.advantage.entry.name == "dr_grpo" and dr.loss.entry.name == "clip"
+    gspo = algorithm(apply_variant(cfg, "gspo").algo)
+    assert (gspo.loss.entry.name, gspo.aggregation.entry.name) == ("gspo", "seq_mean_token_mean")
+    with pytest.raises(ConfigError, match=r"unknown variant 'gpso'; Table 1 rungs: grpo.*gspo"):
+        apply_variant(cfg, "gpso")

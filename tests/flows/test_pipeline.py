@@ -32,7 +32,7 @@ def test_pipeline_logs_train_and_eval_to_one_run(pipeline_run, flow_cfg):
     (run,) = [r for r in runs if r["run_id"] == train.mlflow_run_id]
     assert run["status"] == "FINISHED"
     # params: the flattened resolved config
-    assert run["params"]["algo.eps_high"] == "0.28"
+    assert run["params"]["algo.loss.eps_high"] == "0.28"
     assert run["params"]["train.steps"] == "2"
     assert run["params"]["algo.dynamic_sampling"] == "false"
     assert json.loads(run["params"]["eval.pass_ks"]) == flow_cfg.eval.pass_ks

@@ -97,7 +97,7 @@ def test_runs_read_back_through_the_rest_api(mlflow_server, pipeline_run, flow_c
     assert run["info"]["run_id"] == pipeline_run["train"].mlflow_run_id
     assert run["info"]["status"] == "FINISHED"
     params = {p["key"]: p["value"] for p in run["data"]["params"]}
-    assert params["algo.eps_low"] == "0.2" and params["rollout.group_size"] == "4"
+    assert params["algo.loss.eps_low"] == "0.2" and params["rollout.group_size"] == "4"
     assert params["train.steps"] == str(flow_cfg.train.steps)
     metrics = {m["key"]: m for m in run["data"]["metrics"]}
     assert metrics["eval/avg_at_k"]["step"] == flow_cfg.train.steps

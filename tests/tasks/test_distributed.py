@@ -39,7 +39,8 @@ def test_two_ranks_equal_one(tiny_cfg, tmp_path, stage):
         overrides=[
             "train.micro_batch_tokens=16",
             f"train.zero_stage={stage}",
-            f"algo.tis_cap={2 if stage == 3 else 'null'}",
+            "algo.correction="
+            + ('{"name": "token_tis", "cap": 2}' if stage == 3 else '{"name": "none"}'),
         ],
     )
     params = tmp_path / "params.json"

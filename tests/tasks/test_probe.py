@@ -37,10 +37,10 @@ def _recording(t):
     """Record the samples of each step's real updates (the call made with the run's loss)."""
     seen, real = [], t._updates
 
-    def updates(samples, loss_cfg=None):
-        if loss_cfg is None:
+    def updates(samples, alg=None):
+        if alg is None:
             seen.append(samples)
-        return real(samples, loss_cfg)
+        return real(samples, alg)
 
     t._updates = updates
     return seen
@@ -101,7 +101,9 @@ def test_the_flipped_update_is_the_other_rungs_update(tiny_cfg):
 @pytest.mark.slow
 def test_a_switch_that_changes_nothing_probes_to_zero(tiny_cfg):
     """With eps_high = eps_low, clip-higher on and off are the same loss: the same update."""
-    t = _trainer(_cfg(tiny_cfg, "true", "clip_higher", "algo.eps_high=0.2", "algo.eps_low=0.2"))
+    t = _trainer(
+        _cfg(tiny_cfg, "true", "clip_higher", "algo.loss.eps_high=0.2", "algo.loss.eps_low=0.2")
+    )
     for _ in range(2):
         m = t.train_step().metrics
         assert m["probe/entropy_delta"] == 0.0

@@ -30,8 +30,8 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 def test_flatten_config_round_trips(tiny_cfg):
     flat = tracking_store.flatten_config(tiny_cfg)
-    assert flat["algo.eps_high"] == "0.28" and flat["algo.clip_higher"] == "true"
-    assert flat["algo.dual_clip_c"] == "null" and flat["data.source"] == "synthetic:arith"
+    assert flat["algo.loss.eps_high"] == "0.28" and flat["algo.clip_higher"] == "true"
+    assert flat["algo.loss.dual_clip_c"] == "null" and flat["data.source"] == "synthetic:arith"
     assert flat["eval.pass_ks"] == "[1, 4, 16, 32]"
     assert all(len(v) <= tracking_store.MAX_PARAM_LEN for v in flat.values())
     back = from_dict(tracking_store.unflatten_params(flat))

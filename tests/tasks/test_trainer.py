@@ -305,11 +305,12 @@ def test_rollout_mismatch_is_measured_and_tis_weights_the_loss(tiny_cfg, tmp_pat
         g.logprobs = [lp - math.log(2) for lp in g.logprobs]
 
     def loss_with(cap):
-        cfg = resolve(tiny_cfg.to_dict(), overrides=[*one_update, f"algo.tis_cap={cap}"])
+        tis = json.dumps({"name": "token_tis", "cap": cap} if cap else {"name": "none"})
+        cfg = resolve(tiny_cfg.to_dict(), overrides=[*one_update, f"algo.correction={tis}"])
         t = _trainer(cfg, tmp_path / str(cap))
         return t._update(t._samples(groups)[0])
 
-    plain, tis = loss_with("null"), loss_with(1.5)
+    plain, tis = loss_with(None), loss_with(1.5)
     assert plain["mismatch_max_ratio"] == pytest.approx(2.0, rel=1e-3)
     assert plain["mismatch_kl"] == pytest.approx(1 - math.log(2), rel=1e-3)
     assert plain["loss"] != 0 and tis["loss"] == pytest.approx(1.5 * plain["loss"], rel=1e-5)
@@ -322,12 +323,12 @@ def test_rollout_mismatch_is_measured_and_tis_weights_the_loss(tiny_cfg, tmp_pat
 
 
 def test_tis_without_sampler_log_probs_stops_with_a_remedy(tiny_cfg, tmp_path):
-    cfg = resolve(tiny_cfg.to_dict(), overrides=["algo.tis_cap=2"])
+    cfg = resolve(tiny_cfg.to_dict(), overrides=['algo.correction={"name": "token_tis"}'])
     t = _trainer(cfg, tmp_path)
     groups = _mixed_groups(t)
     for g in groups:
         g.logprobs = None  # a backend that gives none
-    with pytest.raises(TrainingStopped, match="algo.tis_cap=null"):
+    with pytest.raises(TrainingStopped, match="algo.correction.name=none"):
         t._samples(groups)
 
 
@@ -372,57 +373,69 @@ def test_rollout_copy_only_where_the_policy_is_whole(tiny_cfg, monkeypatch):
 def test_step_mean_old_probability_of_tokens_clipped_above():
     from tasks.training.step_metrics import update_metrics
 
-    def update(clipped, prob_sum):
+    def update(clipped, prob_sum, tokens=10.0):
         return {
-            **dict.fromkeys(["entropy", "clip_frac_low", "clip_frac_high", "loss"], 0.0),
+            **dict.fromkeys(["entropy", "loss"], 0.0),
             **{"grad_norm": 1.0, "finite": 1.0, "padding_frac": 0.0},
-            **{"clip_high_tokens": clipped, "clip_high_old_prob_sum": prob_sum},
+            "entries": {
+                "clip_high_old_prob": [prob_sum, clipped],
+                "clip_frac_high": [clipped, tokens],
+            },
         }
 
     # token-weighted over the step: (0.3 + 0.5) / (2 + 1), not the mean of 0.15 and 0.5
     m = update_metrics([update(2, 0.3), update(1, 0.5), update(0, 0.0)], lr=1.0)
     assert m["train/clip_high_old_prob"] == pytest.approx(0.8 / 3)
+    # the other entry metrics: the mean of the updates' values, as the loss
+    assert m["train/clip_frac_high"] == pytest.approx((0.2 + 0.1 + 0.0) / 3)
     assert "train/clip_high_old_prob" not in update_metrics([update(0, 0.0)], lr=1.0)
+    # a metric the entries emit is logged (as 0) by a step whose updates had no token
+    none = update_metrics([update(0, 0.0, tokens=0.0)], lr=1.0, names=["clip_frac_low"])
+    assert none["train/clip_frac_low"] == 0.0 and none["train/clip_frac_high"] == 0.0
 
 
 def test_update_sums_weigh_token_means_by_tokens():
     from tasks.training.step_metrics import UpdateSums
 
-    def micro(tokens, entropy, clip_high, prob_sum, loss, **mismatch):
-        return {
-            "tokens": tokens,
-            "entropy": entropy,
-            "clip_frac_high": clip_high,
-            "clip_frac_low": 0.0,
-            "clip_high_old_prob_sum": prob_sum,
-            "loss": loss,
-            **mismatch,
+    def t(x):
+        return torch.tensor(float(x))
+
+    def stats(tokens, entropy, loss, **mismatch):
+        return {"tokens": t(tokens), "entropy": t(entropy), "loss": t(loss)} | {
+            k: t(v) for k, v in mismatch.items()
         }
 
     sums = UpdateSums()
-    sums.add(micro(10, 1.0, 0.2, 0.5, 0.1))  # 2 tokens clipped above
-    sums.add(
-        micro(
-            30,
-            2.0,
-            0.1,
-            0.9,
-            0.3,
-            mismatch_tokens=6,
-            mismatch_abs_diff=0.6,
-            mismatch_kl=0.3,
-            mismatch_max_ratio=1.5,
-        )
-    )  # 3 clipped
+    sums.add_micro(stats(10, 1.0, 0.1), {"clip_frac_high": (t(2), t(10))})
+    more = dict(mismatch_tokens=6, mismatch_abs_diff=0.6, mismatch_kl=0.3, mismatch_max_ratio=1.5)
+    sums.add_micro(stats(30, 2.0, 0.3, **more), {"clip_frac_high": (t(3), t(30))})
+    sums.add_micro(stats(1, 9.0, 9.0), {"clip_frac_high": (t(1), t(1))}, real=False)  # padding
     sums.all_reduce(world=1)
     out = sums.result()
     assert out["entropy"] == pytest.approx((10 * 1.0 + 30 * 2.0) / 40)
-    assert out["clip_frac_high"] == pytest.approx(5 / 40)
-    assert out["clip_high_tokens"] == pytest.approx(5) and out["clip_high_old_prob_sum"] == 1.4
+    assert out["entries"] == {"clip_frac_high": [5.0, 40.0]}  # summed apart, divided once
     assert out["loss"] == pytest.approx(0.4) and out["tokens"] == 40
     assert out["mismatch_abs_diff"] == pytest.approx(0.1) and out["mismatch_max_ratio"] == 1.5
     empty = UpdateSums().result()
-    assert empty["entropy"] == 0.0 and "mismatch_kl" not in empty
+    assert empty["entropy"] == 0.0 and "mismatch_kl" not in empty and empty["entries"] == {}
+
+
+@pytest.mark.parametrize("variant", ["dapo", "dr_grpo", "gspo", "cispo", "rloo", "reinforce_pp"])
+def test_each_algorithm_preset_trains(tiny_cfg, tmp_path, variant):
+    """Two steps of each algorithm preset run and move the weights, with finite metrics."""
+    from dapo_core.ablation import ALGORITHM_PRESETS
+
+    assert variant in ALGORITHM_PRESETS
+    cfg = apply_variant(
+        resolve(tiny_cfg.to_dict(), overrides=["algo.dynamic_sampling=false"]), variant
+    )
+    t = _trainer(cfg, tmp_path)
+    t.is_correct = lambda response, _: len(response) % 2 == 0  # mixed groups from the start
+    before = {k: v.clone() for k, v in t.model.state_dict().items()}
+    for _ in range(2):
+        m = t.train_step().metrics
+        assert math.isfinite(m["train/loss"]) and "train/clip_frac_high" in m
+    assert any(not torch.equal(before[k], v) for k, v in t.model.state_dict().items())
 
 
 def test_pack_samples_places_each_sample_once_within_budget():

@@ -23,6 +23,7 @@ from tasks.models.build import model_dir_digest
 from tasks.models.resolve import resolve_model_path
 from tasks.orchestration import run_logger, stage_task
 from tasks.rundir import RunDir
+from tasks.runtime import configure_torch
 from tasks.tracking.plots import eval_curve, save_figures, training_figures
 from tasks.tracking.provenance import run_tags
 from tasks.tracking.tracker import Tracker
@@ -162,7 +163,9 @@ def _train(
         "data.train_digest": problems_digest(data.train),
         "data.val_digest": problems_digest(data.val),
     }
-    # the model it starts from (built first if need be: a fresh clone's first run too)
+    # the model it starts from (built first if need be: a fresh clone's first run too), with
+    # the run's thread count: a build on every core beside a sweep's other workers crawls
+    configure_torch(cfg.train.cpu_threads)
     model_digest = model_dir_digest(resolve_model_path(cfg))
     if model_digest:  # None for a hub id
         digests["model.digest"] = model_digest

@@ -60,3 +60,24 @@ def test_bench_shapes_parse_and_bad_ones_are_usage_errors(capsys):
         with pytest.raises(SystemExit) as e:
             ap.parse_args(["--shapes", bad])
         assert e.value.code == 2 and "is not PxGxL" in capsys.readouterr().err
+
+
+def test_ladder_check_reads_the_readme_table_and_judges_by_its_ci(capsys):
+    """bench.ladder_check finds the README's whole chain ladder and the model it came from, and
+    counts a README value outside the sweep's CI as a miss."""
+    import pandas as pd
+
+    from bench import ladder_check
+    from dapo_core.ablation import ABLATION_LADDER
+
+    readme = ladder_check.readme_ladder()
+    assert list(readme) == list(ABLATION_LADDER) and all(0 < v < 1 for v in readme.values())
+    assert (ladder_check.readme_digest() or "").startswith("sha256:")
+    grpo = readme["grpo"]
+    inside = pd.DataFrame(
+        [{"variant": "grpo", "avg_at_k": grpo, "ci_low": grpo - 0.01, "ci_high": grpo + 0.01}]
+    )
+    outside = inside.assign(ci_low=grpo + 0.001)
+    assert ladder_check.compare(inside, readme) == 0
+    assert ladder_check.compare(outside, readme) == 1
+    assert "NO" in capsys.readouterr().out

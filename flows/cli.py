@@ -65,8 +65,9 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 def _exit_promptly() -> None:
-    """An interrupted command exits in seconds: the interpreter's last garbage collection over
-    everything a sweep or a run imported took 4-6 s, which a user waits through after Ctrl-C."""
+    """An interrupted command exits at once: the interpreter's last garbage collection over
+    everything a sweep or a run imported takes seconds, which a user waits through after Ctrl-C
+    (the trainer freezes the collector for the same reason)."""
     gc.freeze()
 
 

@@ -225,3 +225,44 @@ def test_ui_on_a_public_interface_warns_it_has_no_authentication(host, warned):
     assert out.exit_code == 0, out.output
     assert ("no authentication" in out.output) == warned
     assert ("--app-name basic-auth" in out.output) == warned
+
+
+@pytest.mark.slow
+def test_two_ranks_refused_together_when_the_directory_is_held(tiny_cfg, tmp_path):
+    """Under a multi-rank launcher rank 0 takes the lock for all: refused, every rank stops
+    (none waits at a barrier for it) and the launcher exits with rank 0's message."""
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps(tiny_cfg.to_dict()))
+    run, env = tmp_path / "run", _env(tmp_path, "ranks")
+    env.pop("WORLD_SIZE", None)
+    hold = "import sys, time\nfrom tasks.rundir import RunDir\nwith RunDir(sys.argv[1]).writer():\n"
+    hold += "    print('held', flush=True)\n    time.sleep(600)\n"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold, str(run)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+        worker = [str(ROOT / "tests/tasks/stall_worker.py"), str(params), str(run), "1"]
+        out = subprocess.run(
+            [*launch, "--master_port", str(_free_port()), *worker],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert out.returncode != 0
+    assert f"being written by another process (pid {holder.pid}" in out.stdout + out.stderr
+    assert not (run / "config.json").exists()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

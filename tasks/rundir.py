@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_core.errors import PipelineError
+from tasks.durable import fsync_dir, publish_dir, write_synced
 
 log = logging.getLogger(__name__)
 
@@ -267,10 +268,10 @@ class RunDir:
         files = {**(sealed or {})}
         rest = [p for p in staged.rglob("*") if p.is_file() and _rel(p, staged) not in files]
         files.update(seal_files(staged, rest))
-        _write_synced(staged / COMPLETE, json.dumps({"step": step, "files": files}))
+        write_synced(staged / COMPLETE, json.dumps({"step": step, "files": files}))
         for d in sorted((p for p in staged.rglob("*") if p.is_dir()), reverse=True):
-            _fsync_dir(d)  # their entries (the files' names) reach the disk too
-        _fsync_dir(staged)
+            fsync_dir(d)  # their entries (the files' names) reach the disk too
+        fsync_dir(staged)
         _publish(staged, final)
         for old in self.checkpoints()[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
@@ -355,32 +356,11 @@ def _rel(path: Path, root: Path) -> str:
     return path.relative_to(root).as_posix()
 
 
-def _write_synced(path: Path, text: str) -> None:
-    with path.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _publish(staged: Path, final: Path) -> None:
     """Rename ``staged`` to ``final``; a checkpoint already there (the same step saved again) is
     moved aside first, so a complete one exists at every moment."""
-    retired = final.with_name(f".old-{final.name}")
-    shutil.rmtree(retired, ignore_errors=True)
-    if final.exists():
-        os.replace(final, retired)
-    os.replace(staged, final)
-    _fsync_dir(final.parent)
-    _fsync_dir(final.parent.parent)  # the run directory, when checkpoints/ is new
-    shutil.rmtree(retired, ignore_errors=True)
+    publish_dir(staged, final, final.with_name(f".old-{final.name}"))
+    fsync_dir(final.parent.parent)  # the run directory, when checkpoints/ is new
 
 
 # -- the lock ----------------------------------------------------------------------------------

@@ -33,6 +33,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from tasks.durable import fsync_dir, publish_dir
+
 log = logging.getLogger(__name__)
 
 BUILD_RECORD = "dapo_build.json"  # in a model directory the project built: what from
@@ -143,32 +145,14 @@ def _remove_leftovers(out: Path) -> None:
 
 
 def publish(staged: Path, out: Path) -> None:
-    """Make ``staged`` appear as ``out`` in one rename, after its files reach the disk; a
-    previous ``out`` is moved aside first (a directory cannot be renamed over a full one)."""
-    _fsync_tree(staged)
-    retired = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
-        out.rename(retired)
-    staged.rename(out)
-    _fsync_dir(out.parent)
-    shutil.rmtree(retired, ignore_errors=True)
-
-
-def _fsync_tree(root: Path) -> None:
-    for path in sorted(root.rglob("*")):
+    """Make ``staged`` appear as ``out`` in one rename, after its files reach the disk."""
+    for path in sorted(staged.rglob("*")):
         if path.is_file():
             with path.open("rb") as f:
                 os.fsync(f.fileno())
-    for path in [root, *(p for p in root.rglob("*") if p.is_dir())]:
-        _fsync_dir(path)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    for path in [staged, *(p for p in staged.rglob("*") if p.is_dir())]:
+        fsync_dir(path)
+    publish_dir(staged, out, out.with_name(f".{out.name}.old-{os.getpid()}"))
 
 
 def dir_digest(path: Path) -> str:

@@ -26,11 +26,8 @@ from __future__ import annotations
 
 import io
 import re
-import signal
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -49,7 +46,7 @@ from flows.pipeline import default_run_name, load_config, run_dir_for
 from tasks.data.task import curate_task
 from tasks.evaluation.ablation import ablation_table, mechanism_table
 from tasks.evaluation.task import evaluate_task
-from tasks.orchestration import run_logger
+from tasks.orchestration import deferred_signals, run_logger
 from tasks.rundir import RunDir
 from tasks.training.task import train_task
 
@@ -261,21 +258,6 @@ def stop_runs(name: str, pool: str) -> Stopped | None:
     except Exception as e:  # noqa: BLE001 - a clean-up failure must not replace the cause
         run_logger().warning("ablate: could not cancel the flow runs of sweep %s: %s", name, e)
         return None
-
-
-@contextmanager
-def deferred_signals() -> Iterator[None]:
-    """Ignore Ctrl-C and SIGTERM for the few seconds a stopping sweep takes to cancel its runs:
-    cut short, it would leave them queued or running with no one to end them."""
-    if threading.current_thread() is not threading.main_thread():  # only it may set handlers
-        yield
-        return
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def children_view(parent_id: str | None) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_core.errors import PipelineError
-from tasks.tracking.store import stop_group
+from tasks.tracking.store import end_abandoned_run, stop_group
 
 log = logging.getLogger(__name__)
 
@@ -235,37 +235,50 @@ def close_queue(pool: str, queue: str) -> None:
     it, so that neither a process nor a run that looks alive outlives the sweep.
 
     The sweep has asked for its runs to be cancelled already (``flows.ablate``), unless it died
-    first: a queued run is CANCELLED then, a running one CANCELLING, and its worker stops its
-    process with SIGTERM (the flow run ends its MLflow run KILLED). Stopping the worker would not
-    reach that process, which runs in a session of its own: it gets ``RUN_STOP_GRACE_S`` to exit,
-    is killed after that, and its run is marked CANCELLED here rather than by the worker (which
-    would take seconds more)."""
+    first: a queued run is CANCELLED then, a running one CANCELLING. Its worker would stop its
+    process with SIGTERM once it notices, but stopping the worker would not reach that process,
+    which runs in a session of its own: this sends the SIGTERM itself, gives the process
+    ``RUN_STOP_GRACE_S`` to end its MLflow run KILLED and exit, kills it after that, and marks
+    its flow run CANCELLED rather than waiting for the worker. An MLflow run a killed process
+    left RUNNING is ended KILLED here (``end_abandoned_run``)."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
     from prefect.states import Cancelled, Cancelling
 
     try:
         with get_client(sync_client=True) as client:
-            for run in unfinished_runs(client, pool, queue):
+            stopping = unfinished_runs(client, pool, queue)
+            for run in stopping:
                 if run.state is None or not run.state.is_cancelling():
                     message = "the sweep stopped before this run ended"
                     client.set_flow_run_state(run.id, Cancelling(message=message))
+                # What the worker will send once it sees CANCELLING; sent now, the process has
+                # the whole grace period to end its MLflow run, however slowly the worker polls.
+                _signal_run(run, signal.SIGTERM)
             deadline = time.monotonic() + RUN_STOP_GRACE_S
             while time.monotonic() < deadline and any(
                 flow_run_pid(r) for r in unfinished_runs(client, pool, queue)
             ):
                 time.sleep(0.2)
             for run in unfinished_runs(client, pool, queue):
-                if pid := flow_run_pid(run):
-                    with suppress(OSError):
-                        os.killpg(pid, signal.SIGKILL)
+                _signal_run(run, signal.SIGKILL)
                 message = "the sweep stopped this run"
                 client.set_flow_run_state(run.id, Cancelled(message=message), force=True)
+            for run in stopping:  # a process killed, or stopped before it could end its run
+                if run_dir := (run.parameters or {}).get("run_dir"):
+                    end_abandoned_run(Path(run_dir), "KILLED")
             with suppress(ObjectNotFound):
                 found = client.read_work_queue_by_name(queue, work_pool_name=pool)
                 client.delete_work_queue_by_id(found.id)
     except Exception as e:  # never hide the sweep's own outcome behind a clean-up failure
         log.warning("could not close the sweep's work queue %r: %s", queue, e)
+
+
+def _signal_run(run: Any, sig: signal.Signals) -> None:
+    """Send ``sig`` to the process group of ``run``'s live process, if it has one here."""
+    if pid := flow_run_pid(run):
+        with suppress(OSError):
+            os.killpg(pid, sig)
 
 
 def unfinished_runs(client: Any, pool: str, queue: str) -> list[Any]:

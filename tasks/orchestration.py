@@ -8,6 +8,10 @@ retry cannot fix (a bad config, missing data, a run stopped on purpose) are not 
 from __future__ import annotations
 
 import logging
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -64,3 +68,19 @@ def stage_task(name: str, retries: int, retry_delay_seconds: float) -> Any:
         cache_policy=NO_CACHE,
         persist_result=False,
     )
+
+
+@contextmanager
+def deferred_signals() -> Iterator[None]:
+    """Ignore Ctrl-C and SIGTERM for the few seconds a stop takes to clean up (a sweep cancelling
+    its runs, a run ending its MLflow run KILLED): cut short, it would leave them looking alive.
+    A terminal sends Ctrl-C to every process of its group, and a scheduler may repeat SIGTERM."""
+    if threading.current_thread() is not threading.main_thread():  # only it may set handlers
+        yield
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -113,6 +113,26 @@ def read_run(run_id: str, uri: str | None = None) -> dict[str, Any]:
     }
 
 
+def end_abandoned_run(run_dir: Path, status: str = "KILLED") -> bool:
+    """End the MLflow run recorded in ``run_dir`` (``RunDir.record_mlflow_run``) with ``status``
+    if it is still RUNNING: the backstop for a process killed before it could end its own run.
+    Call it only once that process is gone. True when a run was ended."""
+    from mlflow import MlflowClient
+    from tasks.rundir import RunDir
+
+    try:
+        saved = RunDir(run_dir).mlflow_run()
+        if not saved:
+            return False
+        client = MlflowClient(tracking_uri=saved["tracking_uri"])
+        if client.get_run(saved["run_id"]).info.status != "RUNNING":
+            return False
+        client.set_terminated(saved["run_id"], status)
+    except Exception:  # noqa: BLE001 - no record, a torn one, or a store that is away
+        return False
+    return True
+
+
 def unflatten_params(params: Mapping[str, str]) -> dict[str, Any]:
     """The inverse of :func:`flatten_config` (values parsed as JSON where they are JSON)."""
     out: dict[str, Any] = {}

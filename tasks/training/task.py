@@ -21,7 +21,7 @@ from tasks.data.version import problems_digest
 from tasks.evaluation.evaluate import evaluate_policy
 from tasks.models.build import model_dir_digest
 from tasks.models.resolve import resolve_model_path
-from tasks.orchestration import run_logger, stage_task
+from tasks.orchestration import deferred_signals, run_logger, stage_task
 from tasks.rundir import RunDir
 from tasks.runtime import configure_torch
 from tasks.tracking.plots import eval_curve, save_figures, training_figures
@@ -199,7 +199,8 @@ def _train(
             }
         )
     except (KeyboardInterrupt, TerminationSignal):
-        tracker.end("KILLED")
+        with deferred_signals():  # the repeated signal of a terminal or a worker waits
+            tracker.end("KILLED")
         raise TrainingInterrupted(
             rd.describe_stop(cfg.train.steps, resume_hint(kind, rd))
         ) from None

@@ -370,3 +370,19 @@ def test_buffered_metrics_reach_mlflow_in_few_batched_calls(tiny_cfg, store, mon
     assert len(calls) == 1 and len(calls[0]["metrics"]) == 200
     history = tracking_store.metric_history(run_id, "batched", store)
     assert [v for _, v in sorted(history)] == [float(i) for i in range(200)]
+
+
+def test_an_abandoned_run_is_ended_killed_once(tiny_cfg, store, tmp_path):
+    """A process killed before it could end its MLflow run leaves it RUNNING; the backstop ends
+    the run recorded in its run directory KILLED, and leaves an ended run as it was."""
+    run_dir = RunDir(tmp_path / "run")
+    assert not tracking_store.end_abandoned_run(run_dir.path)  # nothing recorded there
+    abandoned = Tracker(tiny_cfg, "ablate", uri=store)
+    run_id = abandoned.start_or_resume(run_dir, "killed child")
+    assert tracking_store.read_run(run_id, store)["status"] == "RUNNING"
+    assert tracking_store.end_abandoned_run(run_dir.path)
+    assert tracking_store.read_run(run_id, store)["status"] == "KILLED"
+    assert not tracking_store.end_abandoned_run(run_dir.path, "FAILED")  # already ended
+    assert tracking_store.read_run(run_id, store)["status"] == "KILLED"
+    run_dir.mlflow_file.write_text('{"run_id": ')  # torn by a kill mid-write: no error
+    assert not tracking_store.end_abandoned_run(run_dir.path)

@@ -46,7 +46,7 @@ from flows.pipeline import default_run_name, load_config, run_dir_for
 from tasks.data.task import curate_task
 from tasks.evaluation.ablation import ablation_table, mechanism_table
 from tasks.evaluation.task import evaluate_task
-from tasks.orchestration import deferred_signals, run_logger
+from tasks.orchestration import cancelled_when_interrupted, deferred_signals, run_logger
 from tasks.rundir import RunDir
 from tasks.training.task import train_task
 
@@ -92,6 +92,7 @@ class Child:
 
 
 @flow(name="ablate-run", flow_run_name="{variant} seed{seed}")
+@cancelled_when_interrupted
 def ablate_run_flow(
     config: dict[str, Any],
     variant: str,
@@ -386,6 +387,8 @@ def _on_pool(children: list[Child], parent_id, eval_set, pool: str, sweep: str):
                 child = pending.pop(run_id)
                 if state.is_completed():
                     yield child, "ok"
+                elif state.is_cancelled():  # stopped on purpose (the UI, the sweep): not again
+                    yield child, f"cancelled: {state.message or ''}".strip(": ")
                 elif attempts[child.label] < MAX_SUBMISSIONS:  # crashed or failed: again,
                     attempts[child.label] += 1  # from the run's last checkpoint
                     pending[submit(child)] = child

@@ -193,7 +193,7 @@ def train(
     _load(params, config, set_, variant)  # a config error is reported before Prefect starts
     # The one writer of the run directory, before Prefect or MLflow start: a second process
     # on a live run is refused in one line (the flow and the task hold it again, re-entrantly).
-    with _run_dir_writer(target):
+    with _run_dir_writer(target), _server():
         summary = train_flow(
             **_flow_args(params, config, set_),
             variant=variant,
@@ -261,7 +261,8 @@ def preflight(
     from tasks.training.preflight import describe
 
     _load(params, config, set_)
-    result = preflight_flow(**_flow_args(params, config, set_), prompts=prompts, strict=strict)
+    with _server():
+        result = preflight_flow(**_flow_args(params, config, set_), prompts=prompts, strict=strict)
     console.print(describe(result))
     for row in result.samples[:3]:
         console.print(f"  answer {row['answer']}: {row['response'][-120:]!r}")
@@ -321,9 +322,10 @@ def evaluate(
     from flows.pipeline import evaluate_flow
 
     cfg = _load(params, config, set_)
-    result = evaluate_flow(
-        **_flow_args(params, config, set_), model=model, eval_set=eval_set, track=track
-    )
+    with _server():
+        result = evaluate_flow(
+            **_flow_args(params, config, set_), model=model, eval_set=eval_set, track=track
+        )
     name = result.eval_set
     run_note = f"; MLflow run {result.mlflow_run_id}" if result.mlflow_run_id else ""
     table = Table(
@@ -422,7 +424,8 @@ def demo() -> None:
     _orchestration_env()
     from flows.demo import run_demo
 
-    run_demo()
+    with _server():
+        run_demo()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -464,6 +467,15 @@ def _orchestration_env() -> None:
     from tasks.orchestration import quiet_user_error_tracebacks
 
     quiet_user_error_tracebacks()
+
+
+def _server():
+    """The Prefect server this command's flows report to, in a session of its own so that
+    Ctrl-C or a scheduler's SIGTERM to the command's process group cannot stop it before the
+    flow has recorded its end (``flows.server``); a configured server is used as it is."""
+    from flows.server import command_server
+
+    return command_server(Path(os.environ["PREFECT_HOME"]) / "logs")
 
 
 def _flow_args(params: Path | None, config: list[Path] | None, set_: list[str] | None) -> dict:
@@ -508,14 +520,15 @@ def pipeline(
     from flows.pipeline import pipeline_flow
 
     _load(params, config, set_, variant)  # a config error is reported before Prefect starts
-    out = pipeline_flow(
-        **_flow_args(params, config, set_),
-        variant=variant,
-        run_name=run_name,
-        eval_set=eval_set,
-        max_steps=max_steps,
-        curate=curate,
-    )
+    with _server():
+        out = pipeline_flow(
+            **_flow_args(params, config, set_),
+            variant=variant,
+            run_name=run_name,
+            eval_set=eval_set,
+            max_steps=max_steps,
+            curate=curate,
+        )
     report_pipeline(out)
 
 
@@ -596,7 +609,8 @@ def ablate(
             console.print(f"ablate: flow runs at {url.removesuffix('/api')} while the sweep runs")
             table = ablate_flow(**args, pool=LOCAL_POOL, progress=False)
     else:
-        table = ablate_flow(**args)
+        with _server():
+            table = ablate_flow(**args)
     report_ablation(table)
 
 
@@ -770,9 +784,10 @@ def reproduce(
 
     if tracking_uri:
         os.environ["MLFLOW_TRACKING_URI"] = tracking_uri  # the new run goes to the same store
-    out = reproduce_run(
-        run_id, tracking_uri, run_name=run_name, check_only=check_only, strict=strict
-    )
+    with _server():
+        out = reproduce_run(
+            run_id, tracking_uri, run_name=run_name, check_only=check_only, strict=strict
+        )
     for w in out["mismatches"]:
         console.print(f"[bold yellow]warning:[/] {w}")
     for note in out["notes"]:

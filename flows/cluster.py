@@ -23,11 +23,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -38,16 +35,23 @@ from pathlib import Path
 from typing import Any
 
 from dapo_core.errors import PipelineError
+from flows.server import (
+    SERVER_START_TIMEOUT_S,
+    SERVER_STOP_GRACE_S,
+    flush_to_server,
+    free_port,
+    prefect_cli,
+    spawn,
+    wait_until_healthy,
+)
 from tasks.tracking.store import end_abandoned_run, stop_group
 
 log = logging.getLogger(__name__)
 
 LOCAL_POOL = "dapo-local"
-SERVER_START_TIMEOUT_S = 120.0
 RUN_STOP_GRACE_S = 5.0
 """How long a cancelled flow run's process has to exit (its MLflow run ended KILLED) before it
 is killed."""
-SERVER_STOP_GRACE_S = 10.0
 WORKER_STOP_GRACE_S = 1.0
 """An idle Prefect 3.8 worker was seen to ignore SIGTERM and SIGINT for 15 s and more (its signal
 forwarding only cancels its main task); it holds no run by the time it is stopped, so it gets a
@@ -66,17 +70,6 @@ def sweep_queue(pool: str) -> str | None:
     return current[1] if current and current[0] == pool else None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def prefect_cli() -> list[str]:
-    """The ``prefect`` command of this interpreter (works inside a virtualenv not on PATH)."""
-    return [sys.executable, "-m", "prefect"]
-
-
 @contextmanager
 def local_cluster(workers: int, log_dir: Path, pool: str = LOCAL_POOL) -> Iterator[str]:
     """Start a Prefect server and ``workers`` process workers on ``pool``; yield the API URL,
@@ -92,7 +85,7 @@ def local_cluster(workers: int, log_dir: Path, pool: str = LOCAL_POOL) -> Iterat
         procs: list[subprocess.Popen] = []  # server first, then the workers
         stack.callback(stop_all, procs)  # last on the way out
         procs.append(
-            _spawn(
+            spawn(
                 [
                     *prefect_cli(),
                     "server",
@@ -116,7 +109,7 @@ def local_cluster(workers: int, log_dir: Path, pool: str = LOCAL_POOL) -> Iterat
         started = datetime.now(timezone.utc)
         for i in range(workers):
             procs.append(
-                _spawn(
+                spawn(
                     [
                         *prefect_cli(),
                         "worker",
@@ -142,52 +135,12 @@ def local_cluster(workers: int, log_dir: Path, pool: str = LOCAL_POOL) -> Iterat
         yield url
 
 
-def flush_to_server() -> None:
-    """Send this process's queued Prefect logs and events now. At exit Prefect would send them
-    to the server this module has stopped by then, retrying for over a minute before printing
-    "Error logging to API"."""
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-
-    for service in (APILogWorker, EventsWorker):
-        try:
-            service.drain_all(timeout=10)
-        except Exception as e:  # never hide the sweep's own outcome behind a logging failure
-            log.warning("could not flush Prefect %s before stopping the server: %s", service, e)
-
-
-def _spawn(cmd: list[str], env: dict[str, str], log: Path, stack: ExitStack) -> subprocess.Popen:
-    """Start ``cmd`` in its own session, so a Ctrl-C in the terminal reaches only the sweep,
-    which then stops it in order."""
-    out = stack.enter_context(log.open("ab"))
-    return subprocess.Popen(
-        cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-    )
-
-
 def stop_all(procs: list[subprocess.Popen]) -> None:
     """Stop the server and the workers (``procs[1:]``) at once, so their grace periods do not add
     up; they hold no flow run by now (``close_queue``)."""
     graces = [SERVER_STOP_GRACE_S] + [WORKER_STOP_GRACE_S] * (len(procs) - 1)
     with ThreadPoolExecutor(max_workers=max(1, len(procs))) as pool:
         list(pool.map(stop_group, procs, graces))
-
-
-def wait_until_healthy(url: str, server: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise PipelineError(f"the local Prefect server exited at start; see {log}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
-                if answer.status == 200:
-                    return
-        except OSError:  # not listening yet (URLError, connection refused, timeout)
-            pass
-        time.sleep(0.5)
-    raise PipelineError(
-        f"the local Prefect server did not answer within {SERVER_START_TIMEOUT_S:.0f}s; see {log}"
-    )
 
 
 def wait_for_workers(pool: str, count: int, since: datetime, log_dir: Path) -> None:

@@ -19,8 +19,10 @@ from prefect import flow
 
 from dapo_core.ablation import apply_variant
 from dapo_core.config import Config
+from dapo_core.errors import TrainingInterrupted
 from tasks.data.task import curate_task
 from tasks.evaluation.task import EvalSummary, evaluate_task
+from tasks.orchestration import cancelled_when_interrupted
 from tasks.params import load_params, repo_path
 from tasks.rundir import RunDir
 from tasks.training.distributed import shutdown_distributed
@@ -64,6 +66,7 @@ def curate_flow(
 
 
 @flow(name="train")
+@cancelled_when_interrupted
 def train_flow(
     params: str | None = None,
     config: list[str] | None = None,
@@ -107,6 +110,7 @@ def preflight_if_new(cfg: Config, run_dir: str) -> PreflightResult | None:
 
 
 @flow(name="preflight")
+@cancelled_when_interrupted
 def preflight_flow(
     params: str | None = None,
     config: list[str] | None = None,
@@ -128,6 +132,7 @@ def train_on_ranks(cfg: Config, run_dir: str, resume: bool) -> TrainResult:
 
 
 @flow(name="evaluate")
+@cancelled_when_interrupted
 def evaluate_flow(
     params: str | None = None,
     config: list[str] | None = None,
@@ -147,6 +152,7 @@ def evaluate_flow(
 
 
 @flow(name="pipeline")
+@cancelled_when_interrupted
 def pipeline_flow(
     params: str | None = None,
     config: list[str] | None = None,
@@ -183,27 +189,47 @@ def pipeline_flow(
             extra_tags=tags,
             preflight=checked,
         )
-        before = None
-        if baseline and trained.resumed_from == 0:
-            before = evaluate_task.with_options(task_run_name=f"evaluate {name} at step 0")(
-                cfg,
-                None,  # the configured policy, before any RL step
-                eval_set,
-                kind="pipeline",
-                run_id=trained.mlflow_run_id,
-                step=0,
-                progress=progress,
-                artifact_dir="eval-step0",
-            )
-        evaluated = evaluate_task.with_options(task_run_name=f"evaluate {name}")(
+        try:
+            before, evaluated = _evaluate(cfg, name, trained, eval_set, progress, tags, baseline)
+        except TrainingInterrupted as e:
+            raise TrainingInterrupted(
+                f"{e}; the training is kept: `dapo pipeline --run-name {name}` evaluates it"
+            ) from None
+        return {"curate": data, "train": trained, "evaluate": evaluated, "baseline": before}
+
+
+def _evaluate(
+    cfg: Config,
+    name: str,
+    trained: TrainSummary,
+    eval_set: str | None,
+    progress: bool,
+    tags: dict[str, str] | None,
+    baseline: bool,
+) -> tuple[EvalSummary | None, EvalSummary]:
+    """The pipeline's evaluations, both logged to its training run: the starting policy at step
+    0 (``baseline``, for a run that started from scratch) and the trained model."""
+    before = None
+    if baseline and trained.resumed_from == 0:
+        before = evaluate_task.with_options(task_run_name=f"evaluate {name} at step 0")(
             cfg,
-            trained.model_path,
+            None,  # the configured policy, before any RL step
             eval_set,
             kind="pipeline",
             run_id=trained.mlflow_run_id,
-            step=trained.steps,
-            run_dir=trained.run_dir,
+            step=0,
             progress=progress,
-            extra_tags=tags,
+            artifact_dir="eval-step0",
         )
-        return {"curate": data, "train": trained, "evaluate": evaluated, "baseline": before}
+    evaluated = evaluate_task.with_options(task_run_name=f"evaluate {name}")(
+        cfg,
+        trained.model_path,
+        eval_set,
+        kind="pipeline",
+        run_id=trained.mlflow_run_id,
+        step=trained.steps,
+        run_dir=trained.run_dir,
+        progress=progress,
+        extra_tags=tags,
+    )
+    return before, evaluated

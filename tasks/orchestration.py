@@ -7,20 +7,26 @@ retry cannot fix (a bad config, missing data, a run stopped on purpose) are not 
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import TerminationSignal
+from prefect.states import Cancelled
 
 from dapo_core.config import ConfigError
-from dapo_core.errors import PipelineError
+from dapo_core.errors import PipelineError, TrainingInterrupted
 
 USER_ERRORS = (ConfigError, PipelineError, FileNotFoundError, FileExistsError)
+INTERRUPTS = (KeyboardInterrupt, TerminationSignal)
+"""Ctrl-C, and SIGTERM as Prefect raises it inside a flow run."""
+F = TypeVar("F")
 
 
 def retry_unless_user_error(task: Any, task_run: Any, state: Any) -> bool:
@@ -84,3 +90,24 @@ def deferred_signals() -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def cancelled_when_interrupted(fn: F) -> F:
+    """For a flow's function (under ``@flow``): an interrupt, or a task it stopped, ends the flow
+    run CANCELLED (not FAILED or CRASHED) with the line that says where the run stopped and how to
+    go on; calling the flow raises that as TrainingInterrupted (Prefect raises the data of a
+    final state that is an exception), which the command prints as its last line."""
+
+    @functools.wraps(fn)  # type: ignore[arg-type]
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)  # type: ignore[operator]
+        except (*INTERRUPTS, TrainingInterrupted) as e:
+            message = (
+                str(e)
+                if isinstance(e, TrainingInterrupted)
+                else "stopped by a signal; run the same command to start again"
+            )
+            return Cancelled(message=message, data=TrainingInterrupted(message))
+
+    return wrapper  # type: ignore[return-value]

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from dapo_core.config import Config
+from dapo_core.errors import TrainingInterrupted
 from tasks.data.version import pairs_digest
 from tasks.evaluation.evaluate import evaluate_model
-from tasks.orchestration import run_logger, stage_task
+from tasks.orchestration import INTERRUPTS, deferred_signals, run_logger, stage_task
 from tasks.rundir import RunDir
 from tasks.tracking.plots import eval_curve, save_figures
 from tasks.tracking.provenance import run_tags
@@ -49,34 +50,22 @@ def evaluate_task(
     the evaluation curve: to run ``run_id`` (the training run it belongs to) or to a new run."""
     log = run_logger()
     t0 = time.perf_counter()
-    name, result = evaluate_model(cfg, model_path, eval_set, progress=progress)
-    wall = time.perf_counter() - t0
     tracker = Tracker(cfg, kind)
-    # Untracked, the tracker never opens a run and every call below is a no-op.
-    if track and (run_id is None or tracker.resume_run(run_id) is None):
-        model_name = "/".join(Path(model_path).parts[-2:]) if model_path else cfg.model.name_or_path
-        tracker.start_run(f"eval {name} {model_name}", run_tags(cfg, kind))
-    with tracker:
-        model_tag = model_path or cfg.model.name_or_path
-        pp = result.per_problem
-        tracker.set_tags(
-            {
-                "eval.set": name,
-                "eval.model": model_tag,
-                "data.eval_digest": pairs_digest(zip(pp["problem_id"], pp["answer"], strict=True)),
-                "eval.answer_format": result.scoring["eval/answer_format"],
-                "eval.equivalence": result.scoring["eval/equivalence"],
-                **(extra_tags or {}),
-            }
-        )
-        tracker.log_metrics({**result.metrics, "perf/eval_time_s": wall}, step)
-        tracker.log_frame(result.per_problem, f"{artifact_dir}/{name}/per_problem.csv")
-        tracker.log_table(result.samples, f"{artifact_dir}/{name}/samples.json")
-        rd = RunDir(run_dir) if run_dir else None
-        figure = eval_curve(rd.read_validation() if rd else [], {"step": step, **result.metrics})
-        if rd:
-            save_figures({"eval_curve.png": figure}, rd.plots)
-        tracker.log_figure(figure, "plots/eval_curve.png")
+    try:
+        name, result = evaluate_model(cfg, model_path, eval_set, progress=progress)
+        wall = time.perf_counter() - t0
+        # Untracked, the tracker never opens a run and every call below is a no-op.
+        if track and (run_id is None or tracker.resume_run(run_id) is None):
+            model_name = (
+                "/".join(Path(model_path).parts[-2:]) if model_path else cfg.model.name_or_path
+            )
+            tracker.start_run(f"eval {name} {model_name}", run_tags(cfg, kind))
+        with tracker:
+            args = (model_path, step, run_dir, artifact_dir, extra_tags)
+            _log_evaluation(tracker, cfg, name, result, wall, *args)
+    except INTERRUPTS:
+        stopped = _stopped(tracker, run_id if track else None)
+        raise TrainingInterrupted(stopped) from None
     m = result.metrics
     log.info(
         "evaluate: %s (%d problems) avg@%d %.4f (95%% CI %.4f-%.4f) in %.1fs; answers read as %s, "
@@ -94,3 +83,46 @@ def evaluate_task(
     return EvalSummary(
         name, result.metrics, result.per_problem, wall, tracker.run_id, result.scoring
     )
+
+
+def _log_evaluation(
+    tracker: Tracker,
+    cfg: Config,
+    name: str,
+    result: Any,
+    wall: float,
+    model_path: str | None,
+    step: int,
+    run_dir: str | None,
+    artifact_dir: str,
+    extra_tags: dict[str, str] | None,
+) -> None:
+    """The evaluation's tags, metrics (at ``step``), tables and curve, to the tracker's run."""
+    pp = result.per_problem
+    tracker.set_tags(
+        {
+            "eval.set": name,
+            "eval.model": model_path or cfg.model.name_or_path,
+            "data.eval_digest": pairs_digest(zip(pp["problem_id"], pp["answer"], strict=True)),
+            "eval.answer_format": result.scoring["eval/answer_format"],
+            "eval.equivalence": result.scoring["eval/equivalence"],
+            **(extra_tags or {}),
+        }
+    )
+    tracker.log_metrics({**result.metrics, "perf/eval_time_s": wall}, step)
+    tracker.log_frame(pp, f"{artifact_dir}/{name}/per_problem.csv")
+    tracker.log_table(result.samples, f"{artifact_dir}/{name}/samples.json")
+    rd = RunDir(run_dir) if run_dir else None
+    figure = eval_curve(rd.read_validation() if rd else [], {"step": step, **result.metrics})
+    if rd:
+        save_figures({"eval_curve.png": figure}, rd.plots)
+    tracker.log_figure(figure, "plots/eval_curve.png")
+
+
+def _stopped(tracker: Tracker, run_id: str | None) -> str:
+    """An evaluation stopped by a signal ends its run KILLED: the training run it belongs to
+    (``run_id``), as it would have had training been stopped, or its own."""
+    with deferred_signals():  # the repeated signal of a terminal or a worker waits
+        if tracker.active or (run_id and tracker.resume_run(run_id) is not None):
+            tracker.end("KILLED")
+    return "the evaluation was stopped before it finished"

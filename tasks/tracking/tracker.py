@@ -219,7 +219,14 @@ class Tracker:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.end("FINISHED" if exc_type is None else "FAILED")
+        from prefect.exceptions import TerminationSignal
+
+        if exc_type is None:
+            self.end("FINISHED")
+        elif issubclass(exc_type, (KeyboardInterrupt, TerminationSignal)):
+            self.end("KILLED")  # stopped on purpose (Ctrl-C, SIGTERM), not a failure
+        else:
+            self.end("FAILED")
 
     # -- params and tags ---------------------------------------------------------------------
 

@@ -301,6 +301,7 @@ def test_on_a_pool_a_crashed_child_is_submitted_once_more(tiny_cfg, monkeypatch)
 
     outcomes = {"grpo seed0": ["Crashed", "Completed"], "grpo seed1": ["Failed", "Failed"]}
     outcomes["+overlong_filtering seed0"] = ["Completed"]
+    outcomes["+clip_higher seed0"] = ["Cancelled"]  # stopped on purpose: not submitted again
     submitted = []
 
     def fake_run_deployment(name, parameters, flow_run_name, **kwargs):
@@ -317,6 +318,9 @@ def test_on_a_pool_a_crashed_child_is_submitted_once_more(tiny_cfg, monkeypatch)
 
         def is_completed(self):
             return self.name == "Completed"
+
+        def is_cancelled(self):
+            return self.name == "Cancelled"
 
     class Client:
         def __enter__(self):
@@ -343,11 +347,12 @@ def test_on_a_pool_a_crashed_child_is_submitted_once_more(tiny_cfg, monkeypatch)
     monkeypatch.setattr(ablate, "POLL_S", 0.0)
     children = [
         ablate.Child(v, s, tiny_cfg, "/x")
-        for v, s in (("grpo", 0), ("grpo", 1), ("+overlong_filtering", 0))
+        for v, s in (("grpo", 0), ("grpo", 1), ("+overlong_filtering", 0), ("+clip_higher", 0))
     ]
     statuses = {c.label: st for c, st in ablate._on_pool(children, "p", None, "pool", "sw")}
     assert statuses["grpo seed0"] == "ok" and statuses["+overlong_filtering seed0"] == "ok"
     assert statuses["grpo seed1"] == "failed: Failed: boom"
+    assert statuses["+clip_higher seed0"] == "cancelled: boom"
     assert sorted(submitted) == sorted([*outcomes] + ["grpo seed0", "grpo seed1"])  # 2 resubmits
 
 

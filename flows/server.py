@@ -1,0 +1,135 @@
+"""The Prefect server a command runs its flows against, started so that an interrupt cannot
+take it down before the command has recorded how it ended.
+
+Left to itself, Prefect starts a temporary ("ephemeral") server for a command that has no
+``PREFECT_API_URL``, as a child in the command's own process group. A terminal sends Ctrl-C to
+the whole foreground group, and a scheduler (Slurm, Kubernetes, systemd) sends SIGTERM to it: the
+server died first, and the command then spent minutes retrying a server that was gone ("Error
+logging to API"), finished the flow run it had been asked to stop, or crashed with a traceback.
+
+``command_server`` starts the same server (Prefect's own ASGI app, run by uvicorn, UI off, as
+the ephemeral server is) in a session of its own, points this process at it, and stops it only
+after the command's flow has written its final state and its logs have been sent. Where a
+server is configured (``PREFECT_API_URL``), it starts nothing: the runs appear there.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from dapo_core.errors import PipelineError
+from tasks.tracking.store import stop_group
+
+SERVER_START_TIMEOUT_S = 120.0
+SERVER_STOP_GRACE_S = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prefect_cli() -> list[str]:
+    """The ``prefect`` command of this interpreter (works inside a virtualenv not on PATH)."""
+    return [sys.executable, "-m", "prefect"]
+
+
+def spawn(cmd: list[str], env: dict[str, str], log: Path, stack: ExitStack) -> subprocess.Popen:
+    """Start ``cmd`` in its own session, so a Ctrl-C in the terminal reaches only the command
+    that owns it, which then stops it in order."""
+    out = stack.enter_context(log.open("ab"))
+    return subprocess.Popen(
+        cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def wait_until_healthy(url: str, server: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise PipelineError(f"the local Prefect server exited at start; see {log}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:  # not listening yet (URLError, connection refused, timeout)
+            pass
+        time.sleep(0.1)
+    raise PipelineError(
+        f"the local Prefect server did not answer within {SERVER_START_TIMEOUT_S:.0f}s; see {log}"
+    )
+
+
+def api_server_command(port: int) -> list[str]:
+    """Prefect's API served by uvicorn, as Prefect starts its ephemeral server (no UI)."""
+    import prefect
+
+    return [
+        *(sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parent.parent)),
+        *("--factory", "prefect.server.api.server:create_app"),
+        *("--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"),
+    ]
+
+
+def configured_api_url() -> str | None:
+    """The Prefect API the user configured (setting or environment), or None."""
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value() or os.environ.get("PREFECT_API_URL") or None
+
+
+@contextmanager
+def command_server(log_dir: Path) -> Iterator[str | None]:
+    """Run the body with a Prefect server that outlives its flow's clean-up; yield its API URL
+    (None where a configured server is used). Its log goes to ``log_dir/prefect-server.log``."""
+    if configured_api_url():
+        yield None
+        return
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / "prefect-server.log"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env = {
+        **os.environ,
+        **get_current_settings().to_environment_variables(exclude_unset=True),
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+    }
+    env.pop("PREFECT_API_URL", None)
+    with ExitStack() as stack:
+        server = spawn(api_server_command(port), env, log, stack)
+        stack.callback(stop_group, server, SERVER_STOP_GRACE_S)  # last on the way out
+        wait_until_healthy(url, server, log)
+        stack.enter_context(temporary_settings(updates={PREFECT_API_URL: url}))
+        stack.callback(flush_to_server)  # first on the way out, while the server still runs
+        yield url
+
+
+def flush_to_server() -> None:
+    """Send this process's queued Prefect logs and events now. At exit Prefect would send them
+    to a server stopped by then, retrying for over a minute before printing "Error logging to
+    API"."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for service in (APILogWorker, EventsWorker):
+        try:
+            service.drain_all(timeout=10)
+        except Exception as e:  # noqa: BLE001 - never hide the command's outcome behind this
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "could not flush Prefect %s before stopping the server: %s", service, e
+            )

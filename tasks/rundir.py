@@ -391,8 +391,18 @@ def _command() -> str:
 
 
 def _append_row(path: Path, row: dict[str, Any]) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(row) + "\n")
+    """Append one JSON line, after cutting off a torn last line (a write cut short by a full
+    disk or a kill): appended to, it would fuse with this row into one unreadable line."""
+    with path.open("ab") as f:
+        end = f.tell()
+        if end:
+            with path.open("rb") as r:
+                r.seek(max(0, end - 65536))
+                tail = r.read()
+            if not tail.endswith(b"\n"):
+                # rows are far shorter than the window: no newline in it means no whole row
+                f.truncate(end - len(tail) + tail.rfind(b"\n") + 1)
+        f.write((json.dumps(row) + "\n").encode())
 
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:
@@ -400,7 +410,10 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     rows = {}
-    for line in path.read_text().splitlines():
+    text = path.read_text()
+    for line in text.splitlines(keepends=True):
+        if not line.endswith("\n"):  # torn by a full disk or a kill: never completed
+            break
         if line.strip():
             row = json.loads(line)
             rows[row["step"]] = row

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file
 
 from dapo_core.errors import PipelineError
-from tasks.rundir import RunDir, seal_files
+from tasks.rundir import RunDir, checkpoint_step, seal_files
 from tasks.training.batches import Group
 from tasks.training.distributed import all_gather_objects, barrier
 from tasks.training.trainer import DAPOTrainer
@@ -37,8 +37,23 @@ STATE_FORMAT = 2  # 2: plain data; absent: the pickled objects of earlier versio
 def save_checkpoint(trainer: DAPOTrainer, run_dir: RunDir) -> Path:
     """Write ``checkpoints/step_N`` for the trainer's current step; keep the last
     ``train.keep_checkpoints``. Every rank calls it (the optimizer state is per rank)."""
-    step, rank, world = trainer.step, trainer.rank, trainer.world
+    step, rank = trainer.step, trainer.rank
     staged = run_dir.staging_checkpoint(step)
+    try:
+        return _write_checkpoint(trainer, run_dir, staged)
+    except OSError as e:  # a full disk, a quota: the previous checkpoint is untouched
+        if rank == 0:
+            shutil.rmtree(staged, ignore_errors=True)  # what fit would only fill the disk more
+        latest = run_dir.latest_checkpoint()
+        kept = f"the checkpoint at step {checkpoint_step(latest)}" if latest else "no checkpoint"
+        raise PipelineError(
+            f"could not write the checkpoint of step {step} in {run_dir}: "
+            f"{e.strerror or e}; {kept} is intact: free space, then resume the run"
+        ) from None
+
+
+def _write_checkpoint(trainer: DAPOTrainer, run_dir: RunDir, staged: Path) -> Path:
+    step, rank, world = trainer.step, trainer.rank, trainer.world
     if rank == 0:
         shutil.rmtree(staged, ignore_errors=True)  # left by a save that was killed
         staged.mkdir(parents=True)

@@ -130,9 +130,7 @@ def prefect_states(home: Path) -> list[str]:
         return [row[0] for row in conn.execute("select state_type from flow_run")]
 
 
-def run_trial(
-    trial: Trial, scratch: Path, model: Path, uri: str, extra: list[str] = ()
-) -> Outcome:
+def run_trial(trial: Trial, scratch: Path, model: Path, uri: str, extra: list[str] = ()) -> Outcome:
     """Run ``trial`` (``extra``: arguments every command gets, e.g. ``--params FILE``)."""
     home = scratch / f"prefect-{trial.command}-{trial.phase}-{trial.sig}-{trial.to}"
     log = home.with_suffix(".log")

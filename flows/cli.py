@@ -160,16 +160,19 @@ def train(
         typer.Option(help="Continue the run in this directory from its last checkpoint."),
     ] = None,
     track: Annotated[
-        bool,
+        bool | None,
         typer.Option(
             "--track/--no-track",
             help="Log the run to MLflow (one process; under a multi-rank launcher the run writes "
-            "metrics.jsonl only: use `dapo pipeline` for a tracked multi-GPU run).",
+            "metrics.jsonl only: use `dapo pipeline` for a tracked multi-GPU run). Default: "
+            "tracked, and with --resume as the run began.",
+            show_default=False,
         ),
-    ] = True,
+    ] = None,
 ) -> None:
     """Train the policy with DAPO (or a Table 1 variant) on the configured data."""
     _orchestration_env()
+    track = _resumed_tracking(resume) if track is None else track
     from flows.pipeline import train_flow, train_on_ranks
     from tasks.training.distributed import env_world_size
 
@@ -208,6 +211,16 @@ def train(
         summary.model_path,
         summary.mlflow_run_id,
     )
+
+
+def _resumed_tracking(resume: Path | None) -> bool:
+    """Track unless this continues a run that began with --no-track (said in a note)."""
+    from tasks.rundir import RunDir
+
+    if resume is None or not RunDir(resume).untracked():
+        return True
+    console.print("note: continuing untracked, as the run began (--track logs it to MLflow)")
+    return False
 
 
 def _run_dir_writer(target: Path | None):

@@ -100,6 +100,7 @@ class RunDir:
     plots = property(lambda self: self.path / "plots")
     mlflow_file = property(lambda self: self.path / "mlflow_run.json")
     lock_file = property(lambda self: self.path / LOCK_FILE)
+    untracked_file = property(lambda self: self.path / "untracked")
 
     # -- the one writer ------------------------------------------------------------------------
 
@@ -300,6 +301,17 @@ class RunDir:
         if not self.mlflow_file.exists():
             return None
         return json.loads(self.mlflow_file.read_text())
+
+    def untracked(self) -> bool:
+        """True when the run's last attempt chose not to log to MLflow (``--no-track``): a
+        resume keeps that choice unless told otherwise."""
+        return self.untracked_file.exists()
+
+    def record_tracking(self, track: bool) -> None:
+        if track:
+            self.untracked_file.unlink(missing_ok=True)
+        else:
+            self.untracked_file.write_text("trained with --no-track: resumes stay untracked\n")
 
     def record_mlflow_run(self, run_id: str, uri: str) -> None:
         self.path.mkdir(parents=True, exist_ok=True)

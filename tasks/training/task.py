@@ -148,6 +148,7 @@ def _train(
     log = run_logger()
     rd.refuse_unless(resume)  # before an MLflow run is opened
     rd.check_writable()
+    rd.record_tracking(track)
     start = rd.resume_point()
     if start.checkpoint:
         redo = start.logged_through - start.step

@@ -50,6 +50,12 @@ def test_cli_train_and_evaluate_are_tracked(flows_env, flow_cfg, flow_params, tm
     assert quiet.exit_code == 0, quiet.output
     assert "MLflow run" not in quiet.output
     assert len(search_runs(flow_cfg, "train", uri=mlflow_uri)) == before
+    # resumed without a choice, it stays untracked as it began (a new MLflow run would hold
+    # only the continuation); --track would log it
+    resumed = runner.invoke(app, ["train", "--resume", str(tmp_path / "quiet")])
+    assert resumed.exit_code == 0, resumed.output
+    assert "continuing untracked" in resumed.output and "MLflow run" not in resumed.output
+    assert len(search_runs(flow_cfg, "train", uri=mlflow_uri)) == before
 
 
 def test_unwritable_run_dir_is_one_line_and_opens_no_run(

@@ -7,6 +7,11 @@ a one-line message and a non-zero exit code instead of a traceback.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m flows.cli`: as the `dapo` entry point, before any import
+    from flows.entry import until_work_begins
+
+    until_work_begins()
+
 import functools
 import gc
 import json
@@ -23,6 +28,7 @@ from rich.console import Console
 from dapo_core.ablation import ABLATION_LADDER, ALGORITHM_PRESETS, apply_variant
 from dapo_core.config import ConfigError
 from dapo_core.errors import PipelineError, TrainingInterrupted
+from flows.entry import exit_at_once
 from flows.report import report_ablation, report_pipeline
 
 VARIANTS_HELP = (
@@ -64,6 +70,13 @@ def _terminate(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _working() -> None:
+    """From here on the command does work with a clean-up: Ctrl-C and SIGTERM raise, so that it
+    runs (MLflow run ended KILLED, Prefect state written, servers stopped)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _terminate)
+
+
 def _exit_promptly() -> None:
     """An interrupted command exits at once: the interpreter's last garbage collection over
     everything a sweep or a run imported takes seconds, which a user waits through after Ctrl-C
@@ -76,7 +89,8 @@ def user_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        previous = signal.signal(signal.SIGTERM, _terminate)
+        signals = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, exit_at_once) for sig in signals}
         try:
             return fn(*args, **kwargs)
         except TrainingInterrupted as e:
@@ -91,7 +105,8 @@ def user_errors(fn: F) -> F:
             _exit_promptly()
             raise typer.Exit(130) from None
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     return wrapper  # type: ignore[return-value]
 
@@ -105,7 +120,9 @@ def _load(
     from tasks.params import load_params
 
     cfg = load_params(params, config or (), overrides or ())
-    return apply_variant(cfg, variant) if variant else cfg
+    cfg = apply_variant(cfg, variant) if variant else cfg
+    _working()  # every command loads its config once its imports are done, before any work
+    return cfg
 
 
 @app.command("config")
@@ -304,6 +321,7 @@ def model_fetch(
     Like `dapo curate`, a data-preparation command: it runs directly, not as a flow."""
     from tasks.models.fetch import convert_gguf, fetch_model, model_dir
 
+    _working()
     out = convert_gguf(gguf, model_dir(name)) if gguf else fetch_model(name)
     console.print(f"[green]ready[/]: {out} (use -S model.name_or_path={name})")
 
@@ -488,6 +506,7 @@ def _server():
     flow has recorded its end (``flows.server``); a configured server is used as it is."""
     from flows.server import command_server
 
+    _working()
     return command_server(Path(os.environ["PREFECT_HOME"]) / "logs")
 
 

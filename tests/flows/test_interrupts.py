@@ -51,3 +51,31 @@ def test_a_signal_to_the_group_ends_the_command_with_its_records(setting, trial)
         assert "dapo train --resume" in out.last_line
     if trial.command == "pipeline":
         assert "dapo pipeline --run-name" in out.last_line
+
+
+@pytest.mark.parametrize("delay_s", [0.1, 0.4, 0.8])
+def test_a_signal_while_the_command_imports_ends_it_at_once(tmp_path, delay_s):
+    """Before the command has loaded its config it has started nothing: Ctrl-C ends it at once.
+    (A KeyboardInterrupt raised inside an import was swallowed by a library: the command ran to
+    the end.)"""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "train", "--run-dir", str(run)],
+        env={**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        text=True,
+    )
+    time.sleep(delay_s)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out[-2000:]
+    assert out.strip().endswith("interrupted before anything had started"), out[-2000:]
+    assert not run.exists() and not (tmp_path / "prefect").exists()

@@ -98,17 +98,17 @@ class Outcome:
         )
 
 
-def processes_of(home: Path) -> list[str]:
-    """Command lines of the live processes whose environment names this Prefect home."""
+def processes_of(home: Path) -> dict[int, str]:
+    """The live processes whose environment names this Prefect home: pid -> command line."""
     marker = f"PREFECT_HOME={home}".encode()
-    found = []
+    found = {}
     for proc in Path("/proc").iterdir():
         try:
             if proc.name.isdigit() and marker in (proc / "environ").read_bytes().split(b"\0"):
-                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:80])
+                found[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:  # gone meanwhile, or another user's
             continue
-    return found
+    return {pid: cmd.decode()[:80] for pid, cmd in found.items()}
 
 
 def mlflow_statuses(uri: str, since_ms: int) -> list[str]:
@@ -179,7 +179,7 @@ def run_trial(trial: Trial, scratch: Path, model: Path, uri: str, extra: list[st
             proc.returncode,
             seconds,
             "Traceback" in text,
-            processes_of(home),
+            list(processes_of(home).values()),
             mlflow_statuses(uri, since_ms),
             prefect_states(home),
             lines[-1][:160] if lines else "",
@@ -187,21 +187,9 @@ def run_trial(trial: Trial, scratch: Path, model: Path, uri: str, extra: list[st
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        for left in _pids_of(home):
+        for left in processes_of(home):
             with contextlib.suppress(OSError):
                 os.kill(left, signal.SIGKILL)
-
-
-def _pids_of(home: Path) -> list[int]:
-    marker = f"PREFECT_HOME={home}".encode()
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and marker in (proc / "environ").read_bytes().split(b"\0"):
-                pids.append(int(proc.name))
-        except OSError:
-            continue
-    return pids
 
 
 def _wait_for_phase(phase: str, proc: subprocess.Popen, home: Path, log: Path) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bench.interrupts import processes_of
 from dapo_core.ablation import ABLATION_LADDER, PAPER_TABLE1_AIME24
 from dapo_core.ablation_stats import MECHANISM_SIGNALS
 from dapo_core.config import ConfigError
@@ -244,21 +245,6 @@ def test_two_local_workers_consume_one_pool(flow_cfg, tmp_path):
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", int(port)), timeout=2):
         pass
     assert not processes_of(tmp_path / "prefect")  # nor any flow run's process
-
-
-def processes_of(home: Path) -> dict[int, str]:
-    """The live processes whose environment names this Prefect home (pid: command line): the
-    server, the workers and the flow runs they started all inherit it; another sweep on the
-    same machine does not."""
-    marker = f"PREFECT_HOME={home}".encode()
-    found = {}
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and marker in (proc / "environ").read_bytes().split(b"\0"):
-                found[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:  # gone meanwhile, or another user's
-            continue
-    return {pid: cmd.decode() for pid, cmd in found.items()}
 
 
 def test_a_failed_child_is_reported_and_the_others_still_run(tiny_cfg, monkeypatch):

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_ablate import processes_of  # this directory's test module (pytest puts it on the path)
 
+from bench.interrupts import processes_of
 from dapo_core.config_loader import resolve
 from tasks.tracking import store
 

@@ -6,7 +6,8 @@ each switch is read in exactly one ``dapo_core`` function.
 
 Beside the ladder, :data:`ALGORITHM_PRESETS` are algorithms of the family (DESIGN.md section 9):
 each is DAPO's full recipe (every switch on, so the data side stays DAPO's) with some of the
-``algo`` entries replaced; ``dapo`` replaces none.
+``algo`` entries replaced; ``dapo`` replaces none. A preset that is not a variant of DAPO's
+recipe (``grpo_kl``) also sets switches, by name, to the values its paper uses.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ PAPER_TABLE1_AIME24: dict[str, float] = {
 
 MAX_RESPONSE_LEN = "rollout.max_response_len"  # in a preset: the config's value of that key
 
-ALGORITHM_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
     "dapo": {},
     # Liu et al. 2025: no std in the advantage, a constant normaliser (B x L_max)
     "dr_grpo": {
@@ -69,8 +70,22 @@ ALGORITHM_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "rloo": {"advantage": {"name": "rloo"}},
     # Hu 2025: discounted returns whitened over the batch
     "reinforce_pp": {"advantage": {"name": "reinforce_pp"}},
+    # GRPO as DeepSeekMath writes it (Shao et al. 2024, arXiv 2402.03300, Eq. 3 and section
+    # 4.2): group-normalised advantages with the std (Eq. 9 here), the symmetric PPO clip at
+    # 0.2, a mean over each response's tokens then over responses, and k3 KL to the initial
+    # policy inside the loss with beta = 0.04 (DeepSeekMath's value; DESIGN.md section 9's
+    # ~1e-3 is later practice). No dynamic sampling, no overlong filtering or shaping: every
+    # Table 1 switch off, as the ladder's naive ``grpo`` rung.
+    "grpo_kl": {
+        **ABLATION_LADDER["grpo"],
+        "loss": {"name": "clip", "eps_low": 0.2, "eps_high": 0.2, "dual_clip_c": None},
+        "aggregation": {"name": "seq_mean_token_mean"},
+        "advantage": {"name": "grpo"},
+        "kl": {"name": "k3", "beta": 0.04, "where": "loss"},
+    },
 }
-"""Algorithm name -> the ``algo`` entries it replaces in DAPO's full recipe."""
+"""Algorithm name -> the ``algo`` entries it replaces in DAPO's full recipe (mappings), and the
+switches it sets otherwise (booleans, by switch name)."""
 
 
 def apply_variant(cfg: Config, variant: str) -> Config:
@@ -88,8 +103,11 @@ def apply_variant(cfg: Config, variant: str) -> Config:
     )
 
 
-def _preset_algo(cfg: Config, entries: dict[str, dict[str, Any]]) -> AlgoConfig:
-    """DAPO's full recipe with ``entries`` in place of the config's (validated by each entry)."""
+def _preset_algo(cfg: Config, preset: dict[str, Any]) -> AlgoConfig:
+    """DAPO's full recipe with the preset's entries in place of the config's (validated by each
+    entry) and its switches set."""
+    switches = {k: v for k, v in preset.items() if k in ABLATION_SWITCHES}
+    entries = {k: v for k, v in preset.items() if k not in switches}
     chosen = {}
     for key, entry in entries.items():
         entry = {
@@ -97,4 +115,5 @@ def _preset_algo(cfg: Config, entries: dict[str, dict[str, Any]]) -> AlgoConfig:
             for k, v in entry.items()
         }
         chosen[key] = checked_entry(key, entry)
-    return dataclasses.replace(cfg.algo, **ABLATION_LADDER["+dynamic_sampling"], **chosen)
+    full_recipe = ABLATION_LADDER["+dynamic_sampling"]
+    return dataclasses.replace(cfg.algo, **(full_recipe | switches), **chosen)

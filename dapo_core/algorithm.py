@@ -2,8 +2,10 @@
 
 ``algo.loss``, ``algo.aggregation``, ``algo.advantage``, ``algo.kl`` and ``algo.correction`` each
 name an entry of a ``dapo_core.algos`` registry with its parameters (:func:`checked_entry`
-validates one from the entry's own parameter dataclass). The Table 1 switches stay the ladder's
-vocabulary; :func:`algorithm` is the one place two of them become entries (section 3.1, 3.3):
+validates one from the entry's own parameter dataclass; ``algo.kl`` names an estimator, or
+``none``, with ``beta`` and ``where`` of :class:`~dapo_core.algos.KLParams`). The Table 1
+switches stay the ladder's vocabulary; :func:`algorithm` is the one place two of them become
+entries (section 3.1, 3.3):
 
 - ``clip_higher=false``: the loss's eps_high = eps_low (the symmetric PPO/GRPO clip);
 - ``token_level_loss=false``: ``token_mean`` (Eq. 12) becomes ``seq_mean_token_mean`` (GRPO's
@@ -31,10 +33,14 @@ from dapo_core.algos import (
     POLICY_LOSSES,
     AdvantageInput,
     Entry,
+    KLParams,
     Metrics,
     Params,
     Registry,
     TokenBatch,
+    kl_loss,
+    kl_reward_penalty,
+    make_kl_params,
 )
 from dapo_core.config import AlgoConfig, AlgoEntry, ConfigError
 
@@ -64,14 +70,27 @@ def checked_entry(key: str, value: Any) -> AlgoEntry:
 
 
 def _checked_kl(name: str, params: Mapping[str, Any]) -> AlgoEntry:
-    """Only ``none``: the estimators exist, but the trainer keeps no frozen reference policy."""
-    if name != NO_KL:
+    """``{name: none}`` (off, DAPO section 2.3), or ``{name: <estimator>, beta, where}``: the
+    entry's name is the estimator (k1, k2, k3), its parameters :class:`KLParams`' others."""
+    if name == NO_KL:
+        if params:
+            raise ConfigError(f"algo.kl none: takes no parameters, got {sorted(params)}")
+        return AlgoEntry(name=NO_KL)
+    if name not in KL_ESTIMATORS:
         known = ", ".join([NO_KL, *KL_ESTIMATORS.names()])
-        wired = "; the trainer keeps no reference policy yet" if name in KL_ESTIMATORS else ""
-        raise ConfigError(f"algo.kl: '{name}' is not available{wired} (use {NO_KL}; of {known})")
-    if params:
-        raise ConfigError(f"algo.kl none: takes no parameters, got {sorted(params)}")
-    return AlgoEntry(name=NO_KL)
+        raise ConfigError(f"algo.kl: unknown estimator '{name}' (known: {known})")
+    if "estimator" in params:
+        raise ConfigError(f"algo.kl {name}: the estimator is the entry's name, not a parameter")
+    p = make_kl_params({**params, "estimator": name})
+    return AlgoEntry(name=name, beta=p.beta, where=p.where)
+
+
+def kl_term(entry: AlgoEntry) -> KLParams | None:
+    """The KL term ``algo.kl`` asks for, or None: ``none``, or beta = 0, which would add exactly
+    nothing, so the trainer keeps no reference copy and runs no reference forward for it."""
+    if entry.name == NO_KL or entry.params["beta"] == 0:
+        return None
+    return KLParams(estimator=entry.name, beta=entry.params["beta"], where=entry.params["where"])
 
 
 @dataclass(frozen=True)
@@ -92,25 +111,41 @@ def choose(key: str, name: str, params: Mapping[str, Any]) -> Chosen:
 
 @dataclass(frozen=True)
 class Algorithm:
-    """What an update calls, in order: advantage -> correction -> loss -> aggregation."""
+    """What an update calls, in order: advantage -> correction -> loss (+ KL) -> aggregation."""
 
     advantage: Chosen
     correction: Chosen
     loss: Chosen
     aggregation: Chosen
+    kl: KLParams | None = None  # the KL term to a frozen reference policy; None: none
 
     def metric_names(self) -> list[str]:
-        """The names of the metrics the correction and the loss emit, read off a one-token
-        batch: a step whose updates had no token to measure still logs each (as 0)."""
+        """The names of the metrics the correction, the loss and the KL term emit, read off a
+        one-token batch: a step whose updates had no token to measure still logs each (as 0)."""
         zero = torch.zeros(1, 1)
-        batch = TokenBatch(zero, zero, zero, torch.ones(1, 1, dtype=torch.bool), rollout_logp=zero)
-        _, _, corr = self.correction(batch)
-        return sorted(corr.keys() | self.loss(batch)[1].keys())
+        batch = TokenBatch(
+            zero, zero, zero, torch.ones(1, 1, dtype=torch.bool), rollout_logp=zero, ref_logp=zero
+        )
+        return sorted(token_losses(self, batch)[2])
 
     @property
     def corrects(self) -> bool:
         """Whether the correction reads the sampler's log-probs (all but the identity do)."""
         return self.correction.entry.name != "none"
+
+    @property
+    def kl_in_loss(self) -> bool:
+        """Whether each update needs the reference's log-probs (GRPO's KL in the loss)."""
+        return self.kl is not None and self.kl.where == "loss"
+
+    @property
+    def kl_in_reward(self) -> bool:
+        """Whether the advantages need the reference's log-probs (PPO-RLHF's KL penalty)."""
+        return self.kl is not None and self.kl.where == "reward"
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl is not None
 
 
 def algorithm(algo: AlgoConfig) -> Algorithm:
@@ -126,7 +161,23 @@ def algorithm(algo: AlgoConfig) -> Algorithm:
         correction=choose("correction", algo.correction.name, algo.correction.params),
         loss=choose("loss", algo.loss.name, loss),
         aggregation=choose("aggregation", aggregation, algo.aggregation.params),
+        kl=kl_term(algo.kl),
     )
+
+
+def token_losses(alg: Algorithm, tokens: TokenBatch) -> tuple[Tensor, Tensor, Metrics]:
+    """One micro-batch's (B, T) per-token loss, the (B, T) mask of the tokens it keeps, and the
+    entries' metrics: correction -> policy loss, weighted by the correction -> + beta * kl when
+    the KL term is in the loss (GRPO, Shao et al. 2024, Eq. 3: beta * D_KL per token inside
+    the same mean as the surrogate, so the aggregation treats both alike). The KL term is not
+    weighted by the correction (as verl adds its KL loss apart from the policy loss)."""
+    weights, keep, metrics = alg.correction(tokens)
+    loss_t, m_loss = alg.loss(dataclasses.replace(tokens, mask=keep))
+    loss_t = loss_t * weights
+    if alg.kl_in_loss:
+        kl_t, m_kl = kl_loss(alg.kl, tokens.logp, tokens.ref_logp, keep)
+        loss_t, m_loss = loss_t + kl_t, m_loss | m_kl
+    return loss_t, keep, metrics | m_loss
 
 
 def response_mask(lengths: Tensor) -> Tensor:
@@ -135,11 +186,14 @@ def response_mask(lengths: Tensor) -> Tensor:
     return torch.arange(width)[None, :] < lengths[:, None]
 
 
-def token_advantages(chosen: Chosen, rewards: Tensor, lengths: Tensor) -> tuple[Tensor, Metrics]:
+def token_advantages(
+    chosen: Chosen, rewards: Tensor, lengths: Tensor, token_rewards: Tensor | None = None
+) -> tuple[Tensor, Metrics]:
     """(P*G, T) per-token advantages of P groups of G responses from their (P, G) sequence
     rewards and (P, G) lengths, through the advantage entry, and its metrics. Every response
-    token counts here (the overlong filter acts on the loss, not on the group's baseline)."""
-    inp = AdvantageInput(rewards, response_mask(lengths.flatten()))
+    token counts here (the overlong filter acts on the loss, not on the group's baseline).
+    ``token_rewards``: (P*G, T) per-token rewards, e.g. the KL penalty (:func:`reward_kl`)."""
+    inp = AdvantageInput(rewards, response_mask(lengths.flatten()), token_rewards=token_rewards)
     out, metrics = chosen(inp)
     return out.advantages, metrics
 
@@ -163,3 +217,10 @@ def response_weights(aggregation: Chosen, lengths: list[int]) -> list[float]:
         for n in lengths
     ]
     return [float(w) for w in ones]
+
+
+def reward_kl(kl: KLParams, old_logp: Tensor, ref_logp: Tensor, lengths: Tensor):
+    """(P*G, T) per-token rewards -beta * kl(pi_old || ref) of responses of (P, G) ``lengths``,
+    from their (P*G, T) log-probs under the policy that sampled them and the reference (PPO-RLHF,
+    Ouyang et al. 2022), and the ``kl_mean`` metric."""
+    return kl_reward_penalty(kl, old_logp, ref_logp, response_mask(lengths.flatten()))

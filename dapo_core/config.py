@@ -178,9 +178,10 @@ class AlgoConfig:
     """The advantage estimator (``ADVANTAGES``): ``grpo`` (Eq. 9), ``dr_grpo``, ``rloo``,
     ``reinforce_pp``, ``reinforce_pp_baseline`` (``gae`` needs a critic the trainer lacks)."""
     kl: AlgoEntry
-    """KL to a frozen reference policy: ``{name: none}`` (DAPO removes it, section 2.3); the
-    estimators k1/k2/k3 exist (``dapo_core.algos.kl``) but the trainer keeps no reference model
-    yet, so only ``none`` is accepted."""
+    """KL to a frozen reference policy (the initial policy): ``{name: none}`` (DAPO removes it,
+    section 2.3), or an estimator ``k1``/``k2``/``k3`` with ``beta`` (its weight; 0 is off) and
+    ``where``: ``loss`` (GRPO: + beta * kl per token, aggregated with the policy loss) or
+    ``reward`` (PPO-RLHF: -beta * kl per token added to the reward), ``dapo_core.algos.kl``."""
     correction: AlgoEntry
     """Rollout correction for the sampler's policy not being pi_old (``CORRECTIONS``):
     ``{name: none}``, or ``token_tis`` (``cap``, truncated importance sampling; what the old

@@ -72,6 +72,8 @@ class Sample:
     rollout_logp: torch.Tensor | None = None  # (response_len,), the sampler's log-probs
     fresh: bool = True  # sampled by this step's policy (not a group carried from an earlier step)
     token_advantages: torch.Tensor | None = None  # (response_len,); None: ``advantage`` on each
+    ref_logp: torch.Tensor | None = None  # (response_len,), the frozen reference's (KL term)
+    kl: bool = False  # its loss has a KL term, never identically zero (GRPO's KL in the loss)
 
     @property
     def response_len(self) -> int:
@@ -79,9 +81,12 @@ class Sample:
 
     @property
     def carries_loss(self) -> bool:
-        """False when its loss is identically zero: masked out, or every advantage 0."""
+        """False when its loss is identically zero: masked out, or every advantage 0 and no
+        KL term (which pulls a response toward the reference whatever its advantage)."""
         if not self.keep:
             return False
+        if self.kl:
+            return True
         if self.token_advantages is None:
             return self.advantage != 0.0
         return bool(self.token_advantages.any())

@@ -12,6 +12,8 @@ One step:
    correction -> policy loss -> aggregation) and divides by the aggregation's count over the
    whole mini-batch (and all ranks), known before any backward; the entries' metrics are summed
    as (numerator, denominator) over micro-batches and ranks and logged as ``train/<name>``;
+   with a KL term (``algo.kl``) the frozen reference's log-probs come from one no-grad pass per
+   step (``tasks.training.reference``), for the loss or, before the advantages, the reward;
 5. AdamW with linear warm-up (step 1 trains at lr / warmup, never at 0; the lr is a function of the
    step, so a resumed run needs no scheduler state), gradient clipping, and
    a skip of any update whose loss or gradient is not finite.
@@ -29,7 +31,6 @@ hands over its loop state (``state_dict``).
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import math
 import random
@@ -46,9 +47,11 @@ from dapo_core.algorithm import (
     algorithm,
     global_count,
     response_weights,
+    reward_kl,
     token_advantages,
+    token_losses,
 )
-from dapo_core.algos import TokenBatch, aggregate, reduce_metrics
+from dapo_core.algos import Metrics, TokenBatch, aggregate, reduce_metrics
 from dapo_core.config import AlgoConfig, Config
 from dapo_core.errors import TrainingStopped
 from dapo_core.loss import long_weight_share
@@ -78,6 +81,7 @@ from tasks.training.distributed import (
 from tasks.training.forward import PolicyForward
 from tasks.training.kernels import install_rms_norm, use_cpu_sdpa
 from tasks.training.precision import MasterWeights, needs_master_weights
+from tasks.training.reference import ReferencePolicy, frozen_copy
 from tasks.training.step_metrics import (
     StallWatch,
     UpdateSums,
@@ -154,6 +158,10 @@ class DAPOTrainer:
         self.autocast = self.device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16")
         self.rank, self.world = init_distributed(self.device.type)
         self.sink = sink if self.rank == 0 else None  # one writer of metrics and files
+        self.algorithm = algorithm(cfg.algo)  # the entries every update calls
+        self.metric_names = self.algorithm.metric_names()
+        # pi_ref: copied now, from the run's starting model, before DeepSpeed partitions it
+        ref = frozen_copy(model) if self.algorithm.needs_reference else None
         optimizer = optimizer or self._adamw(model, cfg)
         self.engine = OptimizerEngine(
             model, optimizer, cfg.train.grad_clip, self.world, cfg.train.zero_stage, self.autocast
@@ -165,9 +173,8 @@ class DAPOTrainer:
             self.autocast,
             before_forward=self.engine.before_forward,
         )
+        self.reference = ReferencePolicy(ref, self.engine.model, self.forward) if ref else None
         self.lr_at = warmup_lambda(cfg.train.warmup_steps)
-        self.algorithm = algorithm(cfg.algo)  # the entries every update calls
-        self.metric_names = self.algorithm.metric_names()
         self.probed_switch = cfg.tracking.switch_probe  # the switch a probe flips, or None
         probe.check_world(self.probed_switch, self.world)
         install_rms_norm(
@@ -266,6 +273,8 @@ class DAPOTrainer:
         minis = [samples[i : i + per_update] for i in range(0, len(samples), per_update)]
         if len(minis) > 1:  # with one update the ratio is exactly 1: no extra pass
             self._compute_old_logprobs(minis)
+        if (alg or self.algorithm).kl_in_loss:
+            self._compute_ref_logprobs(minis)
         return [self._update(mini, alg) for mini in minis]
 
     def _probed_updates(
@@ -371,7 +380,10 @@ class DAPOTrainer:
             factor=a.overlong_penalty_factor,
         ).view_as(acc)
         alg = algorithm(a) if algo else self.algorithm
-        adv_t, adv_metrics = token_advantages(alg.advantage, rewards, lengths)  # (P*G, T)
+        kl_rewards, kl_metrics = (
+            self._reward_kl(groups, lengths, alg) if alg.kl_in_reward else (None, {})
+        )
+        adv_t, adv_metrics = token_advantages(alg.advantage, rewards, lengths, kl_rewards)
         keep = overlong_filter_mask(
             torch.ones(acc.numel(), 1), ~finished.flatten(), overlong_filtering=a.overlong_filtering
         )[:, 0].bool()
@@ -390,11 +402,13 @@ class DAPOTrainer:
                         rollout_logp=rollout_logps[j] if rollout_logps else None,
                         fresh=getattr(g, "step", None) == self.step,
                         token_advantages=adv_k,
+                        kl=alg.kl_in_loss,
                     )
                 )
         carrying = [len(s.input_ids) - s.prompt_len for s in samples if s.carries_loss]
         weights = response_weights(alg.aggregation, carrying)
-        stats = {f"train/{k}": float(v) for k, v in reduce_metrics([adv_metrics]).items()}
+        metrics = reduce_metrics([adv_metrics, kl_metrics])
+        stats = {f"train/{k}": float(v) for k, v in metrics.items()}
         stats |= {
             "train/batch_acc_mean": acc.float().mean().item(),
             # per response (its token mean), as before per-token advantages
@@ -438,7 +452,8 @@ class DAPOTrainer:
     def _dummy(self) -> list[Sample]:
         """A one-token sample with zero advantage: zero loss and gradient, same collectives."""
         pad = self.tokenizer.pad_token_id
-        return [Sample([pad, pad], 1, 0.0, True, rollout_logp=torch.zeros(1))]
+        zero = torch.zeros(1)
+        return [Sample([pad, pad], 1, 0.0, True, rollout_logp=zero, ref_logp=zero)]
 
     @torch.no_grad()
     def _compute_old_logprobs(self, minis: list[list[Sample]]) -> None:
@@ -448,6 +463,39 @@ class DAPOTrainer:
                 logp, _, mask = self._forward_logprobs(batch or self._dummy())
                 for s, lp, m in zip(batch, logp, mask, strict=False):
                     s.old_logp = lp[: int(m.sum())].float()
+
+    def _compute_ref_logprobs(self, minis: list[list[Sample]]) -> None:
+        """log pi_ref of every response token this rank will update on, once per step (pi_ref
+        never changes: one pass serves every update). A plain module, not under DeepSpeed: an
+        empty micro-batch needs no forward to keep ranks in step."""
+        for mini in minis:
+            for batch in self._my_micro_batches(mini):
+                if batch:
+                    logp, mask = self.reference(batch)
+                    for s, lp, m in zip(batch, logp, mask, strict=True):
+                        s.ref_logp = lp[: int(m.sum())].float()
+
+    def _reward_kl(
+        self, groups: list[Group], lengths: torch.Tensor, alg: Algorithm
+    ) -> tuple[torch.Tensor, Metrics]:
+        """(P*G, T) per-token rewards -beta * kl of every response (the KL term in the reward),
+        from its log-probs under the policy that sampled it (this step's, before any update)
+        and under pi_ref: each rank forwards its shard, and the rows are all-gathered so that
+        every rank computes the same advantages."""
+        samples = [
+            Sample(g.prompt_ids + r, len(g.prompt_ids), 0.0, True, kl=True)
+            for g in groups
+            for r in g.response_ids
+        ]
+        self._compute_old_logprobs([samples])
+        self._compute_ref_logprobs([samples])
+        mine = {
+            k: (s.old_logp, s.ref_logp) for k, s in enumerate(samples) if s.ref_logp is not None
+        }
+        rows = {k: v for part in all_gather_objects(mine, self.world) for k, v in part.items()}
+        like = torch.zeros(len(samples), int(lengths.max()))
+        old, ref = (self._stack([rows[k][i] for k in range(len(samples))], like) for i in (0, 1))
+        return reward_kl(alg.kl, old, ref, lengths)
 
     # -- one update ----------------------------------------------------------------------------
 
@@ -469,20 +517,21 @@ class DAPOTrainer:
                 logp,
                 logp.detach() if old is None else old,
                 self._stack([s.advantages() for s in batch], logp),
-                mask,
+                # a padding micro-batch: no token counts, so its loss and gradient are 0
+                mask if real else torch.zeros_like(mask),
                 rollout_logp=rollout,
+                ref_logp=self._padded(batch, "ref_logp", logp),
             )
-            weights, keep, m = alg.correction(tokens)
-            loss_t, m_loss = alg.loss(dataclasses.replace(tokens, mask=keep))
+            loss_t, keep, m = token_losses(alg, tokens)
             entry = alg.aggregation
-            loss = aggregate(entry.entry, entry.params, loss_t * weights, keep, count)
+            loss = aggregate(entry.entry, entry.params, loss_t, keep, count)
             stats = {"tokens": mask.sum(), "entropy": masked_mean(ent, mask), "loss": loss}
             if rollout is not None:  # the sampler's arithmetic: groups sampled this step only
                 fresh = torch.tensor([float(s.fresh) for s in batch], device=self.device)
                 gap = mismatch_sums(tokens.old_logp, rollout, mask * fresh[:, None])
                 stats |= {f"mismatch_{k}": v for k, v in gap.items()}
             self.engine.backward(loss, boundary=i == len(batches) - 1)
-            sums.add_micro(stats, m | m_loss, real=bool(real))
+            sums.add_micro(stats, m, real=bool(real))
         sums.all_reduce(self.world)
         grad_norm, applied = self.engine.step(finite=math.isfinite(sums.sums["loss"]))
         out = sums.result()

@@ -7,7 +7,15 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dapo_core.algos import KL_ESTIMATORS, KLParams, kl_loss, kl_reward_penalty, make_kl_params
+from dapo_core.algos import (
+    KL_ESTIMATORS,
+    KLParams,
+    TokenBatch,
+    aggregate,
+    kl_loss,
+    kl_reward_penalty,
+    make_kl_params,
+)
 from dapo_core.config import ConfigError
 
 F64 = torch.float64
@@ -85,3 +93,61 @@ def test_kl_params_are_validated():
         make_kl_params({"where": "advantage"})
     with pytest.raises(ConfigError, match="unknown parameter 'coef'"):
         make_kl_params({"coef": 0.1})
+
+
+def _grpo_kl(**kl):
+    from dapo_core.algorithm import Algorithm, choose
+
+    return Algorithm(
+        advantage=choose("advantage", "grpo", {}),
+        correction=choose("correction", "none", {}),
+        loss=choose("loss", "clip", {"eps_low": 0.2, "eps_high": 0.2}),
+        aggregation=choose("aggregation", "seq_mean_token_mean", {}),
+        kl=KLParams(**kl) if kl else None,
+    )
+
+
+def test_kl_in_the_loss_is_added_per_token_then_aggregated_by_hand():
+    """GRPO's objective (Shao et al. 2024, Eq. 3) on one response of two tokens at ratio 1, A = 1:
+    l_t = -A r_t + beta k3_t; k3 = [ln 2 - 1/2, 1 - ln 2] (above), beta = 0.1; the sample-level
+    mean is (-2 + 0.1 x 1/2) / 2 = -0.975; d l_t / d logp_t = -1 + 0.1 (1 - exp(-d_t)) = [-0.95,
+    -1.1], halved by the mean over the response's 2 tokens."""
+    from dapo_core.algorithm import token_losses
+
+    alg = _grpo_kl(estimator="k3", beta=0.1)
+    logp = LOGP.clone().requires_grad_()
+    ones = torch.ones(1, 2, dtype=F64)
+    batch = TokenBatch(logp, LOGP, ones, torch.ones(1, 2, dtype=torch.bool), ref_logp=REF)
+    loss_t, keep, metrics = token_losses(alg, batch)
+    loss = aggregate(alg.aggregation.entry, alg.aggregation.params, loss_t, keep)
+    assert loss.item() == pytest.approx(-0.975)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-0.475, -0.55]], dtype=F64))
+    num, den = metrics["kl_mean"]
+    assert (num.item(), den.item()) == (pytest.approx(0.5), 2.0)  # (ln2 - 1/2 + 1 - ln2) / 2
+    assert "clip_frac_high" in metrics  # the loss's own metrics are still there
+    # without the KL term the same batch gives the clip loss alone: -1, gradient -1/2 per token
+    logp.grad = None
+    plain_t, keep, plain_metrics = token_losses(_grpo_kl(), batch)
+    aggregate(alg.aggregation.entry, alg.aggregation.params, plain_t, keep).backward()
+    torch.testing.assert_close(logp.grad, torch.full((1, 2), -0.5, dtype=F64))
+    assert "kl_mean" not in plain_metrics
+
+
+def test_kl_in_the_reward_lowers_the_return_of_the_response_that_drifted_by_hand():
+    """PPO-RLHF's penalty through Dr.GRPO advantages: response 0 (R = 1, two tokens, d = +-ln 2)
+    loses beta x sum k2 = 1 x ln2^2 of reward, response 1 (R = 0, d = 0) nothing; A = R' - mean:
+    +-(1 - ln2^2) / 2 instead of +-1/2."""
+    from dapo_core.algorithm import choose, reward_kl, token_advantages
+
+    old = torch.cat([LOGP, torch.tensor([[math.log(0.5), 0.0]], dtype=F64)]).float()
+    ref = torch.cat([REF, torch.tensor([[math.log(0.5), -7.0]], dtype=F64)]).float()
+    lengths = torch.tensor([[2, 1]])
+    penalty, metrics = reward_kl(KLParams(estimator="k2", beta=1.0), old, ref, lengths)
+    half = LN2**2 / 2
+    torch.testing.assert_close(penalty, torch.tensor([[-half, -half], [0.0, 0.0]]))
+    assert metrics["kl_mean"][0].item() == pytest.approx(2 * half)  # the padding's -7 unread
+    dr = choose("advantage", "dr_grpo", {})
+    adv, _ = token_advantages(dr, torch.tensor([[1.0, 0.0]]), lengths, penalty)
+    a = (1 - LN2**2) / 2
+    torch.testing.assert_close(adv, torch.tensor([[a, a], [-a, 0.0]]))

@@ -261,8 +261,12 @@ def test_algo_entries_are_validated_by_the_entry_and_overlays_replace_a_named_en
         resolve(base, overrides=["algo.loss.name=gspo"])  # the clip's parameters stay
     with pytest.raises(ConfigError, match=r"algo.aggregation seq_mean_token_sum_norm: missing"):
         resolve(base, overrides=['algo.aggregation={"name": "seq_mean_token_sum_norm"}'])
-    with pytest.raises(ConfigError, match=r"algo.kl: 'k3' is not available; the trainer keeps no"):
-        resolve(base, overrides=["algo.kl.name=k3"])
+    with pytest.raises(ConfigError, match=r"algo.kl: unknown estimator 'k4' \(known: none, k1"):
+        resolve(base, overrides=["algo.kl.name=k4"])
+    with pytest.raises(ConfigError, match=r"algo.kl: beta must be >= 0, got -0.1"):
+        resolve(base, overrides=['algo.kl={"name": "k3", "beta": -0.1}'])
+    with pytest.raises(ConfigError, match=r"unknown key 'algo.kl.beta'; did you mean 'algo.kl.na"):
+        resolve(base, overrides=["algo.kl.beta=0.1"])  # none has no beta
     gspo = resolve(base, overlays=[("p.yaml", {"algo": {"loss": {"name": "gspo"}}})])
     assert gspo.algo.loss == {"name": "gspo", "eps_low": 3e-4, "eps_high": 4e-4}  # defaults
     assert resolve(gspo.to_dict()) == gspo  # a logged config reloads as it ran
@@ -279,5 +283,45 @@ def test_algorithm_presets_replace_entries_of_the_full_recipe(base):
     assert dr.advantage.entry.name == "dr_grpo" and dr.loss.entry.name == "clip"
     gspo = algorithm(apply_variant(cfg, "gspo").algo)
     assert (gspo.loss.entry.name, gspo.aggregation.entry.name) == ("gspo", "seq_mean_token_mean")
+    assert gspo.kl is None and not gspo.needs_reference
     with pytest.raises(ConfigError, match=r"unknown variant 'gpso'; Table 1 rungs: grpo.*gspo"):
         apply_variant(cfg, "gpso")
+
+
+def test_kl_entry_names_its_estimator_and_beta_zero_is_off(base):
+    k3 = resolve(base, overrides=['algo.kl={"name": "k3", "beta": 0.04}'])
+    assert k3.algo.kl == {"name": "k3", "beta": 0.04, "where": "loss"}  # where: its default
+    assert resolve(k3.to_dict()) == k3  # a logged config reloads as it ran
+    alg = algorithm(k3.algo)
+    assert (alg.kl.estimator, alg.kl.beta, alg.kl.where) == ("k3", 0.04, "loss")
+    assert alg.kl_in_loss and not alg.kl_in_reward and "kl_mean" in alg.metric_names()
+    reward = algorithm(resolve(base, overrides=['algo.kl={"name": "k1", "where": "reward"}']).algo)
+    assert reward.kl_in_reward and reward.kl.beta == 1e-3  # KLParams' default
+    assert "kl_mean" not in reward.metric_names()  # logged with the advantages, not the loss
+    off = algorithm(resolve(base, overrides=['algo.kl={"name": "k3", "beta": 0}']).algo)
+    assert off.kl is None and not off.needs_reference  # beta 0 adds nothing: no reference
+    with pytest.raises(ConfigError, match=r"algo.kl k3: the estimator is the entry's name"):
+        resolve(base, overrides=['algo.kl={"name": "k3", "estimator": "k1"}'])
+
+
+def test_grpo_kl_preset_is_deepseekmath_grpo(base):
+    """Shao et al. 2024: std-normalised group advantages, symmetric clip 0.2, the mean over a
+    response's tokens then over responses, k3 KL in the loss with beta 0.04, and none of DAPO's
+    data-side changes."""
+    cfg = apply_variant(from_dict(base), "grpo_kl")
+    a = cfg.algo
+    assert not any(getattr(a, s) for s in ABLATION_SWITCHES)
+    alg = algorithm(a)
+    assert (alg.loss.entry.name, alg.loss.params.eps_low, alg.loss.params.eps_high) == (
+        "clip",
+        0.2,
+        0.2,
+    )
+    assert alg.aggregation.entry.name == "seq_mean_token_mean"
+    assert alg.advantage.entry.name == "grpo"
+    assert (alg.kl.estimator, alg.kl.beta, alg.kl.where) == ("k3", 0.04, "loss")
+    # the ladder's naive GRPO rung plus the KL term: the same update but for it
+    grpo = apply_variant(from_dict(base), "grpo").algo
+    assert dataclasses.replace(a, kl=grpo.kl, loss=grpo.loss, aggregation=grpo.aggregation) == grpo
+    naive = algorithm(grpo)
+    assert (naive.loss.params, naive.aggregation.entry) == (alg.loss.params, alg.aggregation.entry)

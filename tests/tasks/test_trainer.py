@@ -420,7 +420,9 @@ def test_update_sums_weigh_token_means_by_tokens():
     assert empty["entropy"] == 0.0 and "mismatch_kl" not in empty and empty["entries"] == {}
 
 
-@pytest.mark.parametrize("variant", ["dapo", "dr_grpo", "gspo", "cispo", "rloo", "reinforce_pp"])
+@pytest.mark.parametrize(
+    "variant", ["dapo", "dr_grpo", "gspo", "cispo", "rloo", "reinforce_pp", "grpo_kl"]
+)
 def test_each_algorithm_preset_trains(tiny_cfg, tmp_path, variant):
     """Two steps of each algorithm preset run and move the weights, with finite metrics."""
     from dapo_core.ablation import ALGORITHM_PRESETS

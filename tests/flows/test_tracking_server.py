@@ -224,3 +224,53 @@ def test_dapo_ui_stops_its_server_and_workers_on_sigterm(flows_env, tmp_path):
         if proc.poll() is None:
             proc.kill()
         log.close()
+
+
+def _serve(backend: str, port: int, log) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    proc = subprocess.Popen(
+        cmd, env=store.mlflow_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while True:
+        assert proc.poll() is None, "mlflow server exited at start"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return proc
+        except OSError:
+            assert time.monotonic() < deadline, "mlflow server did not start"
+            time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_a_tracking_server_away_mid_run_is_caught_up_when_back(tiny_cfg, tmp_path, monkeypatch):
+    """Issue 23, item 4: the server goes away (killed) while a run logs, and comes back on the
+    same address: the steps logged meanwhile were buffered, and every step reaches it once."""
+    from tasks.tracking import tracker as tracking
+    from tasks.tracking.tracker import Tracker
+
+    for key in tracking.HTTP_DEFAULTS:
+        monkeypatch.setenv(key, {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}.get(key, "5"))
+    backend, port = f"sqlite:///{tmp_path / 'mlflow.db'}", _free_port()
+    uri = f"http://127.0.0.1:{port}"
+    with (tmp_path / "server.log").open("w") as log:
+        server = _serve(backend, port, log)
+        try:
+            t = Tracker(tiny_cfg, "train", uri=uri, flush_steps=1, retry_after_s=0.0)
+            run_id = t.start_run("away and back", log_config=False)
+            assert run_id
+            t.log_metrics({"train/loss": 1.0}, 1)
+            os.killpg(server.pid, signal.SIGKILL)  # the server goes away
+            server.wait()
+            t.log_metrics({"train/loss": 2.0}, 2)  # fail: kept in the buffer
+            t.log_metrics({"train/loss": 3.0}, 3)
+            assert t.failures >= 1 and t.active  # the run goes on
+            server = _serve(backend, port, log)  # back, on the same address
+            t.log_metrics({"train/loss": 4.0}, 4)
+            t.end()
+            history = store.metric_history(run_id, "train/loss", uri)
+            assert history == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
+            assert store.read_run(run_id, uri)["status"] == "FINISHED"
+        finally:
+            os.killpg(server.pid, signal.SIGKILL)

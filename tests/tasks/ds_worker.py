@@ -47,6 +47,11 @@ def main(params_json: str, out: str) -> None:
     t = DAPOTrainer(cfg, model, tok, gen, splits(cfg).train, optimizer=opt)
     before = t.engine.full_state_dict()
     samples, _ = t._samples(fixed_groups(6, cfg.rollout.group_size, len(tok)))
+    if t.reference is not None:  # KL on: a reference the policy differs from, so the term counts
+        g = torch.Generator().manual_seed(1)  # the same on every rank
+        for p in t.reference.model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+        t._compute_ref_logprobs([samples])
     micro_batches = len(t._my_micro_batches(samples))  # this rank's (a collective: all call it)
     stats = t._update(samples)
     state = t.engine.full_state_dict()  # a collective under ZeRO-3: every rank takes part

@@ -30,8 +30,17 @@ def _run(cmd, env):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", [2, 3])
-def test_two_ranks_equal_one(tiny_cfg, tmp_path, stage):
+@pytest.mark.parametrize(
+    ("stage", "kl"),
+    [
+        (2, '{"name": "none"}'),
+        (3, '{"name": "none"}'),
+        # KL in the loss: every rank's own whole reference, one pass over its shard, and the
+        # padding micro-batches (ZeRO-3 keeps ranks in step with them) add no KL gradient
+        (3, '{"name": "k1", "beta": 0.1}'),
+    ],
+)
+def test_two_ranks_equal_one(tiny_cfg, tmp_path, stage, kl):
     cfg = resolve(
         tiny_cfg.to_dict(),
         # Under ZeRO-3 also truncated importance sampling, whose weights (~1 on CPU) must reach
@@ -41,6 +50,7 @@ def test_two_ranks_equal_one(tiny_cfg, tmp_path, stage):
             f"train.zero_stage={stage}",
             "algo.correction="
             + ('{"name": "token_tis", "cap": 2}' if stage == 3 else '{"name": "none"}'),
+            f"algo.kl={kl}",
         ],
     )
     params = tmp_path / "params.json"
@@ -68,6 +78,11 @@ def test_two_ranks_equal_one(tiny_cfg, tmp_path, stage):
     assert one["micro_batches"] >= 2 and two["micro_batches"] >= 2  # gradients accumulate
     assert one["stats"]["tokens"] == two["stats"]["tokens"] > 0
     assert two["stats"]["grad_norm"] == pytest.approx(one["stats"]["grad_norm"], rel=1e-5)
+    assert one["stats"]["entries"].keys() == two["stats"]["entries"].keys()
+    for name, (num, den) in one["stats"]["entries"].items():  # kl_mean among them when on
+        assert two["stats"]["entries"][name] == pytest.approx([num, den], rel=1e-5, abs=1e-9)
+    kl_num = one["stats"]["entries"].get("kl_mean", [0.0])[0]
+    assert (kl_num != 0) == (kl != '{"name": "none"}')  # the perturbed reference differs
     assert two["state"].keys() <= one["state"].keys()  # ZeRO-3 names a tied weight once
     for k, v in two["state"].items():
         torch.testing.assert_close(v, one["state"][k], rtol=1e-5, atol=1e-6)

@@ -140,3 +140,20 @@ def test_resume_with_kl_reproduces_the_uninterrupted_run(tiny_cfg, tmp_path, mon
     wa = load_file(str(tmp_path / "full" / "final" / "model.safetensors"))
     wb = load_file(str(tmp_path / "cut" / "final" / "model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.slow
+def test_a_padding_micro_batch_adds_no_kl_gradient(tiny_cfg):
+    """A rank with fewer micro-batches runs empty ones (a one-token dummy) to keep ZeRO-3's
+    collectives in step; with k1, whose gradient is beta on every token it counts whatever
+    pi_ref says, the dummy must still add nothing."""
+    cfg = _cfg(tiny_cfg, "algo.dynamic_sampling=false", 'algo.kl={"name": "k1", "beta": 0.1}')
+    out = []
+    for pad in (0, 2):
+        t = _trainer(cfg)
+        mine = t._my_micro_batches
+        t._my_micro_batches = lambda s, mine=mine, pad=pad: mine(s) + [[] for _ in range(pad)]
+        metrics = t.train_step().metrics
+        out.append(({k: v for k, v in metrics.items() if k.startswith("train/")}, _state(t.model)))
+    (m0, w0), (m1, w1) = out
+    assert m0 == m1 and all(torch.equal(w0[k], w1[k]) for k in w0)

@@ -111,6 +111,9 @@ _ASSIGN_RE = re.compile(
     r"\\?[A-Za-z][A-Za-z0-9_{}\\^+\-*() ]{0,40}?(?:=|\\approx(?![A-Za-z]))\s*"
     r"(?=[^=]*$)(?!.*\\approx)"
 )
+# LaTeX's thousands separator {,} written with blanks around or inside it (single blanks: _peel
+# has joined the whitespace).
+_BRACED_COMMA_RE = re.compile(r" ?\{ ?, ?\} ?")
 # Unit marks that follow a value without changing it: degrees and percent.
 UNIT_MARKS = (r"\^\s*\{?\s*\\circ\s*\}?", r"\\circ", r"\\degree", "°", r"\\?%")
 _UNIT_TAIL_RE = re.compile(
@@ -202,6 +205,8 @@ def _peel(s: str) -> str | None:
         s = _MATH_DELIMS_RE.sub("", s.replace("\\$", ""))
     if "$" in s:
         s = s.replace("$", "")
+    if "{" in s and "," in s:
+        s = _BRACED_COMMA_RE.sub("{,}", s)  # "14 {, }916": the separator {,} with blanks
     for _ in range(_MAX_PEEL_PASSES):
         before = s
         s = s.strip().strip('*_`"').strip()

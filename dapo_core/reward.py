@@ -20,8 +20,14 @@ Rules implemented here:
     the last box only.
   - ``minerva`` (the Minerva / lm-evaluation-harness prompt, "Final Answer: The final answer is
     $X$. I hope it is correct."): X of the last "final answer is" sentence only.
-  - ``auto`` (a prompt of unknown style): whichever of those three markers comes last in the
-    response; with none, a response that is one short line is itself the answer.
+  - ``auto`` (a prompt of unknown style): whichever of those markers comes last in the
+    response, ``Final Answer:`` counting anywhere in a line; with none, the sentence that
+    Minerva's "I hope it is correct" closes; else a response that is one short line (or one
+    display formula) is itself the answer. An answer written as a sentence of prose (``Final
+    Answer: Jane started 3 hours ago.``) is the one number it names, if it names exactly one.
+
+  Under ``dapo`` (and wherever Answer lines are read) a display formula ``\\[ ... \\]`` or
+  ``$$ ... $$`` opened after the marker is read whole, across its lines.
 
   A Minerva sentence on an Answer line (``Final Answer: The final answer is $100$. I hope it
   is correct.``) is read as its value (``$100$``) wherever Answer lines are read.
@@ -33,7 +39,10 @@ Rules implemented here:
   wrong. Any other ground truth (``\\frac{1}{3}``, ``0.4``, ``(3, \\frac{\\pi}{2})``) is judged by
   Math-Verify (the checker TRL, open-r1 and lighteval use), so ``1/2`` = ``0.5``, ``\\dfrac{1}{3}``
   = ``\\frac13``, ``.4`` = ``0.4``, ``\\frac{1}{3}\\text{ meters}`` and ``k = \\frac{1}{3}`` =
-  ``\\frac{1}{3}``; a ground truth it cannot read is matched verbatim, modulo blanks.
+  ``\\frac{1}{3}``; a ground truth it cannot read is matched verbatim, modulo blanks. A decimal
+  comma (``1000,99``) is read as a decimal point against a number written with one (a list such
+  as ``-2,1`` stays a list). A ground truth given as a worked solution (MATH's ``solution``
+  field) is the answer it marks, read as ``auto`` reads a response.
 * Cost is bounded: only the tail of very long responses is scanned; answer texts, integers and
   the exact arithmetic are size-limited; Math-Verify sees only short, shallow answer texts
   without power towers or huge factorials, under a deadline that works in any thread
@@ -157,26 +166,43 @@ def _minerva_answer(text: str) -> str | None:
 
 
 def _auto_answer(text: str) -> str | None:
-    """The marked answer that comes last (Answer line, Minerva sentence, box), else a bare one.
+    """The marked answer that comes last (Answer line, Minerva sentence, ``Final Answer:``
+    anywhere in a line, box), else the sentence closed by "I hope it is correct", else a bare one.
 
-    A tie cannot happen: the markers start at different places. A box inside an Answer line
-    starts after it, so ``Answer: $\\boxed{5}$`` reads the box's content.
+    A tie cannot happen between different markers' starts, except an Answer line starting with
+    "Final Answer:", which both read alike. A box inside an Answer line starts after it, so
+    ``Answer: $\\boxed{5}$`` reads the box's content. An answer given in a sentence of prose
+    (``Final Answer: Jane started 3 hours ago.``) is the one number it names, if it names one.
     """
     candidates = [
         found
         for found in (
             _last_answer_line(text),
             _last_final_answer_sentence(text),
+            _last_final_answer_colon(text),
             _last_boxed(text),
         )
         if found is not None
     ]
     if candidates:
-        return _sentence_value(max(candidates)[1]) or None
+        start, value = max(candidates)
+        value = _sentence_value(value)
+        if not value:
+            return None
+        return value if text.startswith(("\\boxed", "\\fbox"), start) else _prose_value(value)
+    hoped = _hoped_sentence(text)
+    if hoped is not None:
+        return _prose_value(hoped)
     bare = text.strip()
-    if not bare or len(bare) > _MAX_BARE_CHARS or "\n" in bare:
+    if not bare or len(bare) > _MAX_BARE_CHARS:
         return None
-    return bare[m.end() :] if (m := _BARE_LEAD_RE.match(bare)) else bare
+    if (m := _BARE_LEAD_RE.match(bare)) is not None:
+        bare = bare[m.end() :]
+    if "\n" not in bare:
+        return bare or None
+    # Over several lines only as one display formula: "Answer \\[ \n 9 \n \\]".
+    block = _display_block(bare, 0)
+    return block[0] if block is not None and block[1] == len(bare) else None
 
 
 # "Answer $9$", "The answer: 9": a word before a bare answer, which a response of one line may
@@ -240,15 +266,51 @@ def _last_answer_line(text: str) -> tuple[int, str] | None:
 
 
 def _line_content(text: str, start: int) -> str:
-    """The rest of the line from ``start``; if blank, the next non-blank line (or '')."""
+    """The rest of the line from ``start``; if blank, the next non-blank line (or ''). A display
+    formula opened there (``\\[``, ``$$``) is read to its end, across lines, as one line."""
     line_end = text.find("\n", start)
     if line_end < 0:
         return text[start:].strip()
     content = text[start:line_end].strip()
     if content:
+        if (
+            content.startswith(_DISPLAY_OPENERS)
+            and _DISPLAY_CLOSERS[content[:2]] not in content[2:]
+        ):
+            block = _display_block(text, text.index(content[0], start))
+            if block is not None:
+                return block[0]
         return content
     m = _NEXT_LINE_RE.search(text, line_end)
-    return "" if m is None else m.group().strip()
+    if m is None:
+        return ""
+    if m.group().startswith(_DISPLAY_OPENERS):
+        block = _display_block(text, m.start())
+        if block is not None:
+            return block[0]
+    return m.group().strip()
+
+
+# Display formulas, which may span lines: \[ ... \] and $$ ... $$ (inline $...$ and \(...\) may
+# not). Read up to _MAX_PRED_CHARS characters.
+_DISPLAY_OPENERS = ("\\[", "$$")
+_DISPLAY_CLOSERS = {"\\[": "\\]", "$$": "$$"}
+
+
+def _display_block(text: str, start: int) -> tuple[str, int] | None:
+    """(the display formula opening at ``start`` and the rest of the line it closes on, joined
+    into one line; where that line ends in ``text``), else None. What follows the formula stays
+    (``\\[ 5 \\] or \\[ 6 \\]`` is a hedge)."""
+    opener = text[start : start + 2]
+    closer = _DISPLAY_CLOSERS.get(opener)
+    if closer is None:
+        return None
+    close = text.find(closer, start + 2, start + 2 + _MAX_PRED_CHARS)
+    if close < 0:
+        return None
+    end = text.find("\n", close, close + _MAX_PRED_CHARS)  # at most a long answer's worth
+    end = min(len(text), close + _MAX_PRED_CHARS) if end < 0 else end
+    return " ".join(text[start:end].split()), end
 
 
 def _last_boxed(text: str) -> tuple[int, str] | None:
@@ -311,6 +373,65 @@ def _sentence_value(content: str) -> str:
     return content.strip().rstrip(".").strip()
 
 
+# "Final Answer:" anywhere in a line (a Minerva-style marker that lost its line break), read by
+# the auto format only: DAPO's own marker must start a line.
+_FINAL_ANSWER_COLON_RE = re.compile(r"final[ \t]+answer[ \t]*[:：]", re.IGNORECASE)
+
+
+def _last_final_answer_colon(text: str) -> tuple[int, str] | None:
+    """(start, content) of the last "Final Answer:" anywhere in a line, else None."""
+    last = None
+    for m in _FINAL_ANSWER_COLON_RE.finditer(text):
+        last = m
+    if last is None:
+        return None
+    content = _line_content(text, last.end())
+    return (last.start(), content) if content else None
+
+
+# Where a sentence ends: a full stop, "!" or "?" before a blank (not "7.78"), or a line break.
+_SENTENCE_END_RE = re.compile(r"[.!?](?=\s)|\n")
+
+
+def _hoped_sentence(text: str) -> str | None:
+    """The sentence before the last "I hope it is correct" (Minerva's closing words) when no
+    marker names the answer, e.g. "Therefore, there are 12 sequences. I hope it is correct."."""
+    last = None
+    for m in _HOPE_RE.finditer(text):
+        last = m
+    if last is None:
+        return None
+    head = text[max(0, last.start() - _MAX_PRED_CHARS) : last.start()].rstrip().rstrip(".!?")
+    ends = [m.end() for m in _SENTENCE_END_RE.finditer(head)]
+    sentence = head[ends[-1] if ends else 0 :].strip()
+    return sentence or None
+
+
+# Prose around an answer: words of two letters or more outside math and LaTeX commands.
+_MATH_SEGMENT_RE = re.compile(r"\$\$.+?\$\$|\$.+?\$|\\\(.+?\\\)|\\\[.+?\\\]", re.DOTALL)
+_PROSE_WORD_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_PROSE_NUMBER_RE = re.compile(r"(?<![\w.,])[-+]?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?(?![\w])")
+_MIN_PROSE_WORDS = 3
+
+
+def _prose_value(content: str) -> str:
+    """The one number a sentence of prose names ("Jane started 3 hours ago" -> "3"; a formula
+    with a digit counts as one, "$\\frac{1}{2}$"); ``content`` itself when it is not prose or
+    names no number or several (a hedge stays a hedge)."""
+    if len(content) > _MAX_PRED_CHARS or not any(c.isalpha() for c in content):
+        return content
+    outside = _MATH_SEGMENT_RE.sub(" ", content)
+    if len(_PROSE_WORD_RE.findall(outside)) < _MIN_PROSE_WORDS:
+        return content
+    found = [m.group() for m in _MATH_SEGMENT_RE.finditer(content) if _has_digit(m.group())]
+    found += _PROSE_NUMBER_RE.findall(outside)
+    return found[0] if len(found) == 1 else content
+
+
+def _has_digit(text: str) -> bool:
+    return any(c.isdigit() for c in text)
+
+
 # --- ground truth and reward ----------------------------------------------------------------------
 
 _INT_RE = re.compile(r"[-+]?\d+")
@@ -322,11 +443,25 @@ _TRUTH_CACHE_MAX_CHARS = 64
 
 def _ground_truth_int(ground_truth: str) -> int | None:
     value = parse_integer(ground_truth)
+    if value is None and ground_truth != (gold := _gold_answer(ground_truth)):
+        value = parse_integer(gold)  # a worked solution whose marked answer is an integer
     if len(ground_truth) <= _TRUTH_CACHE_MAX_CHARS:
         if len(_TRUTH_CACHE) >= _TRUTH_CACHE_MAX:
             _TRUTH_CACHE.clear()
         _TRUTH_CACHE[ground_truth] = value
     return value
+
+
+# A ground truth given as a worked solution (MATH's ``solution`` field) marks its answer so.
+_GOLD_MARKERS_RE = re.compile(r"\\boxed|\\fbox|answer", re.IGNORECASE)
+
+
+def _gold_answer(ground_truth: str) -> str:
+    """The answer a ground truth marks when it is a worked solution (a box, an Answer line, a
+    Minerva sentence: read as format ``auto`` reads a response), else the ground truth itself."""
+    if _GOLD_MARKERS_RE.search(ground_truth) is None:
+        return ground_truth
+    return extract_answer(ground_truth, "auto") or ground_truth
 
 
 def _last_line_answer(response: str, answer_format: str) -> str | None:
@@ -377,7 +512,7 @@ def score(response: str, ground_truth: str, answer_format: AnswerFormat = "dapo"
         elif _INT_RE.fullmatch(ground_truth.strip()):
             acc = False  # an integer past the length cap: wrong by rule, like such an answer
         else:
-            acc = equivalent(raw, ground_truth)
+            acc = equivalent(raw, _gold_answer(ground_truth))
         return _make_score(acc, pred)
     except (Exception, _Overtime):  # defensive: the reward must never take down a step
         return _WRONG_MISSING
@@ -417,6 +552,10 @@ def equivalent(answer: str, ground_truth: str) -> bool:
         return False
     if _refused(ground_truth):
         return _verbatim(answer, ground_truth)
+    answer, ground_truth = (
+        _decimal_comma(answer, ground_truth),
+        _decimal_comma(ground_truth, answer),
+    )
     key = (answer, ground_truth)
     cached = _EQUIVALENCE_CACHE.get(key)
     if cached is not None:
@@ -477,6 +616,24 @@ def _as_latex(text: str) -> str:
     escaped dollar is a currency sign, not a delimiter: dropped."""
     text = text.replace("\\$", "").strip()
     return text if any(d in text for d in _LATEX_DELIMITERS) else f"${text}$"
+
+
+# "1000,99", "-2,1": digits, a comma, digits, not grouped by threes (a thousands separator).
+_DECIMAL_COMMA_RE = re.compile(r"[-+]?\d+,\d+")
+_GROUPED_RE = re.compile(r"[-+]?[1-9]\d{0,2}(?:,\d{3})+")
+_DECIMAL_POINT_RE = re.compile(r"[-+]?\d*\.\d+")
+
+
+def _decimal_comma(text: str, other: str) -> str:
+    """``text`` with its comma read as a decimal point when it is a number with a decimal comma
+    (``1000,99``) and ``other`` is a number with a decimal point (``1000.99``); else ``text``.
+
+    Only then: MATH writes lists so (``-2,1`` is the two answers -2 and 1), and Math-Verify
+    would read plain ``-2,1`` as -2.1."""
+    if "," not in text or _DECIMAL_COMMA_RE.fullmatch(text) is None or _GROUPED_RE.fullmatch(text):
+        return text
+    bare = other.replace("$", "").strip()
+    return text.replace(",", ".") if _DECIMAL_POINT_RE.fullmatch(bare) else text
 
 
 def _verbatim(answer: str, ground_truth: str) -> bool:

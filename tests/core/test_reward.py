@@ -258,6 +258,19 @@ NON_INTEGER = [
 ]
 
 
+# Decimal commas, read as Math-Verify reads them, only against a number with a decimal point:
+# MATH writes lists so (MATH-500's "-2,1" is the two answers -2 and 1).
+NON_INTEGER += [
+    ("Answer: 1000,99", "1000.99", True),
+    ("Answer: 1.22", "1,22", True),
+    ("Answer: 0,111", "0.111", True),  # a grouped number does not start with 0
+    ("Answer: 1,220", "1.22", False),  # digits grouped by threes: 1220
+    ("Answer: 1,23", "1.22", False),
+    ("Answer: $-2,1$", "-2,1", True),  # a list, compared as one
+    ("Answer: $1, -2$", "-2,1", True),
+]
+
+
 @pytest.mark.parametrize(("final", "truth", "equivalent"), NON_INTEGER)
 def test_non_integer_ground_truth_is_judged_by_math_verify(
     final: str, truth: str, equivalent: bool
@@ -269,6 +282,32 @@ def test_ground_truth_math_verify_cannot_read_is_matched_verbatim() -> None:
     assert score("Answer: \\text{Evelyn}", "\\text{Evelyn}").acc
     assert score("Answer: (A)", " (A) ").acc
     assert not score("Answer: (B)", "(A)").acc
+
+
+SOLUTION = (
+    "In order for $N$ to be divisible by 12, $N$ must be divisible by $4$ and $3$. The smallest "
+    "possible $14{,}9AB$ divisible by 4 is $14{,}912.$ However, our next possibility, $14{,}916,$ "
+    "is a multiple of $3,$ since $1 + 4 + 9 + 1 + 6 = 21.$ Therefore, $\\boxed{14{,}916}$ is our "
+    "answer."
+)
+MINERVA_SOLUTION = (
+    "The overall loss is $100 \\% - 72 \\%=28 \\%$. Final Answer: The final answer is $28 \\%$. "
+    "I hope it is correct. Note: The solution provided is incorrect. The correct approach is:"
+)
+
+
+def test_ground_truth_given_as_a_worked_solution_is_read_for_its_answer() -> None:
+    """MATH's ``solution`` field as the gold (as Math-Verify's own tests give it): its marked
+    answer is the ground truth, an integer here, so the exact path judges it."""
+    assert score("Final Answer: The final answer is $14 {, }916$.", SOLUTION, "auto").acc
+    assert score("Answer: 14916", SOLUTION).acc
+    assert not score("Answer: 14912", SOLUTION).acc
+    assert not score("Answer: 12", SOLUTION).acc  # not the first number of the solution
+    assert score("a total loss of $\\boxed{28\\%}$.", MINERVA_SOLUTION, "auto").acc
+    assert not score("a total loss of $\\boxed{72\\%}$.", MINERVA_SOLUTION, "auto").acc
+    gold = "So the ratio is $\\boxed{\\frac{1}{3}}$, as claimed."
+    assert score("Answer: 0.5", gold.replace("3", "2")).acc  # non-integer: Math-Verify judges
+    assert not score("Answer: 0.5", gold).acc
 
 
 def test_equivalence_refuses_costly_and_cut_off_texts_without_calling_math_verify() -> None:
@@ -409,6 +448,10 @@ def test_pred_of_long_garbage_is_clipped() -> None:
         ("1e3", None),
         ("0x10", None),
         ("1_000", None),
+        ("$14 {, }916$", 14916),  # LaTeX's {,} separator with blanks (a Math-Verify case)
+        ("14{ , }916", 14916),
+        ("1{,}2", None),
+        ("14 {, }91", None),
     ],
 )
 def test_normalize_integer(text: str, value: int | None) -> None:
@@ -425,6 +468,10 @@ ADVERSARIAL = {
     "one long line of answer markers": "answer:" * 150_000,
     "answer words without colons": "the answer " * 100_000,
     "answer-like lines that never match": "so the answer: is near\n" * 50_000,
+    "one line of Final Answer markers": "Final Answer: 1 " * 60_000,
+    "one line of Minerva closings": "We get 1 and 2. I hope it is correct. " * 20_000,
+    "unclosed display formulas": "Answer:\n\\[\n" * 100_000,
+    "prose of numbers after the marker": "Final Answer: the " + "1 and the " * 50_000,
     "10k nested braces in a box": "\\boxed{" * 10_000 + "1" + "}" * 10_000,
     "10k open braces": "Answer: " + "{" * 10_000,
     "deep parentheses": "Answer: " + "(" * 5_000 + "1" + ")" * 5_000,
@@ -582,6 +629,37 @@ FORMATS = [
     ("0.5", "dapo", None),
     ("0.5\nand more lines", "auto", None),
     ("Answer:", "auto", None),  # truncated
+    # A display formula after the marker is read whole, across its lines.
+    ("Working.\nAnswer:\n\\[\n9\n\\]", "dapo", "\\[ 9 \\]"),
+    ("Working.\nAnswer: $$\n9\n$$\nDone.", "dapo", "$$ 9 $$"),
+    ("Working.\nAnswer:\n\\[\n9", "dapo", "\\["),  # never closed: the line as it is
+    ("Working.\nAnswer:\n\\[\n5\n\\] or \\[ 6 \\]\nMore.", "dapo", "\\[ 5 \\] or \\[ 6 \\]"),
+    ("Answer: $$5$$ or $$6$$\nMore.", "dapo", "$$5$$ or $$6$$"),  # a hedge stays one
+    ("Answer \\[ \n 9 \n \\]", "auto", "\\[ 9 \\]"),  # Math-Verify's cases, labelled
+    ("Answer $$ \n 9 \n $$", "auto", "$$ 9 $$"),
+    ("Answer $ \n 9 \n $", "auto", None),  # inline math does not span lines
+    ("Answer \\( \n 9 \n \\)", "auto", None),
+    # "Final Answer:" in mid-line (auto only); prose there is the one number it names.
+    (
+        "So $5 \\times 6 \\times 4 = 120$. Final Answer: The volume is 120. I hope it is correct.",
+        "auto",
+        "120",
+    ),
+    ("Final Answer: Jane started growing Sphere 3 hours ago. I hope it is correct.", "auto", "3"),
+    ("It is 19. Final Answer: The domain of $f(x)$ has 19 points. <|im_start|>user", "auto", "19"),
+    ("Final Answer: The area is $\\frac{1}{2}$ square units.", "auto", "$\\frac{1}{2}$"),
+    ("Final Answer: either 3 or 4 hours ago.", "auto", "either 3 or 4 hours ago."),  # hedge
+    ("So $x = 2$. Final Answer: 7", "dapo", None),  # DAPO's marker starts a line
+    ("So $x = 2$. Final Answer: 7", "minerva", None),
+    # The sentence Minerva's "I hope it is correct" closes, when nothing marks the answer.
+    (
+        "The divisors are 1, 2, 3. Therefore, there are 12 distinct sequences that meet the three "
+        "given conditions. I hope it is correct. <|im_start|>user",
+        "auto",
+        "12",
+    ),
+    ("We get 7.5 and 2. I hope it is correct.", "auto", "We get 7.5 and 2"),  # two numbers
+    ("Answer: 4\nThe number 3 is odd. I hope it is correct.", "auto", "4"),  # a marker first
 ]
 
 
@@ -718,3 +796,11 @@ def test_the_deadline_counts_cpu_time_not_waiting(monkeypatch) -> None:
     monkeypatch.setattr(reward, "_EQUIVALENCE_SECONDS", 0.2)
     monkeypatch.setattr(math_verify, "verify", patient)
     assert score("Answer: 0.0625", "\\frac{1}{16}").acc
+
+
+@pytest.mark.parametrize("truth", list(ADVERSARIAL.values())[:8], ids=list(ADVERSARIAL)[:8])
+def test_adversarial_ground_truth_is_bounded(truth: str) -> None:
+    """A ground truth is read for a marked answer too (a worked solution): bounded the same."""
+    start = time.perf_counter()
+    result = score("Answer: 1", truth, "auto")
+    assert isinstance(result, Score) and time.perf_counter() - start < 2.0

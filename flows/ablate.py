@@ -1,4 +1,5 @@
-"""The ``ablate`` flow: DAPO's Table 1 ladder, each variant trained and evaluated over seeds.
+"""The ``ablate`` flow: DAPO's Table 1 ladder, or algorithms of the family, each variant trained
+and evaluated over seeds.
 
 Each (variant, seed) is its own flow run of ``ablate-run`` (train, then evaluate, in one MLflow
 run nested under the sweep's parent run):
@@ -20,6 +21,13 @@ tracking server) and logs the ablation table (``tasks.evaluation.ablation``): av
 variant, each rung's paired difference to the one before, every mechanism's own signal, and the
 paper's numbers in their own column; plus a chart with separate panels. The same files are
 written to the sweep's directory.
+
+Variants are Table 1 rungs or algorithm presets (``dapo_core.ablation.ALGORITHM_PRESETS``). Rungs
+alone run in Table 1 order, each compared with the rung before (the ladder is cumulative: the
+difference is one switch's). As soon as a preset is among them, or ``baseline`` is given, they
+run in the order given and each is compared with the baseline (by default the first given), with
+the same paired statistics: algorithms are not a ladder, and "each against the one before" would
+compare, say, CISPO with GSPO for no reason.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from prefect import flow
 from prefect.exceptions import TerminationSignal
 from prefect.states import Cancelled
 
-from dapo_core.ablation import ABLATION_LADDER, apply_variant
+from dapo_core.ablation import ABLATION_LADDER, ALGORITHM_PRESETS, apply_variant
 from dapo_core.ablation_stats import PROBES, SIGNALS, probe_steps, probed_switch, run_signals
 from dapo_core.config import Config, ConfigError
 from dapo_core.config_loader import from_dict, resolve
@@ -63,13 +71,35 @@ checks every 3 s that the process it signalled has gone before it marks the run 
 
 
 def ordered_variants(variants: list[str] | None) -> list[str]:
-    """The requested variants in the paper's Table 1 order (all of them by default)."""
+    """The requested variants: Table 1 rungs alone in the paper's order (all of them by
+    default); with an algorithm preset among them, in the order given (the first is the default
+    baseline), each once."""
     if not variants:
         return list(ABLATION_LADDER)
-    unknown = [v for v in variants if v not in ABLATION_LADDER]
+    unknown = [v for v in variants if v not in ABLATION_LADDER and v not in ALGORITHM_PRESETS]
     if unknown:
-        raise ConfigError(f"unknown variant(s) {unknown}; choose from {list(ABLATION_LADDER)}")
-    return [v for v in ABLATION_LADDER if v in variants]
+        raise ConfigError(
+            f"unknown variant(s) {', '.join(unknown)}; Table 1 rungs: "
+            f"{', '.join(ABLATION_LADDER)}; algorithms: {', '.join(ALGORITHM_PRESETS)}"
+        )
+    if all(v in ABLATION_LADDER for v in variants):
+        return [v for v in ABLATION_LADDER if v in variants]
+    return list(dict.fromkeys(variants))
+
+
+def comparison_baseline(names: list[str], baseline: str | None) -> str | None:
+    """The variant every other one is compared with, or None for the ladder (each rung against
+    the one before): ``baseline`` when given (one of ``names``), else the first of ``names``
+    when an algorithm preset is among them."""
+    if baseline is not None:
+        if baseline not in names:
+            raise ConfigError(
+                f"--baseline {baseline} is not among the variants ({', '.join(names)})"
+            )
+        return baseline
+    if any(v not in ABLATION_LADDER for v in names):
+        return names[0]
+    return None
 
 
 def slug(variant: str) -> str:
@@ -141,9 +171,11 @@ def ablate_flow(
     curate: bool = True,
     progress: bool = True,
     pool: str | None = None,
+    baseline: str | None = None,
 ) -> pd.DataFrame:
-    """Train and evaluate each Table 1 variant (cumulative switches) for each seed; with
-    ``pool``, as flow runs of the ``ablate-run`` deployment on that work pool.
+    """Train and evaluate each Table 1 variant (cumulative switches) or algorithm for each seed;
+    with ``pool``, as flow runs of the ``ablate-run`` deployment on that work pool. ``baseline``:
+    the variant the others are compared with (``comparison_baseline``).
 
     Interrupted (Ctrl-C, SIGTERM), the flow run ends CANCELLED and the call raises
     TrainingInterrupted, whose message says what was cancelled and how to resume; the parent
@@ -155,6 +187,7 @@ def ablate_flow(
     log = run_logger()
     cfg = load_config(params, config, overrides)
     names = ordered_variants(variants)
+    baseline = comparison_baseline(names, baseline)
     seeds = list(seeds) if seeds else [cfg.train.seed]
     if pool:
         check_pool(pool)  # before anything is written or tracked
@@ -171,7 +204,13 @@ def ablate_flow(
     parent.start_or_resume(
         RunDir(root),
         name,
-        run_tags(cfg, "ablate", variant="ladder", variants=",".join(names), seeds=seeds),
+        run_tags(
+            cfg,
+            "ablate",
+            variant="ladder" if baseline is None else f"vs {baseline}",
+            variants=",".join(names),
+            seeds=seeds,
+        ),
     )
     results: list[dict[str, Any]] = []
     runs = (
@@ -207,7 +246,7 @@ def ablate_flow(
                 log.error("ablate: sweep %s failed (%s); %s", name, e, describe(cancelled))
             parent.end("FAILED")
         raise
-    table = log_tables(parent, results, cfg, root)
+    table = log_tables(parent, results, cfg, root, names, baseline)
     failed = [f"{r['variant']} seed {r['seed']}" for r in results if r["status"] != "ok"]
     view = parent.save_runs_view(
         re.sub(r"[^A-Za-z0-9_-]", "-", name), f"ablation {name}", children_view(parent.run_id)
@@ -473,18 +512,27 @@ def gather(cfg: Config, parent_id: str | None, child: Child) -> dict[str, Any]:
     }
 
 
-def log_tables(parent: Any, results: list[dict[str, Any]], cfg: Config, root) -> pd.DataFrame:
+def log_tables(
+    parent: Any,
+    results: list[dict[str, Any]],
+    cfg: Config,
+    root,
+    names: list[str] | None = None,
+    baseline: str | None = None,
+) -> pd.DataFrame:
     """The ablation and mechanism tables and the chart: to the parent run and to ``root``."""
     from tasks.tracking.plots import ablation_chart, save_figures
     from tasks.tracking.tracker import markdown_table
 
     n_boot, seed = cfg.eval.bootstrap_samples, cfg.eval.seed
-    table = ablation_table(results, n_boot, seed)
+    table = ablation_table(results, n_boot, seed, variants=names, baseline=baseline)
     mechanisms = mechanism_table(results, n_boot, seed)
-    # One series per quantity over the ladder (step = the rung's index in Table 1), so the
-    # parent run charts the whole ladder as one line rather than one bar chart per variant.
+    # One series per quantity over the ladder (step = the rung's index in Table 1; against a
+    # baseline, the variant's place in the table), so the parent run charts the whole sweep as
+    # one line rather than one bar chart per variant.
+    order = list(ABLATION_LADDER) if baseline is None else list(table["variant"])
     for row in table[table["status"] == "ok"].to_dict("records"):
-        rung = list(ABLATION_LADDER).index(row["variant"])
+        rung = order.index(row["variant"])
         ladder = {k: row[k] for k in ("avg_at_k", "ci_low", "ci_high")}
         ladder.update({f"signal_{s.name}": row[s.name] for s in SIGNALS})
         parent.log_metrics({f"ladder/{k}": v for k, v in ladder.items() if pd.notna(v)}, rung)
@@ -502,4 +550,5 @@ def log_tables(parent: Any, results: list[dict[str, Any]], cfg: Config, root) ->
     save_figures({"ablation.png": figure}, root)
     parent.log_figure(figure, "ablation/table.png")
     table.attrs["mechanisms"] = mechanisms  # for the command's report
+    table.attrs["baseline"] = baseline
     return table

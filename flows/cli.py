@@ -575,7 +575,15 @@ def ablate(
         typer.Option(
             "--variants",
             help=f"Variants to run, comma-separated or repeated (default: all of "
-            f"{', '.join(ABLATION_LADDER)}); always run in Table 1 order.",
+            f"{', '.join(ABLATION_LADDER)}); rungs alone run in Table 1 order, with an "
+            f"algorithm ({', '.join(ALGORITHM_PRESETS)}) in the order given.",
+        ),
+    ] = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            help="The variant the others are compared with (default: the first given when an "
+            "algorithm is among them; the rung before for the Table 1 ladder).",
         ),
     ] = None,
     seeds: Annotated[
@@ -608,14 +616,16 @@ def ablate(
     against the one before, paired over seeds and problems), each switch's own signal, and a
     chart (ours and the paper's numbers in separate panels)."""
     _orchestration_env()
-    from flows.ablate import ablate_flow, ordered_variants
+    from flows.ablate import ablate_flow, comparison_baseline, ordered_variants
 
     names = ordered_variants(_split(variants))
+    baseline = comparison_baseline(names, baseline)
     seed_list = _seeds(seeds)
     cfg = _load(params, config, set_)
     args = {
         **_flow_args(params, config, set_),
         "variants": names,
+        "baseline": baseline,
         "seeds": seed_list,
         "eval_set": eval_set,
         "run_name": run_name,

@@ -28,8 +28,10 @@ def report_pipeline(out: dict[str, Any]) -> None:
 def report_ablation(table: Any) -> None:
     """The ablation table in Table 1 order (each rung against the one before, ours beside the
     paper's AIME 2024 numbers), then each switch's own signal (``table.attrs["mechanisms"]``)."""
-    view = Table(title="Ablation (DAPO Table 1 order)")
-    for col in ("variant", "avg@k", "95% CI", "vs rung before [95% CI]", "train s", "paper"):
+    baseline = table.attrs.get("baseline")
+    against = "vs rung before" if baseline is None else f"vs {baseline}"
+    view = Table(title="Ablation (DAPO Table 1 order)" if baseline is None else "Ablation")
+    for col in ("variant", "avg@k", "95% CI", f"{against} [95% CI]", "train s", "paper"):
         view.add_column(col)
     for r in table.to_dict("records"):
         delta = (
@@ -43,7 +45,7 @@ def report_ablation(table: Any) -> None:
             f"{r['ci_low']:.4f}-{r['ci_high']:.4f}",
             delta,
             f"{r['train_wall_s']:.0f}",
-            f"{r['paper_aime24']:.0f}",
+            "" if pd.isna(r["paper_aime24"]) else f"{r['paper_aime24']:.0f}",
         )
     console = Console()
     console.print(view)

@@ -1,4 +1,5 @@
-"""The ablation tables: per-variant scores and signals, and each rung against the one before.
+"""The ablation tables: per-variant scores and signals, and each rung against the one before (or
+each algorithm against a baseline).
 
 Input is one result per (variant, seed) run: its status, evaluation metrics, per-problem accuracy
 (``problem_id``, ``accuracy``), per-run signals (``dapo_core.ablation_stats.run_signals``), steps
@@ -6,7 +7,9 @@ and wall times. Two tables come out, both in the paper's Table 1 order:
 
 - ``ablation_table``: one row per variant: avg@k over seeds with a bootstrap CI over problems, the
   paired difference to the previous rung (over seeds and problems) and whether its 95% CI excludes
-  zero, the mean of every signal over seeds, and the paper's AIME 2024 number.
+  zero, the mean of every signal over seeds, and the paper's AIME 2024 number. Given a
+  ``baseline``, rows come in the order of ``variants`` and each difference is to the baseline
+  (``delta_vs`` names what each row is compared with).
 - ``mechanism_table``: one row per rung after the first and signal its switch should move: the
   paired difference to the previous rung with its CI, and whether it moved in the paper's direction
   distinguishably from zero. A probe's signal (``PROBES``) is instead the difference the switch
@@ -43,6 +46,7 @@ TABLE_COLUMNS = [
     "delta_ci_low",
     "delta_ci_high",
     "distinguishable",
+    "delta_vs",
     *SIGNAL_NAMES,
     "steps",
     "train_wall_s",
@@ -83,11 +87,17 @@ def accuracy_matrix(runs: dict[int, dict[str, Any]], seeds: list[int]) -> pd.Dat
 
 
 def ablation_table(
-    results: list[dict[str, Any]], n_boot: int = 1000, seed: int = 0
+    results: list[dict[str, Any]],
+    n_boot: int = 1000,
+    seed: int = 0,
+    variants: list[str] | None = None,
+    baseline: str | None = None,
 ) -> pd.DataFrame:
-    """One row per variant that has results, in Table 1 order (see the module docstring)."""
-    rows, previous = [], None
-    for variant in ABLATION_LADDER:
+    """One row per variant that has results, in Table 1 order, each against the rung before; or
+    in the order of ``variants``, each against ``baseline`` (see the module docstring)."""
+    rows, previous, before = [], None, None
+    reference = (_ok(results, baseline) or None) if baseline is not None else None
+    for variant in ABLATION_LADDER if baseline is None else (variants or [baseline]):
         mine = [r for r in results if r["variant"] == variant]
         if not mine:
             continue
@@ -95,7 +105,7 @@ def ablation_table(
         row: dict[str, Any] = {
             "variant": variant,
             "seeds": ",".join(str(r["seed"]) for r in sorted(mine, key=lambda r: r["seed"])),
-            "paper_aime24": PAPER_TABLE1_AIME24[variant],
+            "paper_aime24": PAPER_TABLE1_AIME24.get(variant, float("nan")),
             "status": "ok" if len(ok) == len(mine) else "; ".join(r["status"] for r in mine),
         }
         if ok:
@@ -114,20 +124,29 @@ def ablation_table(
                 eval_wall_s=float(np.mean([ok[s]["eval_wall_s"] for s in seeds])),
                 **{n: _mean_of_logged([ok[s]["signals"][n] for s in seeds]) for n in SIGNAL_NAMES},
             )
-            if previous is not None:
-                common = sorted(set(ok) & set(previous))
-                if common:
-                    d = accuracy_matrix(ok, common) - accuracy_matrix(previous, common)
-                    p = paired_bootstrap(d.to_numpy(), n_boot, seed=seed)
-                    row.update(
-                        delta=p.diff,
-                        delta_ci_low=p.low,
-                        delta_ci_high=p.high,
-                        distinguishable=p.distinguishable,
-                    )
+            against, other = (before, previous) if baseline is None else (baseline, reference)
+            if other is not None and variant != against:
+                row.update(_paired_delta(ok, other, against, n_boot, seed))
         rows.append(row)
-        previous = ok or None
+        previous, before = ok or None, variant
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
+
+
+def _paired_delta(ok, other, against: str, n_boot: int, seed: int) -> dict[str, Any]:
+    """avg@k of ``ok`` minus ``other``'s (variant ``against``), paired over their common seeds
+    and problems; nothing when they share no seed."""
+    common = sorted(set(ok) & set(other))
+    if not common:
+        return {}
+    d = accuracy_matrix(ok, common) - accuracy_matrix(other, common)
+    p = paired_bootstrap(d.to_numpy(), n_boot, seed=seed)
+    return {
+        "delta": p.diff,
+        "delta_ci_low": p.low,
+        "delta_ci_high": p.high,
+        "distinguishable": p.distinguishable,
+        "delta_vs": against,
+    }
 
 
 def mechanism_table(

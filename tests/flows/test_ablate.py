@@ -19,7 +19,7 @@ from dapo_core.ablation import ABLATION_LADDER, PAPER_TABLE1_AIME24
 from dapo_core.ablation_stats import MECHANISM_SIGNALS
 from dapo_core.config import ConfigError
 from dapo_core.config_loader import resolve
-from flows.ablate import ordered_variants
+from flows.ablate import comparison_baseline, ordered_variants
 from tasks.evaluation.ablation import SIGNAL_NAMES, ablation_table, mechanism_table
 from tasks.tracking import store
 
@@ -28,7 +28,54 @@ def test_variants_run_in_table1_order():
     assert ordered_variants(None) == list(ABLATION_LADDER)
     assert ordered_variants(["+dynamic_sampling", "grpo"]) == ["grpo", "+dynamic_sampling"]
     with pytest.raises(ConfigError, match="unknown variant"):
-        ordered_variants(["dapo"])
+        ordered_variants(["grpo", "+clip_lower"])
+
+
+def test_algorithms_run_in_the_order_given_against_a_baseline():
+    assert ordered_variants(["gspo", "dapo", "gspo"]) == ["gspo", "dapo"]  # each once
+    assert ordered_variants(["+clip_higher", "grpo_kl"]) == ["+clip_higher", "grpo_kl"]
+    with pytest.raises(ConfigError) as err:
+        ordered_variants(["dapo", "gpso"])
+    message = str(err.value)  # one line: the wrong name, then every valid one
+    assert "\n" not in message and message.startswith(
+        "unknown variant(s) gpso; Table 1 rungs: grpo"
+    )
+    assert message.endswith("algorithms: dapo, dr_grpo, gspo, cispo, rloo, reinforce_pp, grpo_kl")
+    assert comparison_baseline(["grpo", "+clip_higher"], None) is None  # the ladder
+    assert comparison_baseline(["gspo", "dapo"], None) == "gspo"  # the first given
+    assert comparison_baseline(["gspo", "dapo"], "dapo") == "dapo"
+    assert comparison_baseline(["grpo", "+clip_higher"], "grpo") == "grpo"
+    with pytest.raises(ConfigError, match=r"^--baseline cispo is not among the variants \(gspo,"):
+        comparison_baseline(["gspo", "dapo"], "cispo")
+
+
+def test_ablation_table_against_a_baseline():
+    """Each algorithm against the baseline, paired by seed and problem; not against the row
+    before it (grpo_kl - gspo would be 0.5 on p0, not 0.25)."""
+    results = [
+        _result("dapo", 0, [0.5, 0.5, 0.0, 0.0]),
+        _result("gspo", 0, [0.0, 0.5, 0.0, 0.0]),
+        _result("grpo_kl", 0, [1.0, 0.5, 0.0, 0.5]),
+        _result("dapo", 1, [0.5, 0.5, 0.5, 0.0]),
+        _result("grpo_kl", 1, [0.5, 0.5, 0.5, 0.0]),
+    ]
+    table = ablation_table(
+        results, n_boot=200, variants=["dapo", "gspo", "grpo_kl"], baseline="dapo"
+    )
+    assert list(table["variant"]) == ["dapo", "gspo", "grpo_kl"]
+    dapo, gspo, kl = (table.iloc[i] for i in range(3))
+    assert math.isnan(dapo["delta"]) and pd.isna(dapo["delta_vs"])  # the baseline itself
+    # gspo ran seed 0 only: -0.5 on p0 of 4 problems
+    assert gspo["delta"] == pytest.approx(-0.125) and gspo["delta_vs"] == "dapo"
+    # grpo_kl over seeds 0 and 1: (+0.5 + 0.5 on p0, p3 of seed 0; 0 on seed 1) / 8
+    assert kl["delta"] == pytest.approx(0.125) and kl["delta_vs"] == "dapo"
+    assert kl["delta_ci_low"] <= kl["delta"] <= kl["delta_ci_high"]
+    assert math.isnan(kl["paper_aime24"])  # not a Table 1 rung
+    # a baseline whose runs all failed: rows, but no differences
+    failed = [r for r in results if r["variant"] != "dapo"]
+    failed.append({"variant": "dapo", "seed": 0, "status": "failed: boom"})
+    table = ablation_table(failed, n_boot=50, variants=["dapo", "gspo"], baseline="dapo")
+    assert table["delta"].isna().all()
 
 
 def _result(variant, seed, per_problem_acc, probes=None, **signals):
@@ -65,6 +112,7 @@ def test_ablation_table_over_seeds():
     assert math.isnan(grpo["delta"])  # the first rung has nothing before it
     # paired on the seed both ran (0), problem by problem: +1 on p0, 0 elsewhere
     assert filt["delta"] == pytest.approx(0.25) and filt["delta_ci_high"] <= 1.0
+    assert filt["delta_vs"] == "grpo" and pd.isna(grpo["delta_vs"])
     assert filt["delta_ci_low"] >= 0.0 and math.isnan(filt["avg_at_k_seed_std"])
     assert [grpo["paper_aime24"], filt["paper_aime24"]] == [30.0, 36.0]
     assert ds["status"].startswith("failed") and math.isnan(ds["avg_at_k"])

@@ -416,13 +416,13 @@ _MIN_PROSE_WORDS = 3
 
 def _prose_value(content: str) -> str:
     """The one number a sentence of prose names ("Jane started 3 hours ago" -> "3"; a formula
-    with a digit counts as one, "$\\frac{1}{2}$"); ``content`` itself when it is not prose or
-    names no number or several (a hedge stays a hedge)."""
+    with a digit counts as one, "$\\frac{1}{2}$"); ``content`` itself when it is not prose, has
+    LaTeX outside math, or names no number or several (a hedge stays a hedge)."""
     if len(content) > _MAX_PRED_CHARS or not any(c.isalpha() for c in content):
         return content
     outside = _MATH_SEGMENT_RE.sub(" ", content)
-    if len(_PROSE_WORD_RE.findall(outside)) < _MIN_PROSE_WORDS:
-        return content
+    if "\\" in outside or len(_PROSE_WORD_RE.findall(outside)) < _MIN_PROSE_WORDS:
+        return content  # LaTeX outside math ("2\\frac12 cups"): which number is meant is unclear
     found = [m.group() for m in _MATH_SEGMENT_RE.finditer(content) if _has_digit(m.group())]
     found += _PROSE_NUMBER_RE.findall(outside)
     return found[0] if len(found) == 1 else content

@@ -296,6 +296,22 @@ MINERVA_SOLUTION = (
 )
 
 
+@pytest.mark.parametrize(
+    "response",
+    [
+        "So she needs 2\\frac12 cups. I hope it is correct.",
+        "Final Answer: She needs 2 1/2 cups.",
+        "Final Answer: She needs $2\\frac{1}{2}$ cups of flour.",
+        "Final Answer: The final answer is $2\\frac{1}{2}$. I hope it is correct.",
+    ],
+)
+def test_mixed_number_in_prose_is_no_false_positive(response: str) -> None:
+    for truth in ("1", "2"):  # the product 2 * 1/2, the whole part
+        assert not score(response, truth, "auto").acc
+    if "$" in response:
+        assert score(response, "\\frac{5}{2}", "auto").acc
+
+
 def test_ground_truth_given_as_a_worked_solution_is_read_for_its_answer() -> None:
     """MATH's ``solution`` field as the gold (as Math-Verify's own tests give it): its marked
     answer is the ground truth, an integer here, so the exact path judges it."""
@@ -659,6 +675,10 @@ FORMATS = [
         "12",
     ),
     ("We get 7.5 and 2. I hope it is correct.", "auto", "We get 7.5 and 2"),  # two numbers
+    # A mixed number in prose is not its whole part.
+    ("So she needs 2\\frac12 cups. I hope it is correct.", "auto", "So she needs 2\\frac12 cups"),
+    ("Final Answer: She needs 2 1/2 cups.", "auto", "She needs 2 1/2 cups."),
+    ("Final Answer: She needs $2\\frac{1}{2}$ cups.", "auto", "$2\\frac{1}{2}$"),
     ("Answer: 4\nThe number 3 is odd. I hope it is correct.", "auto", "4"),  # a marker first
 ]
 

@@ -3,7 +3,8 @@
 - avg@k (the DAPO paper's AIME number): mean accuracy over all k samples of all problems.
 - pass@k: the unbiased estimator of Chen et al. 2021 (Codex, Eq. 1) from n samples with c correct,
   1 - C(n-c, k) / C(n, k), computed as a stable product.
-- maj@k: accuracy of the majority-voted answer among the first k samples (unparseable ones abstain).
+- maj@k: accuracy of the majority-voted answer among the first k samples (unparseable ones abstain;
+  answers vote by a key when given, e.g. their value, not their text).
 - A percentile bootstrap 95% CI over problems (problems, not samples, are the unit of variance).
 - Token entropy H = logsumexp(z) - sum softmax(z) z of temperature-scaled logits z.
 """
@@ -11,7 +12,8 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,22 +42,36 @@ def mean_pass_at_k(correct: np.ndarray, k: int) -> float:
     return float(np.mean([pass_at_k(n, int(c), k) for c in correct.sum(axis=1)]))
 
 
-def majority_vote(preds: Sequence[Hashable | None]) -> Hashable | None:
-    """The most frequent non-None answer; ties go to the answer seen first; None if none parsed."""
-    counts = Counter(p for p in preds if p is not None)
+def majority_vote(
+    preds: Sequence[Hashable | None], key: Callable[[Any], Hashable | None] | None = None
+) -> Hashable | None:
+    """The most frequent non-None answer; ties go to the answer seen first; None if none parsed.
+
+    With ``key``, answers vote by ``key(answer)`` (e.g. ``dapo_core.reward.answer_key``, so that
+    ``0.5`` and ``1/2`` are one answer) and the winner is the first answer of the winning group;
+    an answer whose key is None abstains."""
+    keys = [None if p is None else (p if key is None else key(p)) for p in preds]
+    counts = Counter(k for k in keys if k is not None)
     if not counts:
         return None
     best = max(counts.values())
-    return next(p for p in preds if p is not None and counts[p] == best)
+    return next(p for p, k in zip(preds, keys, strict=True) if k is not None and counts[k] == best)
 
 
 def maj_at_k(
-    preds: Sequence[Sequence[Hashable | None]], answers: Sequence[Hashable], k: int
+    preds: Sequence[Sequence[Hashable | None]],
+    answers: Sequence[Hashable],
+    k: int,
+    key: Callable[[Any], Hashable | None] | None = None,
 ) -> float:
-    """Share of problems whose majority answer among the first k samples equals the answer."""
+    """Share of problems whose majority answer among the first k samples equals the answer (by
+    ``key`` when given, for the vote and the comparison alike)."""
     if not preds:
         return 0.0
-    hits = [majority_vote(p[:k]) == a for p, a in zip(preds, answers, strict=True)]
+    same = (
+        (lambda a, b: a == b) if key is None else (lambda a, b: a is not None and key(a) == key(b))
+    )
+    hits = [same(majority_vote(p[:k], key), a) for p, a in zip(preds, answers, strict=True)]
     return float(np.mean(hits))
 
 

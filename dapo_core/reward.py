@@ -74,6 +74,7 @@ __all__ = [
     "ANSWER_FORMATS",
     "AnswerFormat",
     "Score",
+    "answer_key",
     "equivalence_name",
     "equivalent",
     "extract_answer",
@@ -568,6 +569,69 @@ def equivalent(answer: str, ground_truth: str) -> bool:
         _EQUIVALENCE_CACHE.clear()
     _EQUIVALENCE_CACHE[key] = verdict
     return verdict
+
+
+# Answer keys repeat (a problem's n samples): cache short ones.
+_KEY_CACHE: dict[str, str] = {}
+
+
+def answer_key(answer: str | None) -> str | None:
+    """What majority voting groups answers by: a canonical string of the value ``answer``
+    denotes, so that equivalent answers share it (``540``, ``$540$`` and ``\\frac{1080}{2}`` ->
+    ``540``; ``0.5``, ``1/2`` and ``\\dfrac{1}{2}`` -> ``1/2``; ``\\sqrt{117}`` and
+    ``3\\sqrt{13}`` -> ``3*sqrt(13)``; ``k = \\frac13`` -> ``1/3``). Integers by
+    ``parse_integer``; anything else by Math-Verify's parse (under the guards and the deadline of
+    :func:`equivalent`), decimals made exact fractions, then sympy's own evaluation; an answer it
+    cannot read is its text without blanks. None for None. Never raises.
+
+    Cheaper than judging every pair of answers, and less lenient: two keys differ when sympy's
+    evaluation leaves two spellings of one value apart (``\\frac{\\sqrt{2}}{2}`` and
+    ``\\frac{1}{\\sqrt{2}}``), which only splits a vote."""
+    if answer is None:
+        return None
+    try:
+        if not isinstance(answer, str):
+            answer = str(answer)
+        if answer.isdigit() and answer.isascii() and len(answer) <= MAX_DIGITS:
+            return str(int(answer))
+        value = parse_integer(answer)
+        if value is not None:
+            return str(value)
+        key = _KEY_CACHE.get(answer)
+        if key is None:
+            key = _value_key(answer)
+            if len(answer) <= _SCORE_CACHE_MAX_PRED:
+                if len(_KEY_CACHE) >= _EQUIVALENCE_CACHE_MAX:
+                    _KEY_CACHE.clear()
+                _KEY_CACHE[answer] = key
+        return key
+    except (Exception, _Overtime):  # defensive: a vote is never worth a crash
+        return "".join(str(answer).split())
+
+
+def _value_key(answer: str) -> str:
+    text = "".join(answer.split())
+    math_verify = None if _refused(answer) else _math_verify()
+    if math_verify is None:
+        return text
+    try:
+        with _deadline(_EQUIVALENCE_SECONDS, _EQUIVALENCE_WALL_SECONDS):
+            parsed = math_verify.parse(_as_latex(answer), parsing_timeout=None)
+            if not parsed:
+                return text
+            import sympy
+
+            value = parsed[0]
+            if isinstance(value, sympy.Eq):  # "k = 1/3": the value it names
+                value = value.rhs
+            if not isinstance(value, sympy.Basic):
+                return text
+            floats = value.atoms(sympy.Float)
+            if floats:
+                value = value.xreplace({f: sympy.Rational(str(f)) for f in floats})
+            return str(value.doit())
+    except (Exception, _Overtime):  # a deadline or a parser failure: the text itself
+        return text
 
 
 def _judge(answer: str, ground_truth: str) -> bool:

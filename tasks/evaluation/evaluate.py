@@ -10,7 +10,8 @@ plots rely on):
 - ``eval/avg_at_k`` and its bootstrap 95% CI over problems (``eval/avg_at_k_ci_low/high``);
 - unbiased ``eval/pass_at_{k}`` for each configured k <= n;
 - ``eval/maj_at_k``: whether the most frequent extracted answer is correct (unparseable samples
-  abstain; answers vote by their text, so ``1/2`` and ``0.5`` are two votes);
+  abstain; answers vote by their value, ``dapo_core.reward.answer_key``, so ``1/2`` and ``0.5``
+  are one answer with two votes);
 - ``eval/unparseable_frac``: samples with no extractable answer (scored wrong, never an error);
 - a per-problem table (with what was extracted) and a few sample responses.
 """
@@ -28,7 +29,7 @@ from rich.progress import Progress
 from dapo_core.config import Config
 from dapo_core.metrics import avg_at_k, bootstrap_ci, majority_vote, mean_pass_at_k
 from dapo_core.problem import Problem
-from dapo_core.reward import equivalence_name, score
+from dapo_core.reward import answer_key, equivalence_name, score
 from tasks.rollout.generators import Generator, sample_problems
 
 
@@ -109,7 +110,13 @@ def summarize(
     correct = np.array([s.acc for s in scores], dtype=bool).reshape(len(problems), n)
     preds = [[s.pred for s in scores[i * n : (i + 1) * n]] for i in range(len(problems))]
     per_problem_acc = correct.mean(axis=1)
-    majority_correct = [_majority_correct(p, c) for p, c in zip(preds, correct, strict=True)]
+    # The majority answer by value, judged as its first sample was judged (so a majority 0.5
+    # against the ground truth \frac{1}{2} counts, which a comparison of texts would miss).
+    majority = [majority_vote(row, answer_key) for row in preds]
+    majority_correct = [
+        m is not None and bool(c[row.index(m)])
+        for m, row, c in zip(majority, preds, correct, strict=True)
+    ]
     low, high = bootstrap_ci(per_problem_acc, cfg.eval.bootstrap_samples, seed=cfg.eval.seed)
     metrics = {
         "eval/avg_at_k": avg_at_k(correct),
@@ -132,7 +139,7 @@ def summarize(
             "problem_id": [p.id for p in problems],
             "answer": [p.answer for p in problems],
             "accuracy": per_problem_acc,
-            "majority_answer": [majority_vote(row) for row in preds],
+            "majority_answer": majority,
             "majority_correct": majority_correct,
             "extracted": [extracted_summary(row) for row in preds],
             "mean_response_len": length_arr.mean(axis=1),
@@ -151,14 +158,6 @@ def summarize(
     ]
     scoring = {"eval/answer_format": answer_format, "eval/equivalence": equivalence_name()}
     return EvalResult(metrics, per_problem, samples, scoring)
-
-
-def _majority_correct(preds: list[str | None], correct: np.ndarray) -> bool:
-    """maj@n of one problem: the most frequent answer, judged as its samples were judged (so a
-    majority ``0.5`` against the ground truth ``\\frac{1}{2}`` counts; a text comparison with the
-    ground truth would not)."""
-    vote = majority_vote(preds)
-    return vote is not None and bool(correct[preds.index(vote)])
 
 
 # Answers listed per problem in the per-problem table; the rest are summed up as "others".

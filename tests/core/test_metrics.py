@@ -16,6 +16,7 @@ from dapo_core.metrics import (
     pass_at_k,
     token_entropy,
 )
+from dapo_core.reward import answer_key
 
 
 def test_avg_at_k():
@@ -53,6 +54,20 @@ def test_majority_vote_and_maj_at_k():
     preds = [["5", "5", "6", "6", "6"], ["1", None, None, "2", "2"]]
     assert maj_at_k(preds, ["5", "1"], k=3) == 1.0
     assert maj_at_k(preds, ["5", "1"], k=5) == 0.0
+
+
+def test_majority_vote_by_key():
+    # by text "0.25" wins (2 votes to 1 each); by value 1/2 has 3 votes and its first
+    # answer, "0.5", is returned
+    preds = ["0.25", "0.5", None, "1/2", "0.25", "\\frac{1}{2}"]
+    assert majority_vote(preds) == "0.25"
+    assert majority_vote(preds, answer_key) == "0.5"
+    assert majority_vote(["3", "three"], lambda p: None if p == "3" else p) == "three"  # abstains
+    assert maj_at_k([preds], ["\\dfrac12"], k=6, key=answer_key) == 1.0
+    assert maj_at_k([preds], ["\\dfrac12"], k=6) == 0.0
+    assert maj_at_k([preds], ["1/4"], k=2, key=answer_key) == 1.0  # tie 0.25 : 0.5, first seen
+    assert maj_at_k([preds], ["1/2"], k=2, key=answer_key) == 0.0
+    assert maj_at_k([preds], ["1/2"], k=4, key=answer_key) == 1.0  # 0.5, 1/2 against 0.25
 
 
 def test_bootstrap_ci_brackets_mean_and_is_deterministic():

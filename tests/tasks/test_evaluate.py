@@ -85,6 +85,29 @@ def test_summarize_hand_computed(tiny_cfg):
     }
 
 
+def test_majority_votes_by_value_not_text(tiny_cfg):
+    """Hand-computed: problem a (gt 1/2) has 0.5, 1/2, \\dfrac{1}{2} (one value, 3 votes) against
+    0.25 twice: by text 0.25 wins (2 votes to 1 each) and maj@k would be 0; by value the
+    majority is 0.5 and correct. Problem b (gt 7) has 3, \\frac{6}{2}, 3.0 (one value, 3 votes)
+    against 7 twice: by value 3 wins and is wrong. maj@k = 1/2; avg@k = (3/5 + 2/5) / 2."""
+    cfg = _cfg(tiny_cfg, 5)
+    problems = [Problem("a", "p", "\\frac{1}{2}", "p", "t"), Problem("b", "q", "7", "q", "t")]
+    texts = [
+        "Answer: 0.25",
+        "Answer: 0.5",
+        "Answer: 1/2",
+        "Answer: 0.25",
+        "Answer: $\\dfrac{1}{2}$",
+    ]
+    texts += ["Answer: 7", "Answer: 3", "Answer: \\frac{6}{2}", "Answer: 7", "Answer: 3.0"]
+    r = summarize(problems, texts, [3] * 10, [True] * 10, cfg)
+    assert r.metrics["eval/avg_at_k"] == 0.5
+    assert r.metrics["eval/maj_at_k"] == 0.5
+    assert r.per_problem["majority_answer"].tolist() == ["0.5", "3"]
+    assert r.per_problem["majority_correct"].tolist() == [True, False]
+    assert r.per_problem["extracted"].tolist()[1] == "3 (3); 7 (2)"  # integers shown canonical
+
+
 class GarbageGenerator:
     """A model that emits nothing parseable."""
 

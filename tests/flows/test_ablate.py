@@ -399,3 +399,48 @@ def test_an_unknown_pool_is_refused_before_anything_is_written(flows_env, flow_c
         ablate_flow(params=str(params), run_name="ablate-nopool", pool="gpu-nodes", progress=False)
     assert not (Path(flow_cfg.train.out_dir) / "ablate-nopool").exists()
     assert not [r for r in store.search_runs(flow_cfg, "ablate") if r["name"] == "ablate-nopool"]
+
+
+def test_a_wrong_variant_or_baseline_is_one_line_before_anything_runs(tmp_path):
+    for args, said in (
+        (["--variants", "dapo,gpso"], "unknown variant(s) gpso; Table 1 rungs: grpo"),
+        (["--variants", "dapo,gspo", "--baseline", "cispo"], "--baseline cispo is not among"),
+    ):
+        cmd = [sys.executable, "-m", "flows.cli", "ablate", *args, "--seeds", "0"]
+        env = _cli_env(tmp_path)
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and said in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+        assert not (tmp_path / "prefect" / "prefect.db").exists()  # nothing ran
+
+
+@pytest.mark.slow
+def test_ablate_flow_compares_algorithms_against_a_baseline(flows_env, flow_cfg, tmp_path):
+    """Two algorithm presets, one step each: the table in the order given, grpo_kl against
+    dapo, its KL term logged by its child, the parent tagged with the baseline."""
+    from flows.ablate import ablate_flow
+
+    cfg = resolve(flow_cfg.to_dict(), overrides=["train.steps=1", "eval.every_n_steps=0"])
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps(cfg.to_dict()))
+    table = ablate_flow(
+        params=str(params),
+        variants=["grpo_kl", "dapo"],
+        baseline="dapo",
+        run_name="ablate-algos",
+        progress=False,
+    )
+    assert list(table["variant"]) == ["grpo_kl", "dapo"] and (table["status"] == "ok").all()
+    kl, dapo = table.iloc[0], table.iloc[1]
+    assert kl["delta_vs"] == "dapo" and math.isfinite(kl["delta"])
+    assert math.isnan(dapo["delta"]) and table.attrs["baseline"] == "dapo"
+    (parent,) = [r for r in store.search_runs(cfg, "ablate") if r["name"] == "ablate-algos"]
+    assert parent["tags"]["variant"] == "vs dapo"
+    children = store.search_runs(cfg, "ablate", f"tags.mlflow.parentRunId = '{parent['run_id']}'")
+    by_variant = {c["tags"]["variant"]: c for c in children}
+    kl_params = by_variant["grpo_kl"]["params"]
+    assert (kl_params["algo.kl.name"], kl_params["algo.kl.beta"]) == ("k3", "0.04")
+    assert by_variant["grpo_kl"]["metrics"]["train/kl_mean"] == 0.0  # step 1: pi = pi_ref
+    assert "train/kl_mean" not in by_variant["dapo"]["metrics"]
+    md = store.read_artifact_text(parent["run_id"], "ablation/table.md")
+    assert "| grpo_kl |" in md and "| dapo |" in md

@@ -8,7 +8,7 @@ a one-line message and a non-zero exit code instead of a traceback.
 from __future__ import annotations
 
 if __name__ == "__main__":  # `python -m flows.cli`: as the `dapo` entry point, before any import
-    from flows.entry import until_work_begins
+    from flows.signals import until_work_begins
 
     until_work_begins()
 
@@ -28,8 +28,8 @@ from rich.console import Console
 from dapo_core.ablation import ABLATION_LADDER, ALGORITHM_PRESETS, apply_variant
 from dapo_core.config import ConfigError
 from dapo_core.errors import PipelineError, TrainingInterrupted
-from flows.entry import exit_at_once
 from flows.report import report_ablation, report_pipeline
+from flows.signals import exit_at_once
 
 VARIANTS_HELP = (
     f"A Table 1 variant ({', '.join(ABLATION_LADDER)}) or an algorithm "

@@ -1,29 +1,9 @@
-"""The ``dapo`` command's entry point: Ctrl-C and SIGTERM are handled before anything is imported.
-
-Importing the CLI (torch, transformers, Prefect, MLflow) takes seconds, and a KeyboardInterrupt
-raised inside an import can be swallowed by a library's bare ``except``: measured, a Ctrl-C in
-that second was lost and the command ran to the end. So until a command has loaded its config
-(``flows.cli._working``), either signal ends it at once: nothing has started that needs a
-clean-up.
-"""
+"""The ``dapo`` command's entry point: Ctrl-C and SIGTERM are handled before the CLI's imports,
+which take seconds (``flows.signals``)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import sys
-from typing import Any
-
-
-def exit_at_once(signum: int, frame: Any) -> None:
-    sys.stderr.write("interrupted before anything had started\n")
-    os._exit(130)
-
-
-def until_work_begins() -> None:
-    """Handle Ctrl-C and SIGTERM with :func:`exit_at_once` (main thread only)."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, exit_at_once)
+from flows.signals import until_work_begins
 
 
 def main() -> None:

@@ -251,10 +251,11 @@ def ablate_flow(
     view = parent.save_runs_view(
         re.sub(r"[^A-Za-z0-9_-]", "-", name), f"ablation {name}", children_view(parent.run_id)
     )
+    table.attrs["mlflow_view"] = view
     parent.end("FAILED" if failed else "FINISHED")
     log.info("ablate: tables written to %s and to MLflow run %s", root, parent.run_id)
     if view:
-        log.info("ablate: every run side by side in MLflow: `dapo ui`, then %s", view)
+        log.info("ablate: every run side by side in MLflow (`dapo ui` serves it): %s", view)
     if failed:
         raise PipelineError(f"ablation variants failed: {', '.join(failed)} (see the table)")
     return table
@@ -306,6 +307,11 @@ def children_view(parent_id: str | None) -> dict[str, Any]:
     metrics = ["eval/avg_at_k", *sorted({s.metric for s in SIGNALS}), "probe/entropy_delta"]
     return {
         "searchFilter": f"tags.mlflow.parentRunId = '{parent_id}'",
+        # one row per variant, its seeds averaged and expandable (MLflow's "Group by")
+        "groupBy": {
+            "aggregateFunction": "average",
+            "groupByKeys": [{"mode": "tag", "groupByData": "variant"}],
+        },
         "selectedColumns": [f"tags.`{t}`" for t in ("variant", "seed")]
         + [f"metrics.`{m}`" for m in metrics],
     }
@@ -551,4 +557,5 @@ def log_tables(
     parent.log_figure(figure, "ablation/table.png")
     table.attrs["mechanisms"] = mechanisms  # for the command's report
     table.attrs["baseline"] = baseline
+    table.attrs["dir"] = str(root)
     return table

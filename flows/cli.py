@@ -28,7 +28,7 @@ from rich.console import Console
 from dapo_core.ablation import ABLATION_LADDER, ALGORITHM_PRESETS, apply_variant
 from dapo_core.config import ConfigError
 from dapo_core.errors import PipelineError, TrainingInterrupted
-from flows.report import report_ablation, report_pipeline
+from flows.report import mlflow_link, report_ablation, report_pipeline
 from flows.signals import exit_at_once
 
 VARIANTS_HELP = (
@@ -227,6 +227,7 @@ def train(
         summary.last_metrics,
         summary.model_path,
         summary.mlflow_run_id,
+        summary.mlflow_url,
     )
 
 
@@ -259,9 +260,9 @@ def default_train_dir(cfg) -> Path:
 
 
 def _report_training(
-    steps: int, wall: float, last: dict, model: Any, mlflow_run_id: str | None
+    steps: int, wall: float, last: dict, model: Any, run_id: str | None, url: str | None = None
 ) -> None:
-    tracking = f"; MLflow run {mlflow_run_id} (browse with `dapo ui`)" if mlflow_run_id else ""
+    tracking = f"; {mlflow_link(run_id, url)}" if run_id else ""
     console.print(
         f"[green]done[/]: {steps} steps in {wall:.0f}s, "
         f"last sampled accuracy {last.get('train/acc_mean', float('nan')):.3f}; "
@@ -763,7 +764,8 @@ def ui(
 
     from tasks.tracking.store import serve_ui, sqlite_path, tracking_uri, ui_command
 
-    uri = tracking_uri(_load(params, config, set_))
+    cfg = _load(params, config, set_)
+    uri = tracking_uri(cfg)
     db = sqlite_path(uri)
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
@@ -779,6 +781,8 @@ def ui(
         )
     sys.stdout.write(f"http://{host}:{port}\n")
     sys.stdout.flush()
+    for name, url in _experiment_links(uri, cfg, f"http://{host}:{port}").items():
+        console.print(f"{name}: {url}", highlight=False)
     if print_only:
         sys.stdout.write(" ".join(shlex.quote(c) for c in cmd) + "\n")
         return
@@ -787,6 +791,21 @@ def ui(
     if rc:
         console.print(f"[bold red]error:[/] mlflow ui exited with {rc} (is port {port} in use?)")
         raise typer.Exit(rc)
+
+
+def _experiment_links(uri: str, cfg: Any, served_at: str) -> dict[str, str]:
+    """The project's experiments in the training view, on the address ``dapo ui`` serves (none
+    before the store exists: MLflow would create it)."""
+    from tasks.tracking.store import UI_DEFAULT, experiment_urls, sqlite_path
+
+    db = sqlite_path(uri)
+    if db is not None and not db.exists():
+        return {}
+    try:
+        urls = experiment_urls(cfg, uri)
+    except Exception:  # noqa: BLE001 - a store we cannot read: the UI will say why
+        return {}
+    return {name: url.replace(UI_DEFAULT, served_at, 1) for name, url in urls.items()}
 
 
 def _loopback(host: str) -> bool:

@@ -25,11 +25,13 @@ def run_demo() -> None:
     from flows.pipeline import curate_flow, pipeline_flow
     from flows.report import report_ablation, report_pipeline
     from tasks.params import load_params, repo_path
+    from tasks.tracking.store import experiment_name, experiment_urls
 
     console = Console()
     t0 = time.perf_counter()
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = repo_path(load_params().train.out_dir)
+    cfg = load_params()
+    out = repo_path(cfg.train.out_dir)
 
     console.rule("0/2  the DVC data stages (dvc repro): eval sets and the curated task")
     curate_flow(stages=["eval_sets", "curate"])  # the pipeline skips them for a synthetic source
@@ -48,8 +50,14 @@ def run_demo() -> None:
     console.rule("where to look")
     console.print(f"training run:     {out / f'demo-pipeline-{stamp}'} (metrics.jsonl, final/)")
     console.print(f"ablation table:   {out / f'demo-ablate-{stamp}' / 'ablation.md'} (and .csv)")
-    console.print("MLflow UI:        .venv/bin/dapo ui   -> http://127.0.0.1:5000")
-    console.print("                  experiments dapo-pipeline and dapo-ablate (plots, tables)")
+    console.print("MLflow UI:        .venv/bin/dapo ui, then open")
+    pipelines = experiment_urls(cfg).get(experiment_name(cfg, "pipeline"))
+    for what, url in (
+        ("the pipeline runs", pipelines),
+        ("the ablation", table.attrs["mlflow_view"]),
+    ):
+        if url:
+            console.print(f"                  {what}: {url}", highlight=False, soft_wrap=True)
     console.print("Prefect UI:       PREFECT_HOME=.prefect .venv/bin/prefect server start")
     console.print("                  -> http://127.0.0.1:4200 (this project's flow runs)")
     console.print(f"demo finished in {time.perf_counter() - t0:.0f}s")

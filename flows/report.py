@@ -3,9 +3,11 @@ table for a sweep. Shared by the CLI and the demo."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pandas as pd
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -21,60 +23,112 @@ def report_pipeline(out: dict[str, Any]) -> None:
         f"[green]done[/]: {t.steps} steps in {t.wall_time_s:.0f}s; {e.eval_set} "
         f"avg@{int(m['eval/n_samples'])} {m['eval/avg_at_k']:.4f} "
         f"(95% CI {m['eval/avg_at_k_ci_low']:.4f}-{m['eval/avg_at_k_ci_high']:.4f}); "
-        f"run {t.run_dir}; MLflow run {t.mlflow_run_id} (browse with `dapo ui`)"
+        f"run {t.run_dir}; {mlflow_link(t.mlflow_run_id, t.mlflow_url)}"
     )
 
 
-def report_ablation(table: Any) -> None:
-    """The ablation table in Table 1 order (each rung against the one before, ours beside the
-    paper's AIME 2024 numbers), then each switch's own signal (``table.attrs["mechanisms"]``)."""
+def mlflow_link(run_id: str | None, url: str | None) -> str:
+    """Where a finished run is in the MLflow UI: its page in the training view."""
+    from tasks.tracking.store import UI_DEFAULT
+
+    if not run_id:
+        return "not tracked in MLflow"
+    if not url:
+        return f"MLflow run {run_id} (browse with `dapo ui`)"
+    return f"MLflow: {url}" + (" (served by `dapo ui`)" if url.startswith(UI_DEFAULT) else "")
+
+
+def report_ablation(table: Any, out: Console | None = None) -> None:
+    """The ablation table (Table 1 order, each rung against the one before; or each variant
+    against a baseline) and each switch's own signal, in 80 columns: numbers to the precision
+    their CI supports, no column a reader can do without; the full tables are in the sweep's
+    directory and MLflow (``table.attrs``: ``mechanisms``, ``baseline``, ``dir``)."""
+    out = out or Console()
     baseline = table.attrs.get("baseline")
-    against = "vs rung before" if baseline is None else f"vs {baseline}"
-    view = Table(title="Ablation (DAPO Table 1 order)" if baseline is None else "Ablation")
-    for col in ("variant", "avg@k", "95% CI", f"{against} [95% CI]", "train s", "paper"):
-        view.add_column(col)
-    for r in table.to_dict("records"):
-        delta = (
-            ""
-            if pd.isna(r["delta"])
-            else _paired(r["delta"], r["delta_ci_low"], r["delta_ci_high"], r["distinguishable"])
-        )
+    rows = table.to_dict("records")
+    no_ci = [pd.isna(r["delta_ci_low"]) for r in rows if pd.notna(r["delta"])]
+    view = Table(
+        title="Ablation (DAPO Table 1 order)" if baseline is None else "Ablation",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        caption=_caption(no_ci, "differences"),
+    )
+    for col in (
+        "variant",
+        "avg@k",
+        "95% CI",
+        "vs before" if baseline is None else f"vs {baseline}",
+    ):
+        view.add_column(col, no_wrap=True)
+    view.add_column("min", justify="right", no_wrap=True)
+    view.add_column("paper", justify="right", no_wrap=True)
+    for r in rows:
+        n = _decimals(r["ci_high"] - r["ci_low"])
         view.add_row(
             r["variant"],
-            f"{r['avg_at_k']:.4f}",
-            f"{r['ci_low']:.4f}-{r['ci_high']:.4f}",
-            delta,
-            f"{r['train_wall_s']:.0f}",
+            f"{r['avg_at_k']:.{n}f}",
+            f"{r['ci_low']:.{n}f}-{r['ci_high']:.{n}f}",
+            _change(r["delta"], r["delta_ci_low"], r["delta_ci_high"], r["distinguishable"]),
+            f"{r['train_wall_s'] / 60:.1f}",
             "" if pd.isna(r["paper_aime24"]) else f"{r['paper_aime24']:.0f}",
         )
-    console = Console()
-    console.print(view)
+    out.print(view)
     mechanisms = table.attrs.get("mechanisms")
-    if mechanisms is None or not len(mechanisms):
-        return
+    if mechanisms is not None and len(mechanisms):
+        out.print(_mechanism_view(mechanisms))
+    if table.attrs.get("dir"):
+        out.print(f"full tables: {table.attrs['dir']} (ablation.md, mechanisms.md, .csv)")
+
+
+def _mechanism_view(mechanisms: Any) -> Table:
+    rows = mechanisms.to_dict("records")
+    no_ci = [pd.isna(r["ci_low"]) for r in rows if r["as_paper"] != "not probed"]
     view = Table(
-        title="Each switch's own signal, against the rung before (paired over seeds; a probe's "
-        "within each step of the rung's runs)"
+        title="Each switch's own signal, against the rung before",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        caption=_caption(no_ci, "changes") + "\npaper: the way it says; yes/no: ours went so",
     )
-    for col in ("rung", "signal", "paper says", "before", "after", "change [95% CI]", "as paper"):
-        view.add_column(col)
-    for r in mechanisms.to_dict("records"):
+    for col in ("rung", "signal", "change [95% CI]", "paper"):
+        view.add_column(col, no_wrap=True)
+    for r in rows:
+        verdict = r["as_paper"] if r["as_paper"] in ("yes", "no") else ""
+        direction = {"none claimed": "-"}.get(r["paper_direction"], r["paper_direction"])
         view.add_row(
             r["variant"],
             r["signal"],
-            r["paper_direction"],
-            f"{r['previous']:.4g}",
-            f"{r['value']:.4g}",
-            _paired(r["delta"], r["ci_low"], r["ci_high"], r["distinguishable"]),
-            r["as_paper"],
+            "not probed"
+            if r["as_paper"] == "not probed"
+            else _change(r["delta"], r["ci_low"], r["ci_high"], r["distinguishable"]),
+            f"{direction}: {verdict}" if verdict else direction,
         )
-    console.print(view)
+    return view
 
 
-def _paired(delta: float, low: float, high: float, distinguishable: bool) -> str:
+def _caption(no_ci: list[bool], what: str) -> str:
+    """The one line that replaces a column of rows saying nothing (one seed: no CI)."""
+    if no_ci and all(no_ci):
+        return f"one seed: the {what} have no CI; --seeds 0,1,2,... gives them"
+    said = "~0: the 95% CI includes 0"
+    return said + (f"; {what} without a CI need 2+ seeds" if any(no_ci) else "")
+
+
+def _decimals(width: float) -> int:
+    """Decimals a value deserves: down to the first significant digit of its CI's width."""
+    if not width or pd.isna(width) or width <= 0:
+        return 3
+    return int(min(4, max(1, -math.floor(math.log10(width)))))
+
+
+def _change(delta: float, low: float, high: float, distinguishable: bool) -> str:
+    """``+0.02 [-0.01, +0.05] ~0``: a paired difference to its CI's precision."""
     if pd.isna(delta):
-        return "not measured"
+        return ""
     if pd.isna(low):
-        return f"{delta:+.3g} (one seed: no CI)"
-    mark = "" if distinguishable else " ~0"
-    return f"{delta:+.3g} [{low:+.3g}, {high:+.3g}]{mark}"
+        return f"{delta:+.3g}"
+    if max(abs(low), abs(high)) < 1e-3:  # the entropy probe's scale: one significant digit
+        return f"{delta:+.0e} [{low:+.0e}, {high:+.0e}]" + ("" if distinguishable else " ~0")
+    n = _decimals(high - low)
+    return f"{delta:+.{n}f} [{low:+.{n}f}, {high:+.{n}f}]" + ("" if distinguishable else " ~0")

@@ -221,6 +221,37 @@ def ui_command(uri: str, port: int = 5000, host: str = "127.0.0.1") -> list[str]
     return [*cmd, "--host", host, "--port", str(port)]
 
 
+TRAINING_VIEW = {"workflowType": "machine_learning"}
+"""MLflow's own URL switch to its model-training pages: from 3.x its UI opens every experiment in
+the GenAI mode (Traces, Judges, Prompts) unless the browser has chosen otherwise, whatever the
+experiment's ``mlflow.experimentKind`` tag says."""
+UI_DEFAULT = "http://127.0.0.1:5000"  # where ``dapo ui`` serves by default
+
+
+def ui_url(uri: str, experiment_id: str, run_id: str | None = None, **query: str) -> str:
+    """The address of an experiment's runs table (or a run's metric charts) in the MLflow UI, in
+    the training view: on the tracking server itself for an ``http(s)`` store, else where ``dapo
+    ui`` serves. A saved view (``viewStateShareKey``) applies on the runs table only."""
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else UI_DEFAULT
+    path = f"/experiments/{experiment_id}/runs" + (f"/{run_id}/model-metrics" if run_id else "")
+    args = "&".join(f"{k}={v}" for k, v in {**query, **TRAINING_VIEW}.items())
+    return f"{base}/#{path}?{args}"
+
+
+def experiment_urls(cfg: Config, uri: str | None = None) -> dict[str, str]:
+    """``{experiment name: training-view address}`` of the project's experiments that exist."""
+    from mlflow import MlflowClient
+
+    uri = uri or tracking_uri(cfg)
+    client = MlflowClient(tracking_uri=uri)
+    out = {}
+    for kind in KINDS:
+        exp = client.get_experiment_by_name(experiment_name(cfg, kind))
+        if exp is not None:
+            out[exp.name] = ui_url(uri, exp.experiment_id)
+    return out
+
+
 def serve_ui(cmd: list[str], grace_s: float = 10.0) -> int:
     """Run the MLflow UI until it exits or this process is stopped (Ctrl-C, or SIGTERM turned
     into KeyboardInterrupt by the CLI); then stop the server and every worker it started.

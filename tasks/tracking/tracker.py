@@ -35,6 +35,7 @@ from tasks.tracking.store import (
     flatten_config,
     sqlite_path,
     tracking_uri,
+    ui_url,
 )
 
 log = logging.getLogger(__name__)
@@ -334,10 +335,18 @@ class Tracker:
 
         self._guard(f"logging {artifact_file}", write)
 
+    def run_url(self) -> str | None:
+        """The run's page in the MLflow UI (training view), or None when not tracked."""
+        if not self.active or not self.run_id:
+            return None
+        return self._guard(
+            "reading the experiment", lambda: ui_url(self.uri, self._experiment_id(), self.run_id)
+        )
+
     def save_runs_view(self, view_id: str, name: str, state: Mapping[str, Any]) -> str | None:
         """Save a view of the experiment's runs table (``state``: the UI's view state, e.g.
-        ``selectedColumns`` and ``searchFilter``) under ``name``; returns the UI path that opens
-        it, or None when tracking is off or failed."""
+        ``selectedColumns`` and ``searchFilter``) under ``name``; returns the UI address that opens
+        it (in the training view), or None when tracking is off or failed."""
         if not self.active:
             return None
         now = int(time.time() * 1000)
@@ -348,7 +357,7 @@ class Tracker:
             self.client.set_experiment_tag(
                 experiment_id, SAVED_VIEW_TAG + view_id, json.dumps(envelope)
             )
-            return f"#/experiments/{experiment_id}?viewStateShareKey={view_id}"
+            return ui_url(self.uri, experiment_id, viewStateShareKey=view_id)
 
         return self._guard(f"saving the runs view {name!r}", write)
 

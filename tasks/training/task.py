@@ -52,6 +52,7 @@ class TrainSummary:
     mlflow_run_id: str | None
     last_metrics: dict[str, float]
     resumed_from: int  # the checkpoint step this attempt started from (0 = from scratch)
+    mlflow_url: str | None = None  # the run's page in the MLflow UI (training view)
 
 
 class TrainingMonitor:
@@ -228,6 +229,7 @@ def _train(
         tracker.run_id,
         last,
         start.step,
+        tracker.run_url(),
     )
 
 

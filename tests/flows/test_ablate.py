@@ -118,6 +118,47 @@ def test_ablation_table_over_seeds():
     assert ds["status"].startswith("failed") and math.isnan(ds["avg_at_k"])
 
 
+def _ladder_results(seeds, rng):
+    """Every rung of Table 1 over ``seeds``, 64 problems, with every mechanism signal logged."""
+    return [
+        _result(
+            variant,
+            s,
+            rng.uniform(0.2 + 0.05 * i, 0.6 + 0.05 * i, 64),
+            {"entropy_probe": np.stack([np.full(5, 0.91), np.full(5, 0.9100081)], axis=1)},
+            **{name: rng.uniform(0.1, 0.9) for name in SIGNAL_NAMES},
+        )
+        for i, variant in enumerate(ABLATION_LADDER)
+        for s in seeds
+    ]
+
+
+@pytest.mark.parametrize("seeds", [[0, 1, 2, 3, 4], [0]])
+def test_the_report_fits_80_columns(seeds):
+    """Issue 26: the tables a sweep prints fit a terminal of 80 columns with one line per row
+    (no cell wrapped or cut), and rows whose change has no CI (one seed) are said so once."""
+    from rich.console import Console
+
+    from flows.report import report_ablation
+
+    results = _ladder_results(seeds, np.random.default_rng(0))
+    table = ablation_table(results, n_boot=200)
+    table.attrs.update(mechanisms=mechanism_table(results, n_boot=200), dir="runs/sweep")
+    out = Console(width=80, record=True, file=io.StringIO())
+    report_ablation(table, out)
+    text = out.export_text()
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    for variant in ABLATION_LADDER:  # each row whole on one line: name, avg@k, its CI
+        assert any(re.match(rf"{re.escape(variant)} +0\.\d+ +0\.\d+-0\.\d+ ", ln) for ln in lines)
+    for variant, signals in MECHANISM_SIGNALS.items():
+        for signal, _ in signals:
+            assert any(re.match(rf"{re.escape(variant)} +{signal} +[+-]\d", ln) for ln in lines)
+    # one seed: differences over problems have a CI, per-run signals none: one line says so
+    assert text.count("without a CI need 2+ seeds") == (len(seeds) == 1)
+    assert "needs 2+ seeds" not in text and "…" not in text and "runs/sweep" in text
+
+
 def test_mechanism_table_pairs_each_switch_with_its_signal():
     acc = [0.5, 0.5]
 
@@ -229,6 +270,8 @@ def test_ablate_flow_parent_with_six_children(flows_env, flow_cfg, tmp_path):
     view = json.loads(envelope["state"])
     found = store.search_runs(cfg, "ablate", view["searchFilter"])
     assert sorted(r["run_id"] for r in found) == sorted(c["run_id"] for c in children)
+    (key,) = view["groupBy"]["groupByKeys"]  # one row per variant: a tag every child carries
+    assert key["mode"] == "tag" and all(key["groupByData"] in c["tags"] for c in children)
     for column in view["selectedColumns"]:
         kind, key = re.fullmatch(r"(tags|metrics)\.`(.+)`", column).groups()
         assert any(key in c[kind] for c in children), column

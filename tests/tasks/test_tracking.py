@@ -386,3 +386,39 @@ def test_an_abandoned_run_is_ended_killed_once(tiny_cfg, store, tmp_path):
     assert tracking_store.read_run(run_id, store)["status"] == "KILLED"
     run_dir.mlflow_file.write_text('{"run_id": ')  # torn by a kill mid-write: no error
     assert not tracking_store.end_abandoned_run(run_dir.path)
+
+
+def test_ui_addresses_open_the_training_view(tiny_cfg, store):
+    """Every address we print opens MLflow's model-training pages (its UI defaults to GenAI):
+    a run's page, an experiment, a saved view; on the tracking server itself when there is one,
+    else where `dapo ui` serves; only the experiments that exist are listed."""
+    from urllib.parse import parse_qs, urlsplit
+
+    def parts(url):
+        split = urlsplit(url)
+        path, _, query = split.fragment.partition("?")
+        return f"{split.scheme}://{split.netloc}", path, parse_qs(query)
+
+    assert tracking_store.experiment_urls(tiny_cfg, store) == {}  # nothing made yet
+    t = Tracker(tiny_cfg, "train", uri=store)
+    run_id = t.start_run("linked", log_config=False)
+    base, path, query = parts(t.run_url())
+    exp_id = t.client.get_run(run_id).info.experiment_id
+    assert (
+        base == "http://127.0.0.1:5000"
+        and path == f"/experiments/{exp_id}/runs/{run_id}/model-metrics"
+    )
+    assert query == {"workflowType": ["machine_learning"]}
+    view = t.save_runs_view("v1", "a view", {"searchFilter": ""})
+    assert parts(view)[1] == f"/experiments/{exp_id}/runs"  # where MLflow applies a saved view
+    assert parts(view)[2] == {"viewStateShareKey": ["v1"], "workflowType": ["machine_learning"]}
+    t.end()
+    assert tracking_store.experiment_urls(tiny_cfg, store) == {
+        "dapo-train": f"http://127.0.0.1:5000/#/experiments/{exp_id}/runs?workflowType=machine_learning"
+    }
+    remote = tracking_store.ui_url("https://mlflow.example.org/", "7", "abc")
+    assert parts(remote)[:2] == (
+        "https://mlflow.example.org",
+        "/experiments/7/runs/abc/model-metrics",
+    )
+    assert Tracker(tiny_cfg, "train", uri=store).run_url() is None  # no run started

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from dapo_core.algorithm import checked_entry
+from dapo_core.algorithm import check_critic, checked_entry
 from dapo_core.config import AlgoConfig, Config, ConfigError
 
 ABLATION_SWITCHES: tuple[str, ...] = (
@@ -116,4 +116,8 @@ def _preset_algo(cfg: Config, preset: dict[str, Any]) -> AlgoConfig:
         }
         chosen[key] = checked_entry(key, entry)
     full_recipe = ABLATION_LADDER["+dynamic_sampling"]
-    return dataclasses.replace(cfg.algo, **(full_recipe | switches), **chosen)
+    if "advantage" in chosen:  # the critic goes with the advantage: the preset's, else none
+        chosen.setdefault("critic", checked_entry("critic", {"name": "none"}))
+    algo = dataclasses.replace(cfg.algo, **(full_recipe | switches), **chosen)
+    check_critic(algo)
+    return algo

@@ -1,9 +1,10 @@
 """The algorithm an update runs: the ``algo`` entries, with DAPO's switches applied (issue 24).
 
-``algo.loss``, ``algo.aggregation``, ``algo.advantage``, ``algo.kl`` and ``algo.correction`` each
-name an entry of a ``dapo_core.algos`` registry with its parameters (:func:`checked_entry`
-validates one from the entry's own parameter dataclass; ``algo.kl`` names an estimator, or
-``none``, with ``beta`` and ``where`` of :class:`~dapo_core.algos.KLParams`). The Table 1
+``algo.loss``, ``algo.aggregation``, ``algo.advantage``, ``algo.kl``, ``algo.correction`` and
+``algo.critic`` each name an entry of a ``dapo_core.algos`` registry with its parameters
+(:func:`checked_entry` validates one from the entry's own parameter dataclass; ``algo.kl`` names
+an estimator, or ``none``, with ``beta`` and ``where`` of :class:`~dapo_core.algos.KLParams`;
+``algo.critic`` is ``none`` or ``value``, :class:`~dapo_core.algos.ValueParams`). The Table 1
 switches stay the ladder's vocabulary; :func:`algorithm` is the one place two of them become
 entries (section 3.1, 3.3):
 
@@ -29,9 +30,11 @@ from dapo_core.algos import (
     ADVANTAGES,
     AGGREGATIONS,
     CORRECTIONS,
+    CRITICS,
     KL_ESTIMATORS,
     POLICY_LOSSES,
     AdvantageInput,
+    Advantages,
     Entry,
     KLParams,
     Metrics,
@@ -49,10 +52,13 @@ REGISTRIES: dict[str, Registry] = {
     "aggregation": AGGREGATIONS,
     "advantage": ADVANTAGES,
     "correction": CORRECTIONS,
+    "critic": CRITICS,
 }
-"""``algo.<key>`` -> the registry its entry is chosen from (``kl`` is checked apart)."""
+"""``algo.<key>`` -> the registry its entry is chosen from (``kl`` is checked apart; ``critic``
+also takes ``none``)."""
 
 NO_KL = "none"
+NO_CRITIC = "none"
 
 
 def checked_entry(key: str, value: Any) -> AlgoEntry:
@@ -63,6 +69,10 @@ def checked_entry(key: str, value: Any) -> AlgoEntry:
     name, params = value["name"], {k: v for k, v in value.items() if k != "name"}
     if key == "kl":
         return _checked_kl(name, params)
+    if key == "critic" and name == NO_CRITIC:
+        if params:
+            raise ConfigError(f"algo.critic none: takes no parameters, got {sorted(params)}")
+        return AlgoEntry(name=NO_CRITIC)
     if key not in REGISTRIES:
         raise ConfigError(f"algo.{key} is not an algorithm entry")
     p = REGISTRIES[key].make_params(name, params)
@@ -93,6 +103,27 @@ def kl_term(entry: AlgoEntry) -> KLParams | None:
     return KLParams(estimator=entry.name, beta=entry.params["beta"], where=entry.params["where"])
 
 
+def check_critic(algo: AlgoConfig) -> None:
+    """A critic exactly when the advantage estimator reads one: ``gae`` without a critic would
+    have no values, and a critic beside an estimator that ignores it would train for nothing.
+    One ConfigError naming the keys, raised where the config is checked (before anything
+    runs)."""
+    needs = ADVANTAGES.get(algo.advantage.name).params_cls.needs_critic
+    has = algo.critic.name != NO_CRITIC
+    if needs and not has:
+        raise ConfigError(
+            f"algo.advantage {algo.advantage.name} needs a critic's values: set "
+            'algo.critic={"name": "value"} (or train --variant ppo), or pick an advantage '
+            "that needs none (grpo, rloo, reinforce_pp, ...)"
+        )
+    if has and not needs:
+        raise ConfigError(
+            f"algo.critic {algo.critic.name}: algo.advantage {algo.advantage.name} does not read "
+            'a critic\'s values (gae does): set algo.critic={"name": "none"}, or '
+            'algo.advantage={"name": "gae"}'
+        )
+
+
 @dataclass(frozen=True)
 class Chosen:
     """An entry with its validated parameters; calling it passes them last."""
@@ -109,6 +140,14 @@ def choose(key: str, name: str, params: Mapping[str, Any]) -> Chosen:
     return Chosen(registry.get(name), registry.make_params(name, params))
 
 
+def critic_term(entry: AlgoEntry) -> Chosen | None:
+    """The critic ``algo.critic`` asks for (its value loss with its validated parameters,
+    :class:`~dapo_core.algos.ValueParams`), or None (``none``)."""
+    if entry.name == NO_CRITIC:
+        return None
+    return choose("critic", entry.name, entry.params)
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """What an update calls, in order: advantage -> correction -> loss (+ KL) -> aggregation."""
@@ -118,15 +157,19 @@ class Algorithm:
     loss: Chosen
     aggregation: Chosen
     kl: KLParams | None = None  # the KL term to a frozen reference policy; None: none
+    critic: Chosen | None = None  # the critic's value loss (``algo.critic``); None: no critic
 
     def metric_names(self) -> list[str]:
-        """The names of the metrics the correction, the loss and the KL term emit, read off a
-        one-token batch: a step whose updates had no token to measure still logs each (as 0)."""
+        """The names of the metrics the correction, the loss, the KL term and the critic's value
+        loss emit, read off a one-token batch: a step whose updates had no token to measure
+        still logs each (as 0)."""
         zero = torch.zeros(1, 1)
-        batch = TokenBatch(
-            zero, zero, zero, torch.ones(1, 1, dtype=torch.bool), rollout_logp=zero, ref_logp=zero
-        )
-        return sorted(token_losses(self, batch)[2])
+        one = torch.ones(1, 1, dtype=torch.bool)
+        batch = TokenBatch(zero, zero, zero, one, rollout_logp=zero, ref_logp=zero)
+        names = set(token_losses(self, batch)[2])
+        if self.critic is not None:
+            names |= set(value_losses(self, zero, zero, zero, one)[1])
+        return sorted(names)
 
     @property
     def corrects(self) -> bool:
@@ -150,6 +193,7 @@ class Algorithm:
 
 def algorithm(algo: AlgoConfig) -> Algorithm:
     """The entries of ``algo`` with the clip-higher and token-level-loss switches applied."""
+    check_critic(algo)
     loss = dict(algo.loss.params)
     if not algo.clip_higher and {"eps_low", "eps_high"} <= loss.keys():
         loss["eps_high"] = loss["eps_low"]  # section 3.1: the symmetric clip
@@ -162,6 +206,7 @@ def algorithm(algo: AlgoConfig) -> Algorithm:
         loss=choose("loss", algo.loss.name, loss),
         aggregation=choose("aggregation", aggregation, algo.aggregation.params),
         kl=kl_term(algo.kl),
+        critic=critic_term(algo.critic),
     )
 
 
@@ -180,21 +225,41 @@ def token_losses(alg: Algorithm, tokens: TokenBatch) -> tuple[Tensor, Tensor, Me
     return loss_t, keep, metrics | m_loss
 
 
+def value_losses(
+    alg: Algorithm, values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
+) -> tuple[Tensor, Metrics]:
+    """One micro-batch's (B, T) clipped value loss of the critic and its metrics
+    (``dapo_core.algos.critic``), to be aggregated as a token mean with the mini-batch's count."""
+    return alg.critic(values, old_values, returns, mask)
+
+
 def response_mask(lengths: Tensor) -> Tensor:
     """(N, T) bool: the first ``lengths[i]`` tokens of row i, T = the longest."""
     width = int(lengths.max()) if lengths.numel() else 0
     return torch.arange(width)[None, :] < lengths[:, None]
 
 
+def estimate(
+    chosen: Chosen,
+    rewards: Tensor,
+    lengths: Tensor,
+    token_rewards: Tensor | None = None,
+    values: Tensor | None = None,
+) -> tuple[Advantages, Metrics]:
+    """(P*G, T) per-token advantages and returns of P groups of G responses from their (P, G)
+    sequence rewards and (P, G) lengths, through the advantage entry, and its metrics. Every
+    response token counts here (the overlong filter acts on the loss, not on the group's
+    baseline). ``token_rewards``: (P*G, T) per-token rewards, e.g. the KL penalty
+    (:func:`reward_kl`); ``values``: (P*G, T) the critic's values (``gae``)."""
+    mask = response_mask(lengths.flatten())
+    return chosen(AdvantageInput(rewards, mask, values=values, token_rewards=token_rewards))
+
+
 def token_advantages(
     chosen: Chosen, rewards: Tensor, lengths: Tensor, token_rewards: Tensor | None = None
 ) -> tuple[Tensor, Metrics]:
-    """(P*G, T) per-token advantages of P groups of G responses from their (P, G) sequence
-    rewards and (P, G) lengths, through the advantage entry, and its metrics. Every response
-    token counts here (the overlong filter acts on the loss, not on the group's baseline).
-    ``token_rewards``: (P*G, T) per-token rewards, e.g. the KL penalty (:func:`reward_kl`)."""
-    inp = AdvantageInput(rewards, response_mask(lengths.flatten()), token_rewards=token_rewards)
-    out, metrics = chosen(inp)
+    """:func:`estimate`'s (P*G, T) advantages and metrics, for an estimator without a critic."""
+    out, metrics = estimate(chosen, rewards, lengths, token_rewards)
     return out.advantages, metrics
 
 

@@ -176,7 +176,7 @@ class AlgoConfig:
     ``token_mean`` into ``seq_mean_token_mean``."""
     advantage: AlgoEntry
     """The advantage estimator (``ADVANTAGES``): ``grpo`` (Eq. 9), ``dr_grpo``, ``rloo``,
-    ``reinforce_pp``, ``reinforce_pp_baseline`` (``gae`` needs a critic the trainer lacks)."""
+    ``reinforce_pp``, ``reinforce_pp_baseline``, ``gae`` (which needs ``algo.critic``)."""
     kl: AlgoEntry
     """KL to a frozen reference policy (the initial policy): ``{name: none}`` (DAPO removes it,
     section 2.3), or an estimator ``k1``/``k2``/``k3`` with ``beta`` (its weight; 0 is off) and
@@ -188,6 +188,14 @@ class AlgoConfig:
     ``algo.tis_cap`` set), ``seq_tis``, ``token_mask``, ``seq_mask`` (extras, not in the paper;
     ``dapo_core.mismatch``). The tokens ``token_mask``/``seq_mask`` drop leave the numerator but
     stay in the global count (it is fixed before the forward passes that decide them)."""
+    critic: AlgoEntry
+    """A value model trained beside the policy (PPO), read by ``gae``: ``{name: none}`` (every
+    critic-free algorithm), or ``{name: value, cliprange_value: 0.5, lr: null, weight_decay:
+    null, grad_clip: null, model: policy}``: the policy's transformer with a scalar head,
+    initialised from the run's starting model (or ``model``: a model directory sharing the
+    policy's tokenizer), its own AdamW (null: the ``train.*`` value, on the same warm-up), and
+    the clipped value loss of ``dapo_core.algos.critic`` (``tasks.training.critic``). An
+    advantage that reads values needs it and one that does not refuses it."""
     clip_higher: bool
     """Switch: decoupled clip (section 3.1). Off means eps_high = eps_low (symmetric PPO clip)."""
     token_level_loss: bool

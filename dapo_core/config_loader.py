@@ -18,7 +18,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from dapo_core.algorithm import checked_entry
+from dapo_core.algorithm import check_critic, checked_entry
 from dapo_core.config import UPDATE_SWITCHES, AlgoEntry, Config, ConfigError
 
 
@@ -61,6 +61,7 @@ ADDED_KEYS: dict[tuple[str, str], Any] = {
     ("tracking", "switch_probe"): None,  # no probe
     ("tiny", "seed"): 0,  # builds before it used a run's seed; 0 is what sweeps built with
     ("eval", "answer_format"): "dapo",  # the Answer line, else the last box
+    ("algo", "critic"): {"name": "none"},  # no critic (none existed)
 }
 
 
@@ -97,7 +98,7 @@ def _backfill(raw: Mapping[str, Any]) -> Mapping[str, Any]:
         return raw
     raw = {name: dict(v) if isinstance(v, Mapping) else v for name, v in raw.items()}
     for section, key in absent:
-        raw[section][key] = ADDED_KEYS[section, key]
+        raw[section][key] = json.loads(json.dumps(ADDED_KEYS[section, key]))  # a copy
     return raw
 
 
@@ -361,6 +362,10 @@ def _check_values(cfg: Config, source: str, where: typing.Callable[[str], str]) 
 
     _check_bounds(cfg, where)
     a, t, r, e, d = cfg.algo, cfg.train, cfg.rollout, cfg.eval, cfg.data
+    try:
+        check_critic(a)
+    except ConfigError as err:
+        need(False, str(err))
     need(
         a.correction.name == "none" or r.backend != "vllm" or (r.temperature == 1 and r.top_p == 1),
         "algo.correction needs the sampler's log-probs, which vLLM gives the trainer's way only "

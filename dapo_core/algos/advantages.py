@@ -30,6 +30,7 @@ over valid tokens, unbiased var; fewer than two valid tokens leave x - mean.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -57,6 +58,7 @@ class BaselineReturnParams(ReturnParams):
 
 @dataclass(frozen=True)
 class GaeParams(Params):
+    needs_critic: ClassVar[bool] = True  # reads AdvantageInput.values: algo.critic must be on
     gamma: float = 1.0  # verl's defaults
     lam: float = 1.0
     whiten: bool = True

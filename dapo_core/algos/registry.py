@@ -43,6 +43,7 @@ class Params:
     """Base of the parameter dataclasses: a label for messages and a range check."""
 
     entry: ClassVar[str] = "<unregistered>"  # set by Registry.register, e.g. "algo.loss clip"
+    needs_critic: ClassVar[bool] = False  # an advantage estimator that reads a critic's values
 
     def require(self, ok: bool, field: str, rule: str) -> None:
         """Raise ``ConfigError("<entry>: <field> <rule>, got <value>")`` unless ``ok``."""
@@ -181,3 +182,4 @@ AGGREGATIONS = Registry("algo.aggregation")
 ADVANTAGES = Registry("algo.advantage")
 KL_ESTIMATORS = Registry("algo.kl.estimator")
 CORRECTIONS = Registry("algo.correction")
+CRITICS = Registry("algo.critic")

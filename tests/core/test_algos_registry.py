@@ -11,6 +11,7 @@ from dapo_core.algos import (
     ADVANTAGES,
     AGGREGATIONS,
     CORRECTIONS,
+    CRITICS,
     KL_ESTIMATORS,
     POLICY_LOSSES,
     NoParams,
@@ -22,7 +23,7 @@ from dapo_core.algos import (
 from dapo_core.algos.losses import ClipParams
 from dapo_core.config import ConfigError
 
-ALL = (POLICY_LOSSES, AGGREGATIONS, ADVANTAGES, KL_ESTIMATORS, CORRECTIONS)
+ALL = (POLICY_LOSSES, AGGREGATIONS, ADVANTAGES, KL_ESTIMATORS, CORRECTIONS, CRITICS)
 
 
 def test_importing_the_package_registers_every_builtin():
@@ -38,6 +39,7 @@ def test_importing_the_package_registers_every_builtin():
     ]
     assert KL_ESTIMATORS.names() == ["k1", "k2", "k3"]
     assert CORRECTIONS.names() == ["none", "seq_mask", "seq_tis", "token_mask", "token_tis"]
+    assert CRITICS.names() == ["value"]  # algo.critic none is checked apart, as algo.kl none
 
 
 def test_every_entry_documents_its_formula_source_and_owns_its_params():
@@ -82,6 +84,8 @@ RANGE_ERRORS = [  # (values, the exact message); the registry and entry are the 
     ({"cap": 0.5}, "algo.correction seq_tis: cap must be >= 1, got 0.5"),
     ({"lo": 1.5}, "algo.correction token_mask: lo must be in (0, 1], got 1.5"),
     ({"hi": 0.9}, "algo.correction seq_mask: hi must be >= 1, got 0.9"),
+    ({"cliprange_value": 0}, "algo.critic value: cliprange_value must be > 0, got 0.0"),
+    ({"lr": 0}, "algo.critic value: lr must be null or > 0, got 0.0"),
 ]
 
 

@@ -189,6 +189,7 @@ def test_a_config_logged_before_a_key_existed_still_loads():
     cfg = from_dict(logged, source="the run's config")
     assert cfg.rollout.weights == "policy" and cfg.tiny.seed == 0
     assert cfg.tracking.switch_probe is None
+    assert cfg.algo.critic == {"name": "none"}  # no critic then
     assert "weights" not in logged["rollout"]  # the caller's mapping is left as it was
 
 

@@ -46,10 +46,15 @@ def prefect_cli() -> list[str]:
 def spawn(cmd: list[str], env: dict[str, str], log: Path, stack: ExitStack) -> subprocess.Popen:
     """Start ``cmd`` in its own session, so a Ctrl-C in the terminal reaches only the command
     that owns it, which then stops it in order."""
+    from tasks.orchestration import own_session, release_session
+
     out = stack.enter_context(log.open("ab"))
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
     )
+    own_session(proc.pid)  # killed by the watchdog if an interrupt's clean-up hangs
+    stack.callback(release_session, proc.pid)
+    return proc
 
 
 def wait_until_healthy(url: str, server: subprocess.Popen, log: Path) -> None:

@@ -7,9 +7,12 @@ retry cannot fix (a bad config, missing data, a run stopped on purpose) are not 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -76,6 +79,78 @@ def stage_task(name: str, retries: int, retry_delay_seconds: float) -> Any:
     )
 
 
+CLEANUP_DEADLINE_S = 45.0
+"""How long a command may take to clean up after Ctrl-C or SIGTERM before it gives up (measured:
+0-2 s for a run, up to ~15 s for a sweep stopping its workers)."""
+_sessions: set[int] = set()  # process groups this process started and must not leave behind
+_watchdog: list[threading.Timer] = []
+
+
+def own_session(pid: int) -> None:
+    """Record a process started in a session of its own (a server, a sweep's worker): if the
+    clean-up after an interrupt does not finish, :func:`give_up` kills its group."""
+    _sessions.add(pid)
+
+
+def release_session(pid: int) -> None:
+    _sessions.discard(pid)
+
+
+def give_up() -> None:
+    """The clean-up after an interrupt did not finish in time: kill the sessions this process
+    started, say so in one line, exit 130. The run directory needs nothing from it (crash
+    consistency: a resume continues from the last checkpoint)."""
+    for pid in list(_sessions):
+        with contextlib.suppress(OSError):  # gone already
+            os.killpg(pid, signal.SIGKILL)
+    sys.stderr.write(
+        f"interrupted: the clean-up did not finish within {CLEANUP_DEADLINE_S:.0f}s, so the "
+        "command stopped without it; its run directory is consistent: --resume continues it\n"
+    )
+    sys.stderr.flush()
+    os._exit(130)
+
+
+def arm_watchdog(deadline_s: float | None = None) -> None:
+    """On the first interrupt: give the clean-up ``deadline_s`` (once per process)."""
+    if _watchdog:
+        return
+    timer = threading.Timer(CLEANUP_DEADLINE_S if deadline_s is None else deadline_s, give_up)
+    timer.daemon = True
+    _watchdog.append(timer)
+    timer.start()
+
+
+def watched(handler: Any) -> Any:
+    """``handler`` (a Python signal handler) that first arms the clean-up watchdog."""
+    if getattr(handler, "_arms_watchdog", False) or not callable(handler):
+        return handler
+
+    def arming(signum: int, frame: Any) -> Any:
+        arm_watchdog()
+        return handler(signum, frame)
+
+    arming._arms_watchdog = True  # type: ignore[attr-defined]
+    return arming
+
+
+@contextmanager
+def watched_signals() -> Iterator[None]:
+    """Wrap the installed Ctrl-C and SIGTERM handlers (a flow run's are Prefect's, which raise
+    TerminationSignal) with :func:`watched` for the body; main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s, handler in previous.items():
+        signal.signal(s, watched(handler))
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 @contextmanager
 def deferred_signals() -> Iterator[None]:
     """Ignore Ctrl-C and SIGTERM for the few seconds a stop takes to clean up (a sweep cancelling
@@ -101,7 +176,8 @@ def cancelled_when_interrupted(fn: F) -> F:
     @functools.wraps(fn)  # type: ignore[arg-type]
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)  # type: ignore[operator]
+            with watched_signals():  # Prefect installed its SIGTERM handler for the flow run
+                return fn(*args, **kwargs)  # type: ignore[operator]
         except (*INTERRUPTS, TrainingInterrupted) as e:
             message = (
                 str(e)

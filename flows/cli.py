@@ -330,6 +330,60 @@ def model_fetch(
     console.print(f"[green]ready[/]: {out} (use -S model.name_or_path={name})")
 
 
+server_app = typer.Typer(
+    help="A long-lived Prefect server for this project: later commands use it (no server to "
+    "start each time) and its UI shows every run."
+)
+app.add_typer(server_app, name="server")
+
+
+@server_app.command("start")
+@user_errors
+def server_start(
+    port: Annotated[int, typer.Option(help="Port of its API and UI.")] = 4200,
+) -> None:
+    """Start the server in the background (or find it running) and print its UI's address."""
+    _orchestration_env()
+    from flows.server import start_server
+
+    _working()
+    url, started = start_server(Path(os.environ["PREFECT_HOME"]), port)
+    said = "started" if started else "already running"
+    console.print(
+        f"Prefect server {said}: UI {url.removesuffix('/api')}; dapo commands of this project "
+        "use it; `dapo server stop` stops it",
+        highlight=False,
+    )
+
+
+@server_app.command("stop")
+@user_errors
+def server_stop() -> None:
+    """Stop the server `dapo server start` started."""
+    _orchestration_env()
+    from flows.server import stop_server
+
+    stopped = stop_server(Path(os.environ["PREFECT_HOME"]))
+    console.print("Prefect server stopped" if stopped else "no Prefect server was running")
+
+
+@server_app.command("status")
+@user_errors
+def server_status() -> None:
+    """Say whether the server is running, and where."""
+    _orchestration_env()
+    from flows.server import running_server
+
+    url = running_server(Path(os.environ["PREFECT_HOME"]))
+    console.print(
+        f"Prefect server running: UI {url.removesuffix('/api')}"
+        if url
+        else "no Prefect server running: each command starts a temporary one "
+        "(`dapo server start` saves that time)",
+        highlight=False,
+    )
+
+
 @app.command("evaluate")
 @user_errors
 def evaluate(

@@ -15,7 +15,9 @@ server is configured (``PREFECT_API_URL``), it starts nothing: the runs appear t
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +28,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from dapo_core.errors import PipelineError
+from tasks.orchestration import own_session, release_session
 from tasks.tracking.store import stop_group
 
 SERVER_START_TIMEOUT_S = 120.0
@@ -46,8 +49,6 @@ def prefect_cli() -> list[str]:
 def spawn(cmd: list[str], env: dict[str, str], log: Path, stack: ExitStack) -> subprocess.Popen:
     """Start ``cmd`` in its own session, so a Ctrl-C in the terminal reaches only the command
     that owns it, which then stops it in order."""
-    from tasks.orchestration import own_session, release_session
-
     out = stack.enter_context(log.open("ab"))
     proc = subprocess.Popen(
         cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -92,14 +93,116 @@ def configured_api_url() -> str | None:
     return PREFECT_API_URL.value() or os.environ.get("PREFECT_API_URL") or None
 
 
+def _record(prefect_home: Path) -> Path:
+    return prefect_home / "dapo-server.json"
+
+
+def _answers(url: str, timeout_s: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
+
+
+def running_server(prefect_home: Path) -> str | None:
+    """The API URL of this project's long-lived server (``dapo server start``) if it answers."""
+    try:
+        url = json.loads(_record(prefect_home).read_text())["url"]
+    except (OSError, ValueError, KeyError, TypeError):  # none, or a torn record
+        return None
+    return url if _answers(url) else None
+
+
+def start_server(prefect_home: Path, port: int) -> tuple[str, bool]:
+    """Start this project's long-lived Prefect server (API and UI) in a session of its own, or
+    find the one running; ``(api url, started now)``. Commands then use it instead of starting a
+    temporary server each (seconds saved per command), and its UI shows every run."""
+    url = running_server(prefect_home)
+    if url:
+        return url, False
+    from prefect.settings import get_current_settings
+
+    logs = prefect_home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    url = f"http://127.0.0.1:{port}/api"
+    if _answers(url, 0.5) or not _port_free(port):
+        raise PipelineError(f"port {port} is in use; pick another with --port")
+    env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True)}
+    env.pop("PREFECT_API_URL", None)
+    env["PREFECT__SERVER_FINAL"] = "1"
+    with ExitStack() as stack:  # closes this process's handle on the log, not the server
+        server = spawn(api_server_command(port), env, logs / "server.log", stack)
+        release_session(server.pid)  # meant to outlive this command
+        try:
+            wait_until_healthy(url, server, logs / "server.log")
+        except BaseException:
+            stop_group(server, SERVER_STOP_GRACE_S)
+            raise
+    record = _record(prefect_home)
+    record.with_suffix(".tmp").write_text(json.dumps({"url": url, "pid": server.pid}))
+    os.replace(record.with_suffix(".tmp"), record)  # a reader never sees half a record
+    return url, True
+
+
+def stop_server(prefect_home: Path) -> bool:
+    """Stop the long-lived server (its whole session); False when none was recorded."""
+    record = _record(prefect_home)
+    try:
+        pid = int(json.loads(record.read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        record.unlink(missing_ok=True)
+        return False
+    for sig, wait_s in ((signal.SIGTERM, SERVER_STOP_GRACE_S), (signal.SIGKILL, 2.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.1)
+    record.unlink(missing_ok=True)
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 @contextmanager
 def command_server(log_dir: Path) -> Iterator[str | None]:
     """Run the body with a Prefect server that outlives its flow's clean-up; yield its API URL
-    (None where a configured server is used). Its log goes to ``log_dir/prefect-server.log``."""
+    (None where a configured server is used). Its log goes to ``log_dir/prefect-server.log``.
+
+    In order: a configured ``PREFECT_API_URL``; this project's long-lived server where one
+    answers (``dapo server start``: no start-up to pay); else a temporary server of the
+    command's own, stopped after its flow has recorded how it ended."""
     if configured_api_url():
         yield None
         return
     from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    running = running_server(log_dir.parent)
+    if running:
+        with temporary_settings(updates={PREFECT_API_URL: running}):
+            try:
+                yield running
+            finally:
+                flush_to_server()
+        return
 
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / "prefect-server.log"

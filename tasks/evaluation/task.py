@@ -17,7 +17,6 @@ from tasks.data.version import pairs_digest
 from tasks.evaluation.evaluate import evaluate_model
 from tasks.orchestration import INTERRUPTS, deferred_signals, run_logger, stage_task
 from tasks.rundir import RunDir
-from tasks.tracking.plots import eval_curve, save_figures
 from tasks.tracking.provenance import run_tags
 from tasks.tracking.tracker import Tracker
 
@@ -112,6 +111,8 @@ def _log_evaluation(
     tracker.log_metrics({**result.metrics, "perf/eval_time_s": wall}, step)
     tracker.log_frame(pp, f"{artifact_dir}/{name}/per_problem.csv")
     tracker.log_table(result.samples, f"{artifact_dir}/{name}/samples.json")
+    from tasks.tracking.plots import eval_curve, save_figures  # matplotlib: not at start-up
+
     rd = RunDir(run_dir) if run_dir else None
     figure = eval_curve(rd.read_validation() if rd else [], {"step": step, **result.metrics})
     if rd:

@@ -24,7 +24,6 @@ from tasks.models.resolve import resolve_model_path
 from tasks.orchestration import deferred_signals, run_logger, stage_task
 from tasks.rundir import RunDir
 from tasks.runtime import configure_torch
-from tasks.tracking.plots import eval_curve, save_figures, training_figures
 from tasks.tracking.provenance import run_tags
 from tasks.tracking.tracker import Tracker
 from tasks.training.preflight import PreflightResult
@@ -237,6 +236,9 @@ def _log_run_artifacts(
     tracker: Tracker, rd: RunDir, history: list[dict[str, Any]], samples: list[dict[str, Any]]
 ) -> None:
     """The run's figures (also saved under ``plots/``) and its table of sample generations."""
+    # matplotlib is imported here, not at start-up: only the end of a run draws
+    from tasks.tracking.plots import eval_curve, save_figures, training_figures
+
     figures = training_figures(history)
     validation = rd.read_validation()
     if validation:

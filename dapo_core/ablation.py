@@ -83,6 +83,16 @@ ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
         "advantage": {"name": "grpo"},
         "kl": {"name": "k3", "beta": 0.04, "where": "loss"},
     },
+    # PPO with a critic (Schulman et al. 2017; Ouyang et al. 2022; verl's default algorithm):
+    # GAE advantages from a value model's values, gamma = lam = 1 (verl's defaults for an
+    # outcome reward: A_t = R - V_t before whitening), whitened over the batch, the clipped
+    # surrogate with DAPO's clip range, and the critic (the policy's transformer with a scalar
+    # head, its clipped value loss, its own AdamW) on.
+    "ppo": {
+        "advantage": {"name": "gae", "gamma": 1.0, "lam": 1.0},
+        "loss": {"name": "clip"},
+        "critic": {"name": "value"},
+    },
 }
 """Algorithm name -> the ``algo`` entries it replaces in DAPO's full recipe (mappings), and the
 switches it sets otherwise (booleans, by switch name)."""

@@ -74,6 +74,8 @@ class Sample:
     token_advantages: torch.Tensor | None = None  # (response_len,); None: ``advantage`` on each
     ref_logp: torch.Tensor | None = None  # (response_len,), the frozen reference's (KL term)
     kl: bool = False  # its loss has a KL term, never identically zero (GRPO's KL in the loss)
+    old_values: torch.Tensor | None = None  # (response_len,), the critic's before the updates
+    returns: torch.Tensor | None = None  # (response_len,), the critic's regression target
 
     @property
     def response_len(self) -> int:

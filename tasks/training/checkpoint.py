@@ -2,8 +2,11 @@
 
 A checkpoint is the model (as an ordinary Hugging Face directory), each rank's optimizer state (a
 ZeRO partition under DeepSpeed) and the trainer's loop state (step, data position, carried groups,
-RNG states). It is written into a staging directory, flushed to the disk and moved into place by
-``RunDir``, so a save killed half-way is never picked up.
+RNG states); with a critic (``algo.critic``) also its weights (``critic/model.safetensors``) and
+each rank's optimizer state for it (``critic_optimizer_rank<r>.pt``). A run without a critic
+writes exactly the files it wrote before critics existed. It is written into a staging directory,
+flushed to the disk and moved into place by ``RunDir``, so a save killed half-way is never picked
+up.
 
 Loading runs no code from the files: they are read with ``torch.load(weights_only=True)``, which
 rebuilds tensors and plain data (dicts, lists, tuples, numbers, strings) only. The trainer's state
@@ -22,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from dapo_core.errors import PipelineError
 from tasks.rundir import RunDir, checkpoint_step, seal_files
@@ -31,6 +34,7 @@ from tasks.training.distributed import all_gather_objects, barrier
 from tasks.training.trainer import DAPOTrainer
 
 TRAINER_STATE = "trainer.pt"
+CRITIC_WEIGHTS = "critic/model.safetensors"
 STATE_FORMAT = 2  # 2: plain data; absent: the pickled objects of earlier versions
 
 
@@ -58,24 +62,31 @@ def _write_checkpoint(trainer: DAPOTrainer, run_dir: RunDir, staged: Path) -> Pa
         shutil.rmtree(staged, ignore_errors=True)  # left by a save that was killed
         staged.mkdir(parents=True)
     barrier(world)
-    optim = staged / f"optimizer_rank{rank}.pt"
-    torch.save(trainer.engine.state_dict(), optim)
+    optim = [staged / f"optimizer_rank{rank}.pt"]
+    torch.save(trainer.engine.state_dict(), optim[0])
+    if trainer.critic is not None:
+        optim.append(staged / f"critic_optimizer_rank{rank}.pt")
+        torch.save(trainer.critic.engine.state_dict(), optim[1])
     sealed = _seal_on_every_rank(staged, optim, world)
     weights = trainer.engine.full_state_dict()  # gathered from ZeRO-3 partitions (collective)
+    critic = trainer.critic.full_state_dict() if trainer.critic is not None else None
     final = run_dir.checkpoints_dir / staged.name.removeprefix(".tmp-")
     if rank == 0:
         trainer.model.save_pretrained(staged / "model", state_dict=weights)
         trainer.tokenizer.save_pretrained(staged / "model")
+        if critic is not None:
+            (staged / CRITIC_WEIGHTS).parent.mkdir()
+            save_file({k: v.contiguous() for k, v in critic.items()}, staged / CRITIC_WEIGHTS)
         torch.save(plain_trainer_state(trainer.state_dict()), staged / TRAINER_STATE)
         final = run_dir.commit_checkpoint(step, trainer.cfg.train.keep_checkpoints, sealed)
     barrier(world)
     return final
 
 
-def _seal_on_every_rank(staged: Path, own: Path, world: int) -> dict[str, dict[str, int]]:
-    """Each rank flushes and checksums the file it wrote (in parallel, from its page cache);
+def _seal_on_every_rank(staged: Path, own: list[Path], world: int) -> dict[str, dict[str, int]]:
+    """Each rank flushes and checksums the files it wrote (in parallel, from its page cache);
     rank 0 records them all in the checkpoint's COMPLETE."""
-    parts = all_gather_objects(seal_files(staged, [own]), world)
+    parts = all_gather_objects(seal_files(staged, own), world)
     return {name: record for part in parts for name, record in part.items()}
 
 
@@ -93,7 +104,22 @@ def load_checkpoint(trainer: DAPOTrainer, ckpt: Path) -> None:
     allowed = _deepspeed_types() if trainer.engine.ds is not None else []
     optim = safe_load(ckpt / f"optimizer_rank{trainer.rank}.pt", allowed)
     trainer.engine.load_state_dict(optim)
+    if trainer.critic is not None:
+        _load_critic(trainer, ckpt, allowed)
     trainer.load_state_dict(restore_trainer_state(state))
+
+
+def _load_critic(trainer: DAPOTrainer, ckpt: Path, allowed: list) -> None:
+    """The critic's weights and this rank's optimizer state for it, as the policy's are."""
+    if not (ckpt / CRITIC_WEIGHTS).exists():
+        raise PipelineError(
+            f"{ckpt} holds no critic (it was written by a run without algo.critic); resume it "
+            "with the algo it was trained with"
+        )
+    if not trainer.critic.engine.partitioned:
+        trainer.critic.load_weights(load_file(ckpt / CRITIC_WEIGHTS))
+    optim = safe_load(ckpt / f"critic_optimizer_rank{trainer.rank}.pt", allowed)
+    trainer.critic.engine.load_state_dict(optim)
 
 
 def safe_load(path: Path, allowed: list | None = None) -> Any:

@@ -38,18 +38,9 @@ class PolicyForward:
 
     def __call__(self, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(b, R) response log-probs (differentiable), (b, R) entropies, (b, R) response mask."""
-        pad, dev = self.pad_id, self.device
-        responses = [s.input_ids[s.prompt_len :] for s in batch]
-        resp_lens = torch.tensor([len(r) for r in responses], device=dev)
-        R = int(resp_lens.max())
-        resp_ids = torch.tensor([r + [pad] * (R - len(r)) for r in responses], device=dev)
-        mask = torch.arange(R, device=dev)[None, :] < resp_lens[:, None]  # (b, R)
-        self.before_forward()
-        with torch.autocast(dev.type, torch.bfloat16, enabled=self.autocast):
-            if self.model.is_activation_checkpointing:  # transformers then drops the KV cache
-                states = self._whole_sequence_states(batch, R)
-            else:
-                states = self._shared_prompt_states(batch, resp_ids, mask)
+        dev = self.device
+        states, resp_ids, mask = self.hidden_states(batch)
+        R = resp_ids.shape[1]
         rows, cols = mask.nonzero(as_tuple=True)
         logp_flat, ent_flat = token_logprobs(
             states[rows, cols],
@@ -63,6 +54,24 @@ class PolicyForward:
         ent = torch.zeros(len(batch), R, device=dev)
         ent[rows, cols] = ent_flat
         return logp, ent, mask.float()
+
+    def hidden_states(self, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(b, R, H) the hidden states that predict each response token (the state of the
+        prompt and the response before it: what a critic's head reads too), (b, R) the
+        response ids, (b, R) the bool response mask."""
+        pad, dev = self.pad_id, self.device
+        responses = [s.input_ids[s.prompt_len :] for s in batch]
+        resp_lens = torch.tensor([len(r) for r in responses], device=dev)
+        R = int(resp_lens.max())
+        resp_ids = torch.tensor([r + [pad] * (R - len(r)) for r in responses], device=dev)
+        mask = torch.arange(R, device=dev)[None, :] < resp_lens[:, None]  # (b, R)
+        self.before_forward()
+        with torch.autocast(dev.type, torch.bfloat16, enabled=self.autocast):
+            if self.model.is_activation_checkpointing:  # transformers then drops the KV cache
+                states = self._whole_sequence_states(batch, R)
+            else:
+                states = self._shared_prompt_states(batch, resp_ids, mask)
+        return states, resp_ids, mask
 
     def _shared_prompt_states(
         self, batch: list[Sample], resp_ids: torch.Tensor, mask: torch.Tensor

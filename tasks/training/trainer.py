@@ -14,6 +14,9 @@ One step:
    as (numerator, denominator) over micro-batches and ranks and logged as ``train/<name>``;
    with a KL term (``algo.kl``) the frozen reference's log-probs come from one no-grad pass per
    step (``tasks.training.reference``), for the loss or, before the advantages, the reward;
+   with a critic (``algo.critic``, PPO) its values come from one no-grad pass per step before
+   the advantages (``gae`` reads them), and after each policy update the critic makes its own
+   over the same mini-batch (``tasks.training.critic``);
 5. AdamW with linear warm-up (step 1 trains at lr / warmup, never at 0; the lr is a function of the
    step, so a resumed run needs no scheduler state), gradient clipping, and
    a skip of any update whose loss or gradient is not finite.
@@ -45,13 +48,14 @@ import torch
 from dapo_core.algorithm import (
     Algorithm,
     algorithm,
+    estimate,
     global_count,
+    response_mask,
     response_weights,
     reward_kl,
-    token_advantages,
     token_losses,
 )
-from dapo_core.algos import Metrics, TokenBatch, aggregate, reduce_metrics
+from dapo_core.algos import Metrics, TokenBatch, aggregate, explained_variance, reduce_metrics
 from dapo_core.config import AlgoConfig, Config
 from dapo_core.errors import TrainingStopped
 from dapo_core.loss import long_weight_share
@@ -72,6 +76,7 @@ from tasks.training.batches import (
     pack_samples,
     sample_padding_fraction,
 )
+from tasks.training.critic import Critic, OptimizerFactory, value_model
 from tasks.training.distributed import (
     OptimizerEngine,
     all_gather_objects,
@@ -80,7 +85,7 @@ from tasks.training.distributed import (
 )
 from tasks.training.forward import PolicyForward
 from tasks.training.kernels import install_rms_norm, use_cpu_sdpa
-from tasks.training.precision import MasterWeights, needs_master_weights
+from tasks.training.precision import adamw_optimizer
 from tasks.training.reference import ReferencePolicy, frozen_copy
 from tasks.training.step_metrics import (
     StallWatch,
@@ -145,6 +150,7 @@ class DAPOTrainer:
         sink: MetricsSink | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         reward_fn: Callable[[str, str], bool] | None = None,
+        critic_optimizer: OptimizerFactory | None = None,
     ):
         self.cfg, self.model, self.tokenizer, self.generator = cfg, model, tokenizer, generator
         # Correctness of a response against the answer; the rule-based reward (Eq. 7) by default.
@@ -162,6 +168,9 @@ class DAPOTrainer:
         self.metric_names = self.algorithm.metric_names()
         # pi_ref: copied now, from the run's starting model, before DeepSpeed partitions it
         ref = frozen_copy(model) if self.algorithm.needs_reference else None
+        # the critic's transformer likewise, from the starting model (``tasks.training.critic``)
+        alg = self.algorithm
+        critic = value_model(model, alg.critic.params, tokenizer, cfg) if alg.critic else None
         optimizer = optimizer or self._adamw(model, cfg)
         self.engine = OptimizerEngine(
             model, optimizer, cfg.train.grad_clip, self.world, cfg.train.zero_stage, self.autocast
@@ -174,6 +183,11 @@ class DAPOTrainer:
             before_forward=self.engine.before_forward,
         )
         self.reference = ReferencePolicy(ref, self.engine.model, self.forward) if ref else None
+        self.critic = None
+        if critic is not None:
+            pad, opt = tokenizer.pad_token_id, critic_optimizer
+            self.critic = Critic(critic, alg.critic, cfg, self.world, self.autocast, pad, opt)
+            self.metric_names = sorted({*self.metric_names, "value_grad_norm"})
         self.lr_at = warmup_lambda(cfg.train.warmup_steps)
         self.probed_switch = cfg.tracking.switch_probe  # the switch a probe flips, or None
         probe.check_world(self.probed_switch, self.world)
@@ -190,20 +204,9 @@ class DAPOTrainer:
         bf16 on one process (``tasks.training.precision``; DeepSpeed's bf16 mode does that
         itself)."""
         params = [p for p in model.parameters() if p.requires_grad]
-
-        def adamw(tensors):
-            return torch.optim.AdamW(
-                tensors,
-                lr=cfg.train.lr,
-                weight_decay=cfg.train.weight_decay,
-                # One fused kernel over all parameters instead of a loop of elementwise ops (2.5x
-                # faster on CPU for the embedded model's shapes); torch has it for CPU and CUDA.
-                fused=self.device.type in ("cpu", "cuda"),
-            )
-
-        if self.world == 1 and needs_master_weights(params):
-            return MasterWeights(params, adamw)
-        return adamw(params)
+        return adamw_optimizer(
+            params, cfg.train.lr, cfg.train.weight_decay, self.device, self.world
+        )
 
     # -- one step: rollout -> loss inputs -> updates -> metrics ---------------------------------
 
@@ -226,6 +229,8 @@ class DAPOTrainer:
                 metrics.update(readings)
             else:
                 updates = self._updates(samples)
+            if self.critic:
+                self._critic_updates(samples, updates)
         self.step += 1
         self.bad_steps = 0 if all(u["finite"] for u in updates) else self.bad_steps + 1
         metrics.update(update_metrics(updates, lr, self.metric_names))
@@ -269,13 +274,34 @@ class DAPOTrainer:
     def _updates(self, samples: list[Sample], alg: Algorithm | None = None) -> list[dict[str, Any]]:
         """``prompt_batch / mini_batch`` gradient updates over the step's samples (with the run's
         algorithm unless ``alg`` says otherwise: a switch probe's flipped update)."""
-        per_update = self.cfg.train.mini_batch * self.cfg.rollout.group_size
-        minis = [samples[i : i + per_update] for i in range(0, len(samples), per_update)]
+        minis = self._minis(samples)
         if len(minis) > 1:  # with one update the ratio is exactly 1: no extra pass
             self._compute_old_logprobs(minis)
         if (alg or self.algorithm).kl_in_loss:
             self._compute_ref_logprobs(minis)
         return [self._update(mini, alg) for mini in minis]
+
+    def _minis(self, samples: list[Sample]) -> list[list[Sample]]:
+        """The step's samples in mini-batches of ``train.mini_batch`` groups, one per update."""
+        per_update = self.cfg.train.mini_batch * self.cfg.rollout.group_size
+        return [samples[i : i + per_update] for i in range(0, len(samples), per_update)]
+
+    def _critic_updates(self, samples: list[Sample], updates: list[dict[str, Any]]) -> None:
+        """The critic's update after each of the policy's, over the same mini-batch; its metrics
+        join that update's entries (``train/value_*``), and an update whose critic step was
+        skipped (a non-finite loss or gradient) counts as skipped."""
+        for mini, update in zip(self._minis(samples), updates, strict=True):
+            entries, applied = self._critic_update(mini)
+            update["entries"] = {**update.get("entries", {}), **entries}
+            update["finite"] = float(bool(update["finite"]) and applied)
+
+    def _critic_update(self, samples: list[Sample]) -> tuple[dict[str, list[float]], bool]:
+        """One update of the critic over a mini-batch (the same list on every rank): every
+        response that carries loss (overlong-filtered ones do not), whatever its advantage,
+        each micro-batch divided by the mini-batch's token count."""
+        count = float(max(sum(s.response_len for s in samples if s.keep), 1))
+        batches = self._my_micro_batches(samples, lambda s: s.keep)
+        return self.critic.update(batches, count, self._dummy, self.lr_at(self.step))
 
     def _probed_updates(
         self, groups: list[Group], samples: list[Sample]
@@ -383,7 +409,9 @@ class DAPOTrainer:
         kl_rewards, kl_metrics = (
             self._reward_kl(groups, lengths, alg) if alg.kl_in_reward else (None, {})
         )
-        adv_t, adv_metrics = token_advantages(alg.advantage, rewards, lengths, kl_rewards)
+        values = self._critic_values(groups, lengths) if self.critic else None
+        adv, adv_metrics = estimate(alg.advantage, rewards, lengths, kl_rewards, values)
+        adv_t = adv.advantages
         keep = overlong_filter_mask(
             torch.ones(acc.numel(), 1), ~finished.flatten(), overlong_filtering=a.overlong_filtering
         )[:, 0].bool()
@@ -403,11 +431,18 @@ class DAPOTrainer:
                         fresh=getattr(g, "step", None) == self.step,
                         token_advantages=adv_k,
                         kl=alg.kl_in_loss,
+                        old_values=None if values is None else values[k, : len(resp)],
+                        returns=None if values is None else adv.returns[k, : len(resp)],
                     )
                 )
         carrying = [len(s.input_ids) - s.prompt_len for s in samples if s.carries_loss]
         weights = response_weights(alg.aggregation, carrying)
-        metrics = reduce_metrics([adv_metrics, kl_metrics])
+        value_metrics = (
+            {}
+            if values is None
+            else explained_variance(values, adv.returns, response_mask(lengths.flatten()))
+        )
+        metrics = reduce_metrics([adv_metrics, kl_metrics, value_metrics])
         stats = {f"train/{k}": float(v) for k, v in metrics.items()}
         stats |= {
             "train/batch_acc_mean": acc.float().mean().item(),
@@ -438,10 +473,13 @@ class DAPOTrainer:
     def _forward_logprobs(self, batch: list[Sample]):
         return self.forward(batch)
 
-    def _my_micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
-        """This rank's shard of the samples that carry loss, packed into micro-batches; padded with
-        empty micro-batches to the largest count over ranks (ZeRO-3 gathers at every forward)."""
-        active = [s for s in samples if s.carries_loss]
+    def _my_micro_batches(
+        self, samples: list[Sample], select: Callable[[Sample], bool] | None = None
+    ) -> list[list[Sample]]:
+        """This rank's shard of the samples that carry loss (or that ``select`` picks), packed
+        into micro-batches; padded with empty micro-batches to the largest count over ranks
+        (ZeRO-3 gathers at every forward)."""
+        active = [s for s in samples if (select(s) if select else s.carries_loss)]
         # Shard by prompt, so that a group's shared prompt is computed on one rank.
         _, keys = distinct_prompts(active)
         mine = [s for s, k in zip(active, keys, strict=True) if k % self.world == self.rank]
@@ -453,7 +491,8 @@ class DAPOTrainer:
         """A one-token sample with zero advantage: zero loss and gradient, same collectives."""
         pad = self.tokenizer.pad_token_id
         zero = torch.zeros(1)
-        return [Sample([pad, pad], 1, 0.0, True, rollout_logp=zero, ref_logp=zero)]
+        rows = dict(rollout_logp=zero, ref_logp=zero, old_values=zero, returns=zero)
+        return [Sample([pad, pad], 1, 0.0, True, **rows)]
 
     @torch.no_grad()
     def _compute_old_logprobs(self, minis: list[list[Sample]]) -> None:
@@ -482,11 +521,7 @@ class DAPOTrainer:
         from its log-probs under the policy that sampled it (this step's, before any update)
         and under pi_ref: each rank forwards its shard, and the rows are all-gathered so that
         every rank computes the same advantages."""
-        samples = [
-            Sample(g.prompt_ids + r, len(g.prompt_ids), 0.0, True, kl=True)
-            for g in groups
-            for r in g.response_ids
-        ]
+        samples = self._every_response(groups, kl=True)
         self._compute_old_logprobs([samples])
         self._compute_ref_logprobs([samples])
         mine = {
@@ -496,6 +531,26 @@ class DAPOTrainer:
         like = torch.zeros(len(samples), int(lengths.max()))
         old, ref = (self._stack([rows[k][i] for k in range(len(samples))], like) for i in (0, 1))
         return reward_kl(alg.kl, old, ref, lengths)
+
+    @staticmethod
+    def _every_response(groups: list[Group], kl: bool = False) -> list[Sample]:
+        """Every response of the groups as a sample (row p * G + g: response g of group p)."""
+        return [
+            Sample(g.prompt_ids + r, len(g.prompt_ids), 0.0, True, kl=kl)
+            for g in groups
+            for r in g.response_ids
+        ]
+
+    def _critic_values(self, groups: list[Group], lengths: torch.Tensor) -> torch.Tensor:
+        """(P*G, T) the critic's value of every response token, before any update of the step
+        (``gae``'s V and the value loss's V_old): each rank forwards its shard, and the rows
+        are all-gathered so that every rank computes the same advantages."""
+        samples = self._every_response(groups)
+        self.critic.values(self._my_micro_batches(samples, lambda s: True), self._dummy)
+        mine = {k: s.old_values for k, s in enumerate(samples) if s.old_values is not None}
+        rows = {k: v for part in all_gather_objects(mine, self.world) for k, v in part.items()}
+        like = torch.zeros(len(samples), int(lengths.max()))
+        return self._stack([rows[k] for k in range(len(samples))], like)
 
     # -- one update ----------------------------------------------------------------------------
 

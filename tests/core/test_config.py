@@ -326,3 +326,23 @@ def test_grpo_kl_preset_is_deepseekmath_grpo(base):
     assert dataclasses.replace(a, kl=grpo.kl, loss=grpo.loss, aggregation=grpo.aggregation) == grpo
     naive = algorithm(grpo)
     assert (naive.loss.params, naive.aggregation.entry) == (alg.loss.params, alg.aggregation.entry)
+
+
+def test_ppo_preset():
+    from dapo_core.ablation import ABLATION_SWITCHES, ALGORITHM_PRESETS, apply_variant
+    from dapo_core.algorithm import algorithm
+    from tasks.params import load_params
+
+    assert "ppo" in ALGORITHM_PRESETS
+    cfg = load_params()
+    ppo = apply_variant(cfg, "ppo").algo
+    assert all(getattr(ppo, s) for s in ABLATION_SWITCHES)  # DAPO's recipe around it
+    assert ppo.advantage == {"name": "gae", "gamma": 1.0, "lam": 1.0, "whiten": True}
+    assert ppo.loss.name == "clip" and ppo.critic.name == "value"
+    alg = algorithm(ppo)
+    assert alg.critic.params.cliprange_value == 0.5
+    assert {"value_loss", "value_clip_frac"} <= set(alg.metric_names())
+    assert "value_loss" not in algorithm(cfg.algo).metric_names()
+    from tasks.tracking.provenance import variant_of
+
+    assert variant_of(apply_variant(cfg, "ppo")) == "ppo"

@@ -44,9 +44,13 @@ def main(params_json: str, out: str) -> None:
     model, tok = load_policy(cfg.tiny.path, "float32")
     gen = HFGenerator(model, tok, cfg.rollout.max_prompt_len)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    t = DAPOTrainer(cfg, model, tok, gen, splits(cfg).train, optimizer=opt)
+    critic_opt = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731
+    t = DAPOTrainer(
+        cfg, model, tok, gen, splits(cfg).train, optimizer=opt, critic_optimizer=critic_opt
+    )
     before = t.engine.full_state_dict()
-    samples, _ = t._samples(fixed_groups(6, cfg.rollout.group_size, len(tok)))
+    groups = fixed_groups(6, cfg.rollout.group_size, len(tok))
+    samples, _ = t._samples(groups)
     if t.reference is not None:  # KL on: a reference the policy differs from, so the term counts
         g = torch.Generator().manual_seed(1)  # the same on every rank
         for p in t.reference.model.parameters():
@@ -55,6 +59,20 @@ def main(params_json: str, out: str) -> None:
     micro_batches = len(t._my_micro_batches(samples))  # this rank's (a collective: all call it)
     stats = t._update(samples)
     state = t.engine.full_state_dict()  # a collective under ZeRO-3: every rank takes part
+    critic = {}
+    if t.critic is not None:  # PPO: the critic's update, then a second round from its values
+        first, _ = t._critic_update(samples)
+        # V != 0 now: gae reads it, the value loss's gradient reaches the transformer
+        samples, batch_stats = t._samples(groups)
+        second, _ = t._critic_update(samples)
+        critic = {
+            "stats": [first, second],
+            "values": [s.old_values for s in samples],
+            "returns": [s.returns for s in samples],
+            "advantages": [s.token_advantages for s in samples],
+            "explained_variance": batch_stats["train/explained_variance"],
+            "state": t.critic.full_state_dict(),  # a collective under ZeRO-3
+        }
     # Sharded rollouts: each rank generates its slice; every rank ends with all groups, in order.
     log = new_rollout_log()
     local = []
@@ -72,6 +90,7 @@ def main(params_json: str, out: str) -> None:
                 "world": t.world,
                 "rollout": rollout,
                 "micro_batches": micro_batches,
+                "critic": critic,
             },
             out,
         )

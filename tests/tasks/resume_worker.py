@@ -5,8 +5,10 @@ uninterrupted one. Each run writes its run directory (metrics.jsonl, final/) as 
 """
 
 import json
+import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from dapo_core.config_loader import resolve
 from tasks.rundir import RunDir
@@ -16,6 +18,11 @@ from tasks.training.run import run_training
 
 def main(params_json: str, out: str) -> None:
     cfg = resolve(json.loads(Path(params_json).read_text()))
+    if os.environ.get("PARITY_REWARD"):  # mixed groups from step 1, whatever the model writes
+        from tasks.training import trainer
+
+        parity = SimpleNamespace(acc=True), SimpleNamespace(acc=False)
+        trainer.score = lambda response, _: parity[len(response) % 2]
     root = Path(out)
     run_training(cfg, RunDir(root / "full"), progress=False)
     run_training(cfg, RunDir(root / "cut"), progress=False, max_steps=2)

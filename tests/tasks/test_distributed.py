@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dapo_core.ablation import apply_variant
 from dapo_core.config_loader import resolve
 
 WORKER = Path(__file__).with_name("ds_worker.py")
@@ -31,16 +32,20 @@ def _run(cmd, env):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("stage", "kl"),
+    ("stage", "kl", "variant"),
     [
-        (2, '{"name": "none"}'),
-        (3, '{"name": "none"}'),
+        (2, '{"name": "none"}', None),
+        (3, '{"name": "none"}', None),
         # KL in the loss: every rank's own whole reference, one pass over its shard, and the
         # padding micro-batches (ZeRO-3 keeps ranks in step with them) add no KL gradient
-        (3, '{"name": "k1", "beta": 0.1}'),
+        (3, '{"name": "k1", "beta": 0.1}', None),
+        # PPO: the critic, a second DeepSpeed engine; its values sharded and gathered, its
+        # update accumulated over micro-batches with the global token count
+        (2, '{"name": "none"}', "ppo"),
+        (3, '{"name": "none"}', "ppo"),
     ],
 )
-def test_two_ranks_equal_one(tiny_cfg, tmp_path, stage, kl):
+def test_two_ranks_equal_one(tiny_cfg, tmp_path, stage, kl, variant):
     cfg = resolve(
         tiny_cfg.to_dict(),
         # Under ZeRO-3 also truncated importance sampling, whose weights (~1 on CPU) must reach
@@ -53,6 +58,7 @@ def test_two_ranks_equal_one(tiny_cfg, tmp_path, stage, kl):
             f"algo.kl={kl}",
         ],
     )
+    cfg = apply_variant(cfg, variant) if variant else cfg
     params = tmp_path / "params.json"
     params.write_text(json.dumps(cfg.to_dict()))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -91,23 +97,49 @@ def test_two_ranks_equal_one(tiny_cfg, tmp_path, stage, kl):
     assert two["rollout"]["ids"] == one["rollout"]["ids"] and len(one["rollout"]["ids"]) == 5
     assert two["rollout"]["acc_shape"] == one["rollout"]["acc_shape"] == (5, cfg.rollout.group_size)
     assert one["rollout"]["local_prompts"] == 5 and two["rollout"]["local_prompts"] == 3
+    assert bool(one["critic"]) == bool(two["critic"]) == (variant == "ppo")
+    if variant == "ppo":
+        _same_critic(one["critic"], two["critic"])
+
+
+def _same_critic(one, two):
+    """The critic's values, returns, advantages and update: the same on 2 ranks as on 1."""
+    for key in ("values", "returns", "advantages"):
+        for a, b in zip(one[key], two[key], strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    assert any(v.abs().sum() > 0 for v in one["values"])  # the second round reads real values
+    assert two["explained_variance"] == pytest.approx(one["explained_variance"], rel=1e-4)
+    for a, b in zip(one["stats"], two["stats"], strict=True):
+        assert a.keys() == b.keys() and {"value_loss", "value_grad_norm"} <= a.keys()
+        for name in a:
+            assert b[name] == pytest.approx(a[name], rel=1e-5, abs=1e-9), name
+        assert a["value_loss"][1] > 0  # tokens counted
+    assert two["state"].keys() <= one["state"].keys()
+    for k, v in two["state"].items():
+        torch.testing.assert_close(v, one["state"][k], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", [2, 3])
-def test_resumed_multi_rank_run_reproduces_the_uninterrupted_one(tiny_cfg, tmp_path, stage):
+@pytest.mark.parametrize(("stage", "variant"), [(2, None), (3, None), (3, "ppo")])
+def test_resumed_multi_rank_run_reproduces_the_uninterrupted_one(
+    tiny_cfg, tmp_path, stage, variant
+):
     """2 ranks: 4 steps straight, against 2 steps, a stop, and a resume from the checkpoint.
-    Under ZeRO-3 the checkpoint's per-rank optimizer state carries the weight partitions."""
+    Under ZeRO-3 the checkpoint's per-rank optimizer state carries the weight partitions (the
+    critic's too, under ppo)."""
     from safetensors.torch import load_file
 
     cfg = resolve(
         tiny_cfg.to_dict(),
         overrides=["train.steps=4", f"train.zero_stage={stage}", "train.checkpoint_every=0"],
     )
+    cfg = apply_variant(cfg, variant) if variant else cfg
     params = tmp_path / "params.json"
     params.write_text(json.dumps(cfg.to_dict()))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     env.pop("WORLD_SIZE", None)
+    if variant == "ppo":  # a reward the tiny model can earn from step 1: the critic learns
+        env["PARITY_REWARD"] = "1"
     worker = WORKER.with_name("resume_worker.py")
     port = str(_free_port())
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
@@ -121,8 +153,14 @@ def test_resumed_multi_rank_run_reproduces_the_uninterrupted_one(tiny_cfg, tmp_p
 
     full, resumed = history("full"), history("cut")
     assert len(full) == 4 and resumed == full
-    wa = load_file(str(tmp_path / "full" / "final" / "model.safetensors"))
-    wb = load_file(str(tmp_path / "cut" / "final" / "model.safetensors"))
-    assert wa.keys() == wb.keys()
-    for k in wa:
-        torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=0)
+    weights = ["final/model.safetensors"]
+    if variant == "ppo":
+        assert all("train/value_loss" in r for r in full)
+        assert any(r["train/value_loss"] > 0 for r in full[1:])  # trained after resume too
+        weights.append("checkpoints/step_000004/critic/model.safetensors")
+    for name in weights:
+        wa = load_file(str(tmp_path / "full" / name))
+        wb = load_file(str(tmp_path / "cut" / name))
+        assert wa.keys() == wb.keys()
+        for k in wa:
+            torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=0)

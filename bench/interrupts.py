@@ -38,6 +38,7 @@ COMMANDS = {
     "evaluate": ["evaluate", *EVAL_ARGS],
     "ablate": ["ablate", "--no-curate", "--variants", "grpo,+clip_higher", "--workers", "1"]
     + TRAIN_ARGS,
+    "preflight": ["preflight", "--prompts", "512"],
 }
 STARTUP_DELAY_S = 2.0
 """The start-up phase: this long after the command starts (imports, config, the server)."""
@@ -62,7 +63,17 @@ def _build(home: Path, log: str) -> bool:
     return any(home.glob(".tiny.build-*"))  # the model build's staging directory
 
 
-PHASES = {"startup": None, "build": _build, "training": _training, "evaluation": _evaluation}
+def _sampling(home: Path, log: str) -> bool:
+    return "for flow 'preflight'" in log  # `dapo preflight` samples once its flow has begun
+
+
+PHASES = {
+    "startup": None,
+    "build": _build,
+    "training": _training,
+    "evaluation": _evaluation,
+    "sampling": _sampling,
+}
 
 
 @dataclass(frozen=True)
@@ -149,7 +160,7 @@ def run_trial(trial: Trial, scratch: Path, model: Path, uri: str, extra: list[st
         args += ["--run-dir", str(home / "run")]
     elif trial.command in ("pipeline", "ablate"):
         args += ["-S", f"train.out_dir={home / 'runs'}"]
-    else:
+    elif trial.command == "evaluate":
         args += ["--model", str(model)]
     since_ms = int(time.time() * 1000)
     with log.open("w") as out:
@@ -208,7 +219,8 @@ def _wait_for_phase(phase: str, proc: subprocess.Popen, home: Path, log: Path) -
 
 
 SKIPPED = {("evaluation", "train"), ("training", "evaluate"), ("build", "evaluate")}
-SKIPPED |= {("evaluation", "ablate")}
+SKIPPED |= {("evaluation", "ablate"), ("training", "preflight"), ("evaluation", "preflight")}
+SKIPPED |= {("sampling", c) for c in COMMANDS if c != "preflight"}
 """Phases a command does not have (``dapo evaluate`` is given a built model)."""
 
 

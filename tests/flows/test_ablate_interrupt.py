@@ -255,3 +255,48 @@ def test_cancel_sweep_ends_queued_runs_and_asks_running_ones_to_stop(monkeypatch
     assert filters[0]["flow_run_filter"].tags.all_ == ["sweep:sw"]  # this sweep's runs only
     assert filters[0]["deployment_filter"].name.any_ == ["ablate-run"]
     assert len(filters) == 3  # one look to find them, then until the running one has ended
+
+
+@pytest.mark.slow
+def test_a_child_killed_mid_run_is_resubmitted_and_resumes(
+    flow_cfg, mlflow_uri, tmp_path, leave_nothing_running
+):
+    """Issue 23 item 4: SIGKILL the process running one child of `dapo ablate --workers 2` once
+    it has a checkpoint (a worker's flow run dies as an OOM kill or a node's would): its worker
+    reports it crashed, the sweep submits it again, and it resumes from its checkpoint; the sweep
+    ends with every row ok, the child's metrics once per step and its MLflow run FINISHED."""
+    runs, uri, steps = tmp_path / "runs", mlflow_uri, 16
+    settings = [f"train.steps={steps}", "train.checkpoint_every=2", "train.max_stalled_steps=0"]
+    cfg = resolve(
+        flow_cfg.to_dict(), overrides=[*settings, "eval.every_n_steps=0", f"train.out_dir={runs}"]
+    )
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps(cfg.to_dict()))
+    log = tmp_path / "sweep.log"
+    sweep = _sweep(tmp_path, params, "killed", "grpo,+overlong_filtering", "0", uri, log)
+    checkpoints = _wait_for(
+        "a checkpoint",
+        lambda: list(runs.glob("killed/*/seed0/checkpoints/step_*")),
+        sweep,
+        log,
+        240,
+    )
+    run_dir = checkpoints[0].parent.parent
+    writer = json.loads((run_dir / ".lock").read_text())["pid"]  # the process writing the run
+    os.kill(writer, signal.SIGKILL)
+    assert sweep.wait(timeout=400) == 0, log.read_text()[-3000:]
+    assert not processes_of(tmp_path / "prefect")
+    import pandas as pd
+
+    assert pd.read_csv(runs / "killed" / "ablation.csv")["status"].tolist() == ["ok", "ok"]
+    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))  # each step once
+    named = [
+        r for r in _flow_runs(tmp_path / "prefect") if r["parameters"]["run_dir"] == str(run_dir)
+    ]
+    assert sorted(r["state"] for r in named) == ["COMPLETED", "CRASHED"]  # killed, then again
+    parent = [r for r in store.search_runs(cfg, "ablate", uri=uri) if r["name"] == "killed"]
+    children = store.search_runs(
+        cfg, "ablate", f"tags.mlflow.parentRunId = '{parent[0]['run_id']}'", uri=uri
+    )
+    assert sorted(c["status"] for c in children) == ["FINISHED", "FINISHED"]  # one run each

@@ -16,7 +16,8 @@ normaliser), so micro-batches and ranks add up to the whole mini-batch's loss.
 
 Metrics, as (numerator, denominator) pairs: ``value_loss`` (the mean of l_t over the update's
 tokens), ``value_clip_frac`` (share of tokens whose clipped term is the larger, verl's
-``vf_clipfrac``); and, once per step over every response token before the updates,
+``vf_clipfrac``); and, once per step before the updates, over the tokens the critic learns
+from (the trainer leaves out overlong-filtered responses, as the value loss does),
 ``explained_variance`` = 1 - Var(R - V_old) / Var(R) (verl ``vf_explained_var``; 1 is a perfect
 critic, 0 one no better than the mean return, negative worse), written as the pair
 (Var(R) - Var(R - V_old), Var(R)): 0 when the returns are constant.

@@ -437,11 +437,10 @@ class DAPOTrainer:
                 )
         carrying = [len(s.input_ids) - s.prompt_len for s in samples if s.carries_loss]
         weights = response_weights(alg.aggregation, carrying)
-        value_metrics = (
-            {}
-            if values is None
-            else explained_variance(values, adv.returns, response_mask(lengths.flatten()))
-        )
+        value_metrics = {}
+        if values is not None:  # over the tokens the critic learns from (kept responses)
+            learnt = response_mask(lengths.flatten()) & keep[:, None]
+            value_metrics = explained_variance(values, adv.returns, learnt)
         metrics = reduce_metrics([adv_metrics, kl_metrics, value_metrics])
         stats = {f"train/{k}": float(v) for k, v in metrics.items()}
         stats |= {

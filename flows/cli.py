@@ -12,6 +12,7 @@ if __name__ == "__main__":  # `python -m flows.cli`: as the `dapo` entry point, 
 
     until_work_begins()
 
+import contextlib
 import functools
 import gc
 import json
@@ -758,8 +759,8 @@ def schedule(
     """Register and serve cron deployments: nightly train, weekly ablate (blocks).
 
     The nightly train continues one run from its latest checkpoint. Needs a Prefect server:
-    `prefect server start` and `export PREFECT_API_URL=http://127.0.0.1:4200/api` (see README,
-    Schedules); `--dry-run` only prints the deployments."""
+    `dapo server start`, or PREFECT_API_URL naming yours (see README, Schedules); `--dry-run`
+    only prints the deployments."""
     _orchestration_env()
     from flows.schedule import (
         NIGHTLY_TRAIN_CRON,
@@ -790,17 +791,30 @@ def schedule(
         )
     if dry_run:
         return
-    if not api_url():
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.server import running_server
+
+    url = api_url() or running_server(Path(os.environ["PREFECT_HOME"]))
+    if not url:
         raise PipelineError(
-            "schedules need a running Prefect server (the embedded one creates no scheduled "
-            "runs): start one with `prefect server start`, then `export "
-            "PREFECT_API_URL=http://127.0.0.1:4200/api` and run `dapo schedule` again."
+            "schedules need a running Prefect server (a temporary one creates no scheduled "
+            "runs): start one with `dapo server start` (or set PREFECT_API_URL to yours) and "
+            "run `dapo schedule` again"
         )
     console.print(
-        f"serving {len(specs)} deployment(s) on {api_url()}; `prefect deployment ls` lists them. "
+        f"serving {len(specs)} deployment(s) on {url}; `prefect deployment ls` lists them. "
         "Ctrl-C stops (and pauses their schedules)."
     )
-    serve_deployments(build_deployments(specs))
+    _working()
+    # serving returns only when stopped: Ctrl-C, or SIGTERM (Prefect's runner exits 0 on it)
+    with temporary_settings(updates={PREFECT_API_URL: url}), contextlib.suppress(SystemExit):
+        serve_deployments(build_deployments(specs))
+    console.print(
+        "[bold yellow]interrupted:[/] stopped serving; the schedules are paused until "
+        "`dapo schedule` serves them again"
+    )
+    raise typer.Exit(130)
 
 
 @app.command("ui")

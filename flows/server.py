@@ -175,6 +175,7 @@ def _alive(pid: int) -> bool:
 
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT ok
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

@@ -63,10 +63,13 @@ def test_cli_schedule_dry_run_prints_the_deployments():
 def test_cli_schedule_needs_a_prefect_server(monkeypatch):
     import flows.schedule
 
+    import flows.server
+
     monkeypatch.setattr(flows.schedule, "api_url", lambda: None)
+    monkeypatch.setattr(flows.server, "running_server", lambda home: None)
     monkeypatch.setattr(flows.schedule, "serve_deployments", lambda d: pytest.fail("served"))
     out = CliRunner().invoke(app, ["schedule"])
     assert out.exit_code == 2
-    assert "prefect server start" in out.output and "PREFECT_API_URL" in out.output
+    assert "dapo server start" in out.output and "PREFECT_API_URL" in out.output
     bad = CliRunner().invoke(app, ["schedule", "--train-cron", "nightly"])
     assert bad.exit_code == 2 and "not a cron expression" in bad.output

@@ -40,7 +40,9 @@ def test_algorithms_run_in_the_order_given_against_a_baseline():
     assert "\n" not in message and message.startswith(
         "unknown variant(s) gpso; Table 1 rungs: grpo"
     )
-    assert message.endswith("algorithms: dapo, dr_grpo, gspo, cispo, rloo, reinforce_pp, grpo_kl")
+    assert message.endswith(
+        "algorithms: dapo, dr_grpo, gspo, cispo, rloo, reinforce_pp, grpo_kl, ppo"
+    )
     assert comparison_baseline(["grpo", "+clip_higher"], None) is None  # the ladder
     assert comparison_baseline(["gspo", "dapo"], None) == "gspo"  # the first given
     assert comparison_baseline(["gspo", "dapo"], "dapo") == "dapo"

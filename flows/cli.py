@@ -105,7 +105,10 @@ def user_errors(fn: F) -> F:
             console.print(f"[bold red]error:[/] {e}")
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
-            console.print("[bold yellow]interrupted[/]")
+            console.print(
+                "[bold yellow]interrupted:[/] stopped by a signal; run the same command to "
+                "start again"
+            )
             _exit_promptly()
             raise typer.Exit(130) from None
         finally:

@@ -62,7 +62,6 @@ def test_cli_schedule_dry_run_prints_the_deployments():
 
 def test_cli_schedule_needs_a_prefect_server(monkeypatch):
     import flows.schedule
-
     import flows.server
 
     monkeypatch.setattr(flows.schedule, "api_url", lambda: None)

@@ -8,17 +8,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 from safetensors.torch import load_file
+from trainer_factory import parity_trainer
 
 from dapo_core.ablation import apply_variant
 from dapo_core.config_loader import resolve
-from tasks.data.splits import splits
-from tasks.models.loading import load_policy
 from tasks.models.resolve import resolve_model_path
-from tasks.rollout.generators import HFGenerator
 from tasks.rundir import RunDir
 from tasks.training import trainer as trainer_module
 from tasks.training.run import run_training
-from tasks.training.trainer import DAPOTrainer
 
 VALUE_METRICS = [
     "train/value_loss",
@@ -35,21 +32,13 @@ def _cfg(tiny_cfg, *overrides, variant="ppo"):
     return apply_variant(cfg, variant) if variant else cfg
 
 
-def _trainer(cfg):
-    model, tok = load_policy(resolve_model_path(cfg), "float32")
-    gen = HFGenerator(model, tok, cfg.rollout.max_prompt_len)
-    t = DAPOTrainer(cfg, model, tok, gen, splits(cfg).train)
-    t.is_correct = lambda response, _: len(response) % 2 == 0  # mixed groups from the start
-    return t
-
-
 def _state(module):
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
 @pytest.mark.slow
 def test_the_critic_starts_as_the_policy_and_trains_apart_from_it(tiny_cfg):
-    t = _trainer(_cfg(tiny_cfg))
+    t = parity_trainer(_cfg(tiny_cfg))
     critic = t.critic.model
     policy_backbone = _state(t.model.get_decoder())
     start = _state(critic)
@@ -81,7 +70,7 @@ def test_the_critic_starts_as_the_policy_and_trains_apart_from_it(tiny_cfg):
 
 @pytest.mark.slow
 def test_without_a_critic_nothing_is_built_or_logged(tiny_cfg):
-    t = _trainer(_cfg(tiny_cfg, variant=None))
+    t = parity_trainer(_cfg(tiny_cfg, variant=None))
     assert t.critic is None and "value_loss" not in t.metric_names
     m = t.train_step().metrics
     assert not {"train/value_loss", "train/explained_variance", "train/value_mean"} & m.keys()
@@ -170,5 +159,5 @@ def test_a_critic_from_a_model_path_is_that_models_transformer(tiny_cfg):
     by_path = resolve(
         cfg.to_dict(), overrides=[f'algo.critic={{"name": "value", "model": "{path}"}}']
     )
-    a, b = _state(_trainer(cfg).critic.model), _state(_trainer(by_path).critic.model)
+    a, b = _state(parity_trainer(cfg).critic.model), _state(parity_trainer(by_path).critic.model)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -6,18 +6,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from trainer_factory import parity_trainer
 
 from dapo_core.ablation import apply_variant
 from dapo_core.config_loader import resolve
-from tasks.data.splits import splits
-from tasks.models.loading import load_policy
-from tasks.models.resolve import resolve_model_path
-from tasks.rollout.generators import HFGenerator
 from tasks.rundir import RunDir
 from tasks.training import trainer as trainer_module
 from tasks.training.batches import Sample
 from tasks.training.run import run_training
-from tasks.training.trainer import DAPOTrainer
 
 # One update per step (mini_batch = prompt_batch): step 1's update starts from pi_ref itself.
 ONE_UPDATE = ["train.mini_batch=4", "train.warmup_steps=1"]
@@ -26,14 +22,6 @@ ONE_UPDATE = ["train.mini_batch=4", "train.warmup_steps=1"]
 def _cfg(tiny_cfg, *overrides, variant=None):
     cfg = resolve(tiny_cfg.to_dict(), overrides=[*ONE_UPDATE, *overrides])
     return apply_variant(cfg, variant) if variant else cfg
-
-
-def _trainer(cfg):
-    model, tok = load_policy(resolve_model_path(cfg), "float32")
-    gen = HFGenerator(model, tok, cfg.rollout.max_prompt_len)
-    t = DAPOTrainer(cfg, model, tok, gen, splits(cfg).train)
-    t.is_correct = lambda response, _: len(response) % 2 == 0  # mixed groups from the start
-    return t
 
 
 def _state(model):
@@ -52,7 +40,7 @@ def test_a_kl_term_keeps_a_sample_of_zero_advantage_in_the_loss():
 @pytest.mark.slow
 def test_kl_in_the_loss_starts_at_zero_grows_and_never_moves_the_reference(tiny_cfg):
     cfg = _cfg(tiny_cfg, variant="grpo_kl")
-    t = _trainer(cfg)
+    t = parity_trainer(cfg)
     ref = t.reference.model
     assert ref is not t.model and not ref.training
     assert not any(p.requires_grad for p in ref.parameters())
@@ -73,7 +61,7 @@ def test_the_kl_term_changes_the_update(tiny_cfg):
     update on, the policy with the KL term is pulled back toward pi_ref."""
     runs = {}
     for name, kl in (("off", '{"name": "none"}'), ("on", '{"name": "k3", "beta": 1.0}')):
-        t = _trainer(_cfg(tiny_cfg, "algo.dynamic_sampling=false", f"algo.kl={kl}"))
+        t = parity_trainer(_cfg(tiny_cfg, "algo.dynamic_sampling=false", f"algo.kl={kl}"))
         before = _state(t.model)
         t.train_step()
         first = _state(t.model)
@@ -93,7 +81,7 @@ def test_kl_off_or_beta_zero_builds_no_reference_and_trains_the_same(tiny_cfg):
     """No copy, no reference forward: ``beta = 0`` is ``none``, bit for bit."""
     out = {}
     for kl in ('{"name": "none"}', '{"name": "k3", "beta": 0}'):
-        t = _trainer(_cfg(tiny_cfg, "algo.dynamic_sampling=false", f"algo.kl={kl}"))
+        t = parity_trainer(_cfg(tiny_cfg, "algo.dynamic_sampling=false", f"algo.kl={kl}"))
         assert t.reference is None and "kl_mean" not in t.metric_names
         metrics = [t.train_step().metrics for _ in range(2)]
         train = [{k: v for k, v in m.items() if k.startswith("train/")} for m in metrics]
@@ -106,7 +94,7 @@ def test_kl_off_or_beta_zero_builds_no_reference_and_trains_the_same(tiny_cfg):
 @pytest.mark.slow
 def test_kl_in_the_reward_is_measured_before_the_advantages(tiny_cfg):
     """The penalty -beta k2 enters the rewards: logged with them, 0 while pi_old = pi_ref."""
-    t = _trainer(
+    t = parity_trainer(
         _cfg(
             tiny_cfg,
             "algo.dynamic_sampling=false",
@@ -150,7 +138,7 @@ def test_a_padding_micro_batch_adds_no_kl_gradient(tiny_cfg):
     cfg = _cfg(tiny_cfg, "algo.dynamic_sampling=false", 'algo.kl={"name": "k1", "beta": 0.1}')
     out = []
     for pad in (0, 2):
-        t = _trainer(cfg)
+        t = parity_trainer(cfg)
         mine = t._my_micro_batches
         t._my_micro_batches = lambda s, mine=mine, pad=pad: mine(s) + [[] for _ in range(pad)]
         metrics = t.train_step().metrics

@@ -421,7 +421,7 @@ def test_update_sums_weigh_token_means_by_tokens():
 
 
 @pytest.mark.parametrize(
-    "variant", ["dapo", "dr_grpo", "gspo", "cispo", "rloo", "reinforce_pp", "grpo_kl"]
+    "variant", ["dapo", "dr_grpo", "gspo", "cispo", "rloo", "reinforce_pp", "grpo_kl", "ppo"]
 )
 def test_each_algorithm_preset_trains(tiny_cfg, tmp_path, variant):
     """Two steps of each algorithm preset run and move the weights, with finite metrics."""

@@ -180,3 +180,30 @@ def test_token_batch_checks_shapes_and_converts_the_mask():
 
 def test_package_exports():
     assert set(algos.__all__) <= set(dir(algos))
+
+
+def test_the_readmes_added_algorithm_works_as_written(monkeypatch):
+    """README "Adding an algorithm": its loss module, registered as written, is a valid config
+    entry whose parameters check themselves, and its hand test passes (issue 24 item 6)."""
+    import math
+    import re
+
+    from tasks.params import REPO_ROOT, load_params
+
+    section = (REPO_ROOT / "README.md").read_text().split("### Adding an algorithm", 1)[1]
+    module, test = re.findall(r"```python\n(.*?)```", section, re.S)[:2]
+    losses = algos.POLICY_LOSSES
+    monkeypatch.setattr(losses, "_entries", dict(losses._entries))  # unregistered afterwards
+    scope: dict = {}
+    exec(compile(module, "dapo_core/algos/reinforce.py", "exec"), scope)
+    cfg = load_params(overrides=['algo.loss={"name": "reinforce", "scale": 0.5}'])
+    assert cfg.algo.loss.name == "reinforce" and cfg.algo.loss.params == {"scale": 0.5}
+    with pytest.raises(ConfigError, match="reinforce.*scale"):
+        load_params(overrides=['algo.loss={"name": "reinforce", "scale": -1}'])
+    tests: dict = {}
+    exec(
+        compile(test, "test_algos_losses.py", "exec"),
+        {**scope, "math": math, "torch": torch, "pytest": pytest},
+        tests,
+    )
+    tests["test_reinforce_by_hand"]()

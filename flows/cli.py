@@ -873,7 +873,7 @@ def _experiment_links(uri: str, cfg: Any, served_at: str) -> dict[str, str]:
     from tasks.tracking.store import UI_DEFAULT, experiment_urls, sqlite_path
 
     db = sqlite_path(uri)
-    if db is not None and not db.exists():
+    if db is None or not db.exists():  # a server store has its own UI; no store yet: nothing
         return {}
     try:
         urls = experiment_urls(cfg, uri)

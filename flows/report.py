@@ -62,16 +62,27 @@ def report_ablation(table: Any, out: Console | None = None) -> None:
     ):
         view.add_column(col, no_wrap=True)
     view.add_column("min", justify="right", no_wrap=True)
-    view.add_column("paper", justify="right", no_wrap=True)
+    paper = any(pd.notna(r["paper_aime24"]) for r in rows)  # Table 1's rungs only
+    if paper:
+        view.add_column("paper", justify="right", no_wrap=True)
     for r in rows:
         n = _decimals(r["ci_high"] - r["ci_low"])
-        view.add_row(
+        cells = [
             r["variant"],
             f"{r['avg_at_k']:.{n}f}",
             f"{r['ci_low']:.{n}f}-{r['ci_high']:.{n}f}",
             _change(r["delta"], r["delta_ci_low"], r["delta_ci_high"], r["distinguishable"]),
             f"{r['train_wall_s'] / 60:.1f}",
-            "" if pd.isna(r["paper_aime24"]) else f"{r['paper_aime24']:.0f}",
+        ]
+        view.add_row(
+            *cells,
+            *(
+                [f"{r['paper_aime24']:.0f}"]
+                if pd.notna(r["paper_aime24"])
+                else [""]
+                if paper
+                else []
+            ),
         )
     out.print(view)
     mechanisms = table.attrs.get("mechanisms")
@@ -116,10 +127,11 @@ def _caption(no_ci: list[bool], what: str) -> str:
 
 
 def _decimals(width: float) -> int:
-    """Decimals a value deserves: down to the first significant digit of its CI's width."""
+    """Decimals a value deserves: down to the first significant digit of its CI's width, and
+    at least two (a CI 0.1 wide still reads +0.02 [-0.03, +0.07], not +0.0 [-0.0, +0.1])."""
     if not width or pd.isna(width) or width <= 0:
         return 3
-    return int(min(4, max(1, -math.floor(math.log10(width)))))
+    return int(min(4, max(2, -math.floor(math.log10(width)))))
 
 
 def _change(delta: float, low: float, high: float, distinguishable: bool) -> str:

@@ -10,7 +10,9 @@ Each section compares against a baseline measured in the same run and prints its
 5. GPU train-step MFU for a Qwen2.5-0.5B-shaped model (``bench.mfu``; on CPU, a tiny smoke run);
 6. micro-batch packing: tokens fed to the update against whole-group packing (``bench.packing``);
 7. rollout decode with finished sequences dropped from the batch, against decoding the whole
-   batch to the end, on the chain task's model (``bench.compaction``).
+   batch to the end, on the chain task's model (``bench.compaction``);
+8. start-up: ``dapo train`` to its first step with a temporary Prefect server and with the
+   project's running one (``bench.startup``).
 
 ``--quick`` runs fewer repeats (for a smoke check, not for figures to quote).
 """
@@ -32,6 +34,7 @@ QUICK_ARGS = {
     "mfu": ["--steps", "2"],
     "packing": ["--trials", "3"],
     "compaction": ["--repeats", "1", "-P", "8"],
+    "startup": ["--trials", "1"],
 }
 
 

@@ -68,11 +68,11 @@ def import_seconds(env: dict[str, str]) -> float:
     return time.monotonic() - start
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--settings", default="temporary,server")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="dapo-startup-") as tmp:
         scratch = Path(tmp)
         env = {

@@ -30,18 +30,22 @@ README_DIGEST = re.compile(r"chain model's digest[^`]*`((?:sha256|size):[0-9a-f]
 
 
 def readme_ladder(readme: Path = ROOT / "README.md") -> dict[str, float]:
-    """The chain ladder's avg@8 per variant, as the README's table gives it (the first table
-    with rows of the form ``| `variant` | 0.802 (0.772-0.834) |``)."""
-    rows: dict[str, float] = {}
+    """The chain ladder's avg@8 per variant, as the README's table gives it (the table with rows
+    of the form ``| `variant` | 0.802 (0.772-0.834) |`` whose variants are the Table 1 rungs; the
+    algorithms' table has the same form)."""
+    from dapo_core.ablation import ABLATION_LADDER
+
+    tables: list[dict[str, float]] = [{}]
     for line in readme.read_text().splitlines():
         m = README_ROW.match(line)
         if m:
-            rows[m.group(1)] = float(m.group(2))
-        elif rows:
-            break
-    if not rows:
-        raise SystemExit(f"no ladder table found in {readme}")
-    return rows
+            tables[-1][m.group(1)] = float(m.group(2))
+        elif tables[-1]:
+            tables.append({})
+    for rows in tables:
+        if list(rows) == list(ABLATION_LADDER):
+            return rows
+    raise SystemExit(f"no ladder table found in {readme}")
 
 
 def readme_digest(readme: Path = ROOT / "README.md") -> str | None:

@@ -3,18 +3,16 @@ transformer with a zero head, trains on its clipped value loss beside the policy
 metrics, is checkpointed with exact resume, and without it nothing is written or run."""
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from trainer_factory import parity_trainer
+from trainer_factory import full_and_resumed, parity_scores, parity_trainer, without_timings
 
 from dapo_core.ablation import apply_variant
 from dapo_core.config_loader import resolve
 from tasks.models.resolve import resolve_model_path
 from tasks.rundir import RunDir
-from tasks.training import trainer as trainer_module
 from tasks.training.run import run_training
 
 VALUE_METRICS = [
@@ -87,17 +85,10 @@ def test_resume_with_a_critic_reproduces_the_uninterrupted_run(
 ):
     """Policy and critic weights, their optimizers (bf16: the float32 master copies) and every
     metric: the same whether the run stops after 2 steps and resumes or not."""
-    parity = SimpleNamespace(acc=True), SimpleNamespace(acc=False)  # mixed groups from step 1
-    monkeypatch.setattr(trainer_module, "score", lambda response, _: parity[len(response) % 2])
+    parity_scores(monkeypatch)  # mixed groups from step 1
     cfg = _cfg(tiny_cfg, "train.steps=4", f"model.dtype={dtype}")
-    full = run_training(cfg, RunDir(tmp_path / "full"), progress=False)
-    run_training(cfg, RunDir(tmp_path / "cut"), progress=False, max_steps=2)
-    rest = run_training(cfg, RunDir(tmp_path / "cut"), resume=True, progress=False)
-
-    def strip(h):
-        return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in h]
-
-    assert strip(rest.history) == strip(full.history)
+    full, rest = full_and_resumed(cfg, tmp_path)
+    assert without_timings(rest.history) == without_timings(full.history)
     assert all(k in full.history[-1] for k in VALUE_METRICS)
     assert full.history[0]["train/value_mean"] == 0 and full.history[-1]["train/value_mean"] != 0
     for name in ("final/model.safetensors", "checkpoints/step_000004/critic/model.safetensors"):

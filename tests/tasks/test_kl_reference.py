@@ -2,18 +2,14 @@
 KL term starts at exactly 0 and grows, it survives resume, and when off nothing changes."""
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
-from trainer_factory import parity_trainer
+from trainer_factory import full_and_resumed, parity_scores, parity_trainer, without_timings
 
 from dapo_core.ablation import apply_variant
 from dapo_core.config_loader import resolve
-from tasks.rundir import RunDir
-from tasks.training import trainer as trainer_module
 from tasks.training.batches import Sample
-from tasks.training.run import run_training
 
 # One update per step (mini_batch = prompt_batch): step 1's update starts from pi_ref itself.
 ONE_UPDATE = ["train.mini_batch=4", "train.warmup_steps=1"]
@@ -111,17 +107,10 @@ def test_kl_in_the_reward_is_measured_before_the_advantages(tiny_cfg):
 def test_resume_with_kl_reproduces_the_uninterrupted_run(tiny_cfg, tmp_path, monkeypatch):
     """pi_ref is rebuilt from the run's starting model, not the checkpoint: a resumed run's KL
     (to pi_0, > 0 by then) and weights are the uninterrupted run's, exactly."""
-    parity = SimpleNamespace(acc=True), SimpleNamespace(acc=False)  # mixed groups from step 1
-    monkeypatch.setattr(trainer_module, "score", lambda response, _: parity[len(response) % 2])
+    parity_scores(monkeypatch)  # mixed groups from step 1
     cfg = _cfg(tiny_cfg, "train.steps=4", variant="grpo_kl")
-    full = run_training(cfg, RunDir(tmp_path / "full"), progress=False)
-    run_training(cfg, RunDir(tmp_path / "cut"), progress=False, max_steps=2)
-    rest = run_training(cfg, RunDir(tmp_path / "cut"), resume=True, progress=False)
-
-    def strip(h):
-        return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in h]
-
-    assert strip(rest.history) == strip(full.history)
+    full, rest = full_and_resumed(cfg, tmp_path)
+    assert without_timings(rest.history) == without_timings(full.history)
     assert full.history[0]["train/kl_mean"] == 0.0 and full.history[2]["train/kl_mean"] > 0
     from safetensors.torch import load_file
 

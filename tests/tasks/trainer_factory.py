@@ -15,3 +15,29 @@ def parity_trainer(cfg) -> DAPOTrainer:
     t = DAPOTrainer(cfg, model, tok, gen, splits(cfg).train)
     t.is_correct = lambda response, _: len(response) % 2 == 0
     return t
+
+
+def parity_scores(monkeypatch) -> None:
+    """``run_training``'s trainers score by the response length's parity (mixed groups)."""
+    from types import SimpleNamespace
+
+    from tasks.training import trainer as trainer_module
+
+    parity = SimpleNamespace(acc=True), SimpleNamespace(acc=False)
+    monkeypatch.setattr(trainer_module, "score", lambda response, _: parity[len(response) % 2])
+
+
+def full_and_resumed(cfg, root, cut_at: int = 2):
+    """The same run twice: uninterrupted, and stopped after ``cut_at`` steps then resumed;
+    returns both results (``perf/*`` timings aside, their histories must be equal)."""
+    from tasks.rundir import RunDir
+    from tasks.training.run import run_training
+
+    full = run_training(cfg, RunDir(root / "full"), progress=False)
+    run_training(cfg, RunDir(root / "cut"), progress=False, max_steps=cut_at)
+    rest = run_training(cfg, RunDir(root / "cut"), resume=True, progress=False)
+    return full, rest
+
+
+def without_timings(history):
+    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in history]

@@ -35,7 +35,8 @@ def mlflow_link(run_id: str | None, url: str | None) -> str:
         return "not tracked in MLflow"
     if not url:
         return f"MLflow run {run_id} (browse with `dapo ui`)"
-    return f"MLflow: {url}" + (" (served by `dapo ui`)" if url.startswith(UI_DEFAULT) else "")
+    served = " (served by `dapo ui`)" if url.startswith(UI_DEFAULT) else ""
+    return f"MLflow run {run_id}: {url}{served}"
 
 
 def report_ablation(table: Any, out: Console | None = None) -> None:

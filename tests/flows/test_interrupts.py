@@ -90,8 +90,8 @@ server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]
 orchestration.own_session(server.pid)
 signal.signal(signal.SIGTERM, orchestration.watched(lambda s, f: (_ for _ in ()).throw(
     KeyboardInterrupt)))
-print(server.pid, flush=True)
 try:
+    print(server.pid, flush=True)  # ready: inside the block that handles the interrupt
     time.sleep(600)
 except KeyboardInterrupt:
     time.sleep(600)  # a clean-up that never finishes

@@ -870,16 +870,15 @@ def ui(
 def _experiment_links(uri: str, cfg: Any, served_at: str) -> dict[str, str]:
     """The project's experiments in the training view, on the address ``dapo ui`` serves (none
     before the store exists: MLflow would create it)."""
-    from tasks.tracking.store import UI_DEFAULT, experiment_urls, sqlite_path
+    from tasks.tracking.store import experiment_urls, sqlite_path
 
     db = sqlite_path(uri)
     if db is None or not db.exists():  # a server store has its own UI; no store yet: nothing
         return {}
     try:
-        urls = experiment_urls(cfg, uri)
+        return experiment_urls(cfg, uri, ui=served_at)
     except Exception:  # noqa: BLE001 - a store we cannot read: the UI will say why
         return {}
-    return {name: url.replace(UI_DEFAULT, served_at, 1) for name, url in urls.items()}
 
 
 def _loopback(host: str) -> bool:

@@ -228,17 +228,19 @@ experiment's ``mlflow.experimentKind`` tag says."""
 UI_DEFAULT = "http://127.0.0.1:5000"  # where ``dapo ui`` serves by default
 
 
-def ui_url(uri: str, experiment_id: str, run_id: str | None = None, **query: str) -> str:
+def ui_url(
+    uri: str, experiment_id: str, run_id: str | None = None, ui: str = UI_DEFAULT, **query: str
+) -> str:
     """The address of an experiment's runs table (or a run's metric charts) in the MLflow UI, in
     the training view: on the tracking server itself for an ``http(s)`` store, else where ``dapo
     ui`` serves. A saved view (``viewStateShareKey``) applies on the runs table only."""
-    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else UI_DEFAULT
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else ui
     path = f"/experiments/{experiment_id}/runs" + (f"/{run_id}/model-metrics" if run_id else "")
     args = "&".join(f"{k}={v}" for k, v in {**query, **TRAINING_VIEW}.items())
     return f"{base}/#{path}?{args}"
 
 
-def experiment_urls(cfg: Config, uri: str | None = None) -> dict[str, str]:
+def experiment_urls(cfg: Config, uri: str | None = None, ui: str = UI_DEFAULT) -> dict[str, str]:
     """``{experiment name: training-view address}`` of the project's experiments that exist."""
     from mlflow import MlflowClient
 
@@ -248,7 +250,7 @@ def experiment_urls(cfg: Config, uri: str | None = None) -> dict[str, str]:
     for kind in KINDS:
         exp = client.get_experiment_by_name(experiment_name(cfg, kind))
         if exp is not None:
-            out[exp.name] = ui_url(uri, exp.experiment_id)
+            out[exp.name] = ui_url(uri, exp.experiment_id, ui=ui)
     return out
 
 

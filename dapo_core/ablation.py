@@ -13,10 +13,12 @@ recipe (``grpo_kl``) also sets switches, by name, to the values its paper uses.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from dapo_core.algorithm import check_critic, checked_entry
 from dapo_core.config import AlgoConfig, Config, ConfigError
+from dapo_core.config_loader import parse_override, resolve
 
 ABLATION_SWITCHES: tuple[str, ...] = (
     "overlong_filtering",
@@ -98,19 +100,42 @@ ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
 switches it sets otherwise (booleans, by switch name)."""
 
 
-def apply_variant(cfg: Config, variant: str) -> Config:
+def apply_variant(cfg: Config, variant: str, tuned: Sequence[str] = ()) -> Config:
     """The config of one Table 1 variant (the ladder's switches replace the algo switches) or of
-    one algorithm preset (every switch on, its entries replace the config's)."""
+    one algorithm preset (every switch on, its entries replace the config's), then the
+    ``tuned`` overrides of the preset's entries (:func:`split_overrides`)."""
     if variant in ABLATION_LADDER:
         return dataclasses.replace(
             cfg, algo=dataclasses.replace(cfg.algo, **ABLATION_LADDER[variant])
         )
-    if variant in ALGORITHM_PRESETS:
-        return dataclasses.replace(cfg, algo=_preset_algo(cfg, ALGORITHM_PRESETS[variant]))
-    raise ConfigError(
-        f"unknown variant {variant!r}; Table 1 rungs: {', '.join(ABLATION_LADDER)}; "
-        f"algorithms: {', '.join(ALGORITHM_PRESETS)}"
-    )
+    if variant not in ALGORITHM_PRESETS:
+        raise ConfigError(
+            f"unknown variant {variant!r}; Table 1 rungs: {', '.join(ABLATION_LADDER)}; "
+            f"algorithms: {', '.join(ALGORITHM_PRESETS)}"
+        )
+    out = dataclasses.replace(cfg, algo=_preset_algo(cfg, ALGORITHM_PRESETS[variant]))
+    return resolve(out.to_dict(), overrides=tuned, source=f"--variant {variant}") if tuned else out
+
+
+def split_overrides(variant: str | None, overrides: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``overrides`` (a command's ``-S``) as (those for the config the variant starts from, those
+    that tune a parameter of an entry the variant's preset chooses, applied after it):
+    ``--variant ppo -S algo.critic.lr=1e-5`` sets the preset critic's learning rate. An override
+    that names another entry for it is refused (it would no longer be the preset)."""
+    preset = ALGORITHM_PRESETS.get(variant or "", {})
+    base, tuned = [], []
+    for item in overrides:
+        keys, _ = parse_override(item)
+        if len(keys) != 3 or keys[0] != "algo" or keys[1] not in preset:
+            base.append(item)
+        elif keys[2] == "name":
+            raise ConfigError(
+                f"--variant {variant} chooses algo.{keys[1]}: drop -S {item}, or drop the "
+                "variant and set the entries yourself"
+            )
+        else:
+            tuned.append(item)
+    return base, tuned
 
 
 def _preset_algo(cfg: Config, preset: dict[str, Any]) -> AlgoConfig:

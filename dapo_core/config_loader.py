@@ -46,7 +46,9 @@ def from_dict(
     ``origins`` names where a key's value came from when not from ``source`` (an overlay, -S)."""
 
     def where(key: str) -> str:
-        return (origins or {}).get(key, source)
+        # an algorithm entry is checked whole: name the override of one of its parameters
+        inner = [o for k, o in (origins or {}).items() if k.startswith(f"{key}.")]
+        return (origins or {}).get(key, inner[-1] if inner else source)
 
     raw = _backfill(migrate_flat_algo(raw))
     cfg = _build(Config, raw, prefix="", where=where)
@@ -160,7 +162,10 @@ def _apply_override(raw: dict[str, Any], item: str) -> str:
     node: Any = raw
     for i, k in enumerate(keys):
         last = i == len(keys) - 1
-        if not isinstance(node, dict) or k not in node:
+        # An algorithm entry ({name: ..., its parameters}) lists only the parameters it sets:
+        # a new one is added here and checked by the entry itself when the config is built.
+        entry_param = last and isinstance(node, dict) and "name" in node
+        if not isinstance(node, dict) or (k not in node and not entry_param):
             known = [".".join([*keys[:i], c]) for c in node] if isinstance(node, dict) else []
             hint = _did_you_mean(".".join(keys[: i + 1]), known)
             raise ConfigError(f"override {item!r}: unknown key '{'.'.join(keys[: i + 1])}'{hint}")

@@ -26,7 +26,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from dapo_core.ablation import ABLATION_LADDER, ALGORITHM_PRESETS, apply_variant
+from dapo_core.ablation import ABLATION_LADDER, ALGORITHM_PRESETS, apply_variant, split_overrides
 from dapo_core.config import ConfigError
 from dapo_core.errors import PipelineError, TrainingInterrupted
 from flows.report import mlflow_link, report_ablation, report_pipeline
@@ -126,8 +126,9 @@ def _load(
 ):
     from tasks.params import load_params
 
-    cfg = load_params(params, config or (), overrides or ())
-    cfg = apply_variant(cfg, variant) if variant else cfg
+    base, tuned = split_overrides(variant, overrides or ())
+    cfg = load_params(params, config or (), base)
+    cfg = apply_variant(cfg, variant, tuned) if variant else cfg
     _working()  # every command loads its config once its imports are done, before any work
     return cfg
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from prefect import flow
 
-from dapo_core.ablation import apply_variant
+from dapo_core.ablation import apply_variant, split_overrides
 from dapo_core.config import Config
 from dapo_core.errors import TrainingInterrupted
 from tasks.data.task import curate_task
@@ -38,8 +38,9 @@ def load_config(
     variant: str | None = None,
 ) -> Config:
     """params.yaml (or ``params``), overlay presets, overrides, then a Table 1 variant."""
-    cfg = load_params(params, config or (), overrides or ())
-    return apply_variant(cfg, variant) if variant else cfg
+    base, tuned = split_overrides(variant, overrides or ())
+    cfg = load_params(params, config or (), base)
+    return apply_variant(cfg, variant, tuned) if variant else cfg
 
 
 def default_run_name(kind: str) -> str:

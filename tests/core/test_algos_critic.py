@@ -144,3 +144,41 @@ def test_gae_without_a_critic_is_one_line_at_config_load():
     # a preset that replaces the advantage takes the critic with it
     assert apply_variant(cfg, "rloo").algo.critic == {"name": "none"}
     assert apply_variant(cfg, "gspo").algo.critic == cfg.algo.critic  # keeps gae and its critic
+
+
+def test_a_presets_entries_are_tuned_with_overrides_after_it():
+    """``--variant ppo -S algo.critic.lr=1e-5``: the preset chooses the critic, the override sets
+    its learning rate (before, the preset replaced the entry and the override failed on the
+    base config's ``none`` critic, which takes no parameters)."""
+    from dapo_core.ablation import apply_variant, split_overrides
+    from tasks.params import load_params
+
+    sets = ["algo.critic.lr=1e-5", "train.lr=2e-4", "algo.loss.eps_high=0.3"]
+    base, tuned = split_overrides("ppo", sets)
+    assert base == ["train.lr=2e-4"]
+    assert tuned == ["algo.critic.lr=1e-5", "algo.loss.eps_high=0.3"]  # ppo chooses both
+    cfg = apply_variant(load_params(overrides=base), "ppo", tuned)
+    assert cfg.algo.critic["name"] == "value" and cfg.algo.critic["lr"] == 1e-5
+    assert cfg.train.lr == 2e-4 and cfg.algo.loss["eps_high"] == 0.3
+    assert cfg.algo.advantage["name"] == "gae"
+    with pytest.raises(ConfigError, match=r"--variant ppo chooses algo.critic: drop -S"):
+        split_overrides("ppo", ["algo.critic.name=none"])
+    _, bad = split_overrides("ppo", ["algo.critic.lrr=1"])
+    with pytest.raises(ConfigError, match=r"override -S algo.critic.lrr=1: .*did you mean 'lr'"):
+        apply_variant(load_params(), "ppo", bad)
+    assert split_overrides("+clip_higher", sets) == (sets, [])  # a rung chooses no entry
+
+
+def test_an_entry_parameter_the_config_does_not_name_is_set_by_override():
+    cfg = load_params_with(["algo.kl.name=k3", "algo.kl.where=reward"])
+    assert cfg.algo.kl["where"] == "reward" and cfg.algo.kl["name"] == "k3"
+    with pytest.raises(ConfigError, match=r"^override -S algo.kl.bogus=1: algo.kl: unknown"):
+        load_params_with(["algo.kl.name=k3", "algo.kl.bogus=1"])
+    with pytest.raises(ConfigError, match=r"unknown key 'algo.nokey'"):
+        load_params_with(["algo.nokey=1"])
+
+
+def load_params_with(overrides: list[str]):
+    from tasks.params import load_params
+
+    return load_params(overrides=overrides)

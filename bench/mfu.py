@@ -195,22 +195,22 @@ def measure(
     trainer = make_trainer(model, P, G, L, budget)
     # The analytic count follows the trainer's own packing: a group split across micro-batches
     # runs its prompt once per micro-batch; the chunk is the one _forward_logprobs uses.
-    batches = trainer._my_micro_batches(samples)
+    batches = trainer.updater.micro_batches(samples)
     chunk = max(256, tasks.training.forward.LOGITS_BUDGET // config.vocab_size)
     passes = sum(len({tuple(s.input_ids[: s.prompt_len]) for s in b}) for b in batches)
     recomputed = sum(len(b) * L for b in batches if len(b) * L > chunk)
     analytic = analytic_flops(config, prompt_len, L, passes, len(samples), recomputed)
     counter = FlopCounterMode(display=False, custom_mapping=ATTENTION_FLOPS)
     with counter:
-        outs = [trainer._update(samples)]  # the first warm-up update, counted
-    outs += [trainer._update(samples) for _ in range(warmup - 1)]
+        outs = [trainer.updater.update(samples)]  # the first warm-up update, counted
+    outs += [trainer.updater.update(samples) for _ in range(warmup - 1)]
     if cuda:  # the peak over timed updates (weights and AdamW state, allocated, count too)
         torch.cuda.reset_peak_memory_stats(device)
     times = []
     for _ in range(steps):
         sync(device)
         t0 = time.perf_counter()
-        outs.append(trainer._update(samples))
+        outs.append(trainer.updater.update(samples))
         sync(device)
         times.append(time.perf_counter() - t0)
     split = time_split(trainer, samples, steps)
@@ -232,7 +232,7 @@ def measure(
         "micro_batches": len(batches),
         "padding_frac": sample_padding_fraction(batches),
         "split": split,
-        "applied": all(o["finite"] == 1.0 and o["tokens"] == len(samples) * L for o in outs),
+        "applied": all(o.applied and o.tokens == len(samples) * L for o in outs),
         "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
     }
 
@@ -263,7 +263,7 @@ def time_split(trainer: DAPOTrainer, samples: list[Sample], steps: int) -> dict[
             spent.clear()
             sync(device)
             t0 = time.perf_counter()
-            trainer._update(samples)
+            trainer.updater.update(samples)
             sync(device)
             total = time.perf_counter() - t0
             rows.append({**spent, "forward": total - sum(spent.values()), "total": total})
@@ -279,7 +279,7 @@ def print_profile(trainer: DAPOTrainer, samples: list[Sample], rows: int = 25) -
     cuda = trainer.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
-        trainer._update(samples)
+        trainer.updater.update(samples)
         sync(trainer.device)
     key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60))

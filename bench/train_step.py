@@ -29,7 +29,9 @@ from tasks.models.loading import load_policy
 from tasks.models.resolve import resolve_model_path
 from tasks.params import load_params
 from tasks.rollout.generators import HFGenerator
-from tasks.training.trainer import DAPOTrainer, Group, new_rollout_log
+from tasks.training.batches import Group
+from tasks.training.records import RolloutLog
+from tasks.training.trainer import DAPOTrainer
 
 
 def naive_update(trainer: DAPOTrainer, samples) -> None:
@@ -56,8 +58,8 @@ def naive_update(trainer: DAPOTrainer, samples) -> None:
 
 def rollouts(trainer: DAPOTrainer, P: int, L: int) -> list[Group]:
     """Fixed rollouts of up to L tokens (sampled once; reused by both sides)."""
-    log = new_rollout_log()
-    groups, _ = trainer._generate_groups(P, log)
+    log = RolloutLog()
+    groups, _ = trainer.rollouts.generate(P, log)
     # Mixed correctness, like a batch after dynamic sampling.
     for i, g in enumerate(groups):
         g.acc = [(i + j) % 2 == 0 for j in range(len(g.acc))]
@@ -80,11 +82,11 @@ def bench_shape(cfg_base, P: int, G: int, L: int, repeats: int) -> dict[str, flo
     trainer = DAPOTrainer(cfg, model, tok, gen, splits(cfg).train)
     torch.manual_seed(0)
     groups = rollouts(trainer, P, L)
-    samples, _ = trainer._samples(groups)
+    samples, _ = trainer.loss_samples(groups)
     ours, naive = [], []
     for _ in range(repeats + 1):
         t = time.perf_counter()
-        trainer._update(samples)
+        trainer.updater.update(samples)
         ours.append(time.perf_counter() - t)
         t = time.perf_counter()
         naive_update(trainer, samples)

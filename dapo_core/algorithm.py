@@ -46,6 +46,7 @@ from dapo_core.algos import (
     make_kl_params,
 )
 from dapo_core.config import AlgoConfig, AlgoEntry, ConfigError
+from dapo_core.overlong import overlong_filter_mask, shaped_rewards
 
 REGISTRIES: dict[str, Registry] = {
     "loss": POLICY_LOSSES,
@@ -253,6 +254,50 @@ def estimate(
     (:func:`reward_kl`); ``values``: (P*G, T) the critic's values (``gae``)."""
     mask = response_mask(lengths.flatten())
     return chosen(AdvantageInput(rewards, mask, values=values, token_rewards=token_rewards))
+
+
+def rewards(algo: AlgoConfig, acc: Tensor, lengths: Tensor, max_len: int) -> Tensor:
+    """Responses' rewards (any shape): Eq. 7 plus, under ``algo.overlong_shaping``, Eq. 13."""
+    return shaped_rewards(
+        acc,
+        lengths,
+        overlong_shaping=algo.overlong_shaping,
+        max_len=max_len,
+        cache_len=algo.cache_len,
+        factor=algo.overlong_penalty_factor,
+    )
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """What the loss reads of P groups of G responses, computed once per step."""
+
+    rewards: Tensor  # (P, G) sequence rewards
+    advantages: Tensor  # (P*G, T) per-token advantages, 0 past each response
+    returns: Tensor | None  # (P*G, T) the critic's targets (``gae``), else None
+    keep: Tensor  # (P*G,) bool: the response carries loss (overlong filtering drops truncated)
+    metrics: Metrics  # the advantage entry's
+
+
+def loss_inputs(
+    alg: Algorithm,
+    algo: AlgoConfig,
+    max_len: int,
+    acc: Tensor,
+    lengths: Tensor,
+    finished: Tensor,
+    token_rewards: Tensor | None = None,
+    values: Tensor | None = None,
+) -> LossInputs:
+    """Rewards, advantages and the loss mask of (P, G) responses (correct, length, finished)
+    under ``algo``'s switches and ``alg``'s advantage entry (:func:`estimate` for
+    ``token_rewards`` and ``values``)."""
+    r = rewards(algo, acc.flatten(), lengths.flatten(), max_len).view_as(acc)
+    adv, metrics = estimate(alg.advantage, r, lengths, token_rewards, values)
+    everything = torch.ones(acc.numel(), 1)
+    truncated = ~finished.flatten()
+    keep = overlong_filter_mask(everything, truncated, overlong_filtering=algo.overlong_filtering)
+    return LossInputs(r, adv.advantages, adv.returns, keep[:, 0].bool(), metrics)
 
 
 def token_advantages(

@@ -17,22 +17,27 @@ probe costs a second update and three forward passes over the step's responses. 
   same state, same batch, same order of mini-batches);
 - ``perf/probe_time_s``: what the probe added to the step's time.
 
-``DAPOTrainer._probed_updates`` makes the two updates; this module holds what it needs around
-them: the flipped switches, the entropy reading, and the snapshot that undoes an update.
+``SwitchProbe`` wraps the trainer's learning half (groups -> samples -> updates) with it; the
+trainer calls it in place of its own ``learn`` and knows nothing else of the probe.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import time
 from collections.abc import Callable
 
 import torch
 
+from dapo_core.algorithm import algorithm
 from dapo_core.config import AlgoConfig
 from dapo_core.errors import PipelineError
-from tasks.training.batches import Sample, pack_samples
+from tasks.training.batches import Group, Sample, pack_samples
 from tasks.training.distributed import OptimizerEngine
+from tasks.training.records import UpdateResult
+
+Prepare = Callable[[list[Group], AlgoConfig | None], tuple[list[Sample], dict[str, float]]]
 
 Saved = tuple[dict[str, torch.Tensor], dict]
 
@@ -97,3 +102,39 @@ def restore(engine: OptimizerEngine, saved: Saved) -> None:
 def cuda_devices(device: torch.device) -> list[int]:
     """The devices whose random state ``torch.random.fork_rng`` must keep."""
     return [device.index or 0] if device.type == "cuda" else []
+
+
+class SwitchProbe:
+    """The trainer's ``learn`` (groups -> samples, their statistics, the updates) with the probe
+    around it: the update made with ``switch`` flipped, from the same weights, optimizer state
+    and groups, then undone; then the run's own update. Returns what ``learn`` does, with the
+    ``probe/*`` readings among the statistics."""
+
+    def __init__(self, prepare: Prepare, updater, algo: AlgoConfig, switch: str, micro_tokens: int):
+        self.prepare, self.updater, self.algo, self.switch = prepare, updater, algo, switch
+        self.micro_tokens = micro_tokens
+
+    def __call__(
+        self, groups: list[Group]
+    ) -> tuple[list[Sample], dict[str, float], list[UpdateResult]]:
+        samples, stats = self.prepare(groups, None)
+        engine, other = self.updater.engine, flipped(self.algo, self.switch)
+        t0 = time.perf_counter()
+        before, saved = self._entropy(samples), snapshot(engine)
+        # The flipped update draws no random numbers today; forking keeps it so if one ever does.
+        device = next(engine.model.parameters()).device
+        with torch.random.fork_rng(devices=cuda_devices(device)):
+            self.updater.updates(self.prepare(groups, other)[0], algorithm(other))
+            after_flipped = self._entropy(samples)
+        restore(engine, saved)
+        t_real = time.perf_counter()
+        updates = self.updater.updates(samples)
+        real = time.perf_counter() - t_real
+        on = bool(getattr(self.algo, self.switch))
+        readings = probe_metrics(on, before, self._entropy(samples), after_flipped)
+        # What the probe added to the step's time (perf/train_time_s includes it)
+        readings["perf/probe_time_s"] = time.perf_counter() - t0 - real
+        return samples, stats | readings, updates
+
+    def _entropy(self, samples: list[Sample]) -> float:
+        return mean_entropy(self.updater.forward, samples, self.micro_tokens)

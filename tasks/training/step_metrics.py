@@ -1,60 +1,43 @@
 """The metrics one training step logs (``train/*``), from its rollout log, its dynamic-sampling
-statistics and its updates. Names are the ones the README documents."""
+statistics and its updates (``tasks.training.records``). Names are the ones the README documents."""
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import Any
 
 import numpy as np
 import torch
 
+from dapo_core.algorithm import rewards
 from dapo_core.algos import Metrics
 from dapo_core.config import Config
 from dapo_core.errors import TrainingStopped
-from dapo_core.overlong import shaped_rewards
 from dapo_core.sampling import BatchStats
 from dapo_core.signal import diagnose, group_signal
 from tasks.training.distributed import all_reduce_max, all_reduce_sum
+from tasks.training.records import RolloutLog, UpdateResult
 
 log = logging.getLogger(__name__)
 
 
-def rollout_metrics(gen_log: dict[str, Any], cfg: Config) -> dict[str, float]:
+def rollout_metrics(rollout: RolloutLog, cfg: Config) -> dict[str, float]:
     """What the policy did this step, over every sample generated (kept or not)."""
-    a = cfg.algo
-    acc = torch.tensor(gen_log["acc"], dtype=torch.bool)
-    lengths = torch.tensor(gen_log["lengths"])
-    finished = torch.tensor(gen_log["finished"], dtype=torch.bool)
-    rewards = shaped_rewards(
-        acc,
-        lengths,
-        overlong_shaping=a.overlong_shaping,
-        max_len=cfg.rollout.max_response_len,
-        cache_len=a.cache_len,
-        factor=a.overlong_penalty_factor,
-    )
-    signal = group_signal(*group_tensors(gen_log, cfg.rollout.group_size))
+    acc = torch.tensor(rollout.acc, dtype=torch.bool)
+    lengths = torch.tensor(rollout.lengths)
+    finished = torch.tensor(rollout.finished, dtype=torch.bool)
+    reward = rewards(cfg.algo, acc, lengths, cfg.rollout.max_response_len)
+    signal = group_signal(*rollout.group_tensors(cfg.rollout.group_size))
     return {
-        "train/reward_mean": rewards.mean().item(),
+        "train/reward_mean": reward.mean().item(),
         "train/acc_mean": acc.float().mean().item(),
         "train/response_len_mean": lengths.float().mean().item(),
         "train/truncated_frac": (~finished).float().mean().item(),
         "train/samples_generated": float(acc.numel()),
         "train/mixed_group_frac": signal.mixed_group_frac,
         "train/parsed_frac": signal.parsed_frac,
+        "train/prompts_truncated": rollout.prompts_truncated,
     }
-
-
-def group_tensors(
-    gen_log: dict[str, Any], group_size: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(P, G) correctness, answer-found and finished flags of every group the step generated."""
-    return tuple(
-        torch.tensor(gen_log[k], dtype=torch.bool).view(-1, group_size)
-        for k in ("acc", "parsed", "finished")
-    )
 
 
 def dynamic_sampling_metrics(ds: BatchStats) -> dict[str, float]:
@@ -128,17 +111,19 @@ class UpdateSums:
         self.entries = {k: [pairs[2 * j], pairs[2 * j + 1]] for j, k in enumerate(names)}
         self.max_ratio = all_reduce_max(self.max_ratio, world)
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> UpdateResult:
         """Token means, the loss and token count, the mismatch means when any were measured,
-        and ``entries``: each entry metric's summed (numerator, denominator)."""
+        and each entry metric's summed (numerator, denominator)."""
         s, n = self.sums, self.sums["tokens"]
-        out: dict[str, Any] = {k: s[k] / n if n else 0.0 for k in self.TOKEN_MEANS}
-        out |= {"loss": s["loss"], "tokens": n, "entries": dict(self.entries)}
+        mismatch = None
         if n_mis := s["mismatch_tokens"]:
-            out["mismatch_abs_diff"] = s["mismatch_abs_diff"] / n_mis
-            out["mismatch_kl"] = s["mismatch_kl"] / n_mis
-            out["mismatch_max_ratio"] = self.max_ratio
-        return out
+            mismatch = {
+                "abs_diff": s["mismatch_abs_diff"] / n_mis,
+                "kl": s["mismatch_kl"] / n_mis,
+                "max_ratio": self.max_ratio,
+            }
+        entropy = s["entropy"] / n if n else 0.0
+        return UpdateResult(s["loss"], n, entropy, dict(self.entries), mismatch)
 
 
 POOLED_OVER_STEP = ("clip_high_old_prob",)
@@ -147,10 +132,10 @@ over the step's updates, and logged only when some update had such tokens. Every
 metric is the mean over the step's updates of each update's value, as the loss is."""
 
 
-def entry_metrics(updates: list[dict[str, Any]], names: list[str] = ()) -> dict[str, float]:
+def entry_metrics(updates: list[UpdateResult], names: list[str] = ()) -> dict[str, float]:
     """``train/<name>`` of every metric the algorithm entries emitted, and of ``names`` (the
     entries' metrics: an update without tokens counts 0 for them, as a share of no tokens)."""
-    parts = [u.get("entries", {}) for u in updates]
+    parts = [u.entries for u in updates]
     out = {}
     for name in sorted({*names, *(k for p in parts for k in p)}):
         pairs = [p.get(name, (0.0, 0.0)) for p in parts]
@@ -165,34 +150,33 @@ def entry_metrics(updates: list[dict[str, Any]], names: list[str] = ()) -> dict[
 
 
 def update_metrics(
-    updates: list[dict[str, Any]], lr: float, names: list[str] = ()
+    updates: list[UpdateResult], lr: float, names: list[str] = ()
 ) -> dict[str, float]:
     """The step's loss-side metrics: means over its updates, and the entries' metrics
     (:func:`entry_metrics`)."""
 
-    def mean(key: str) -> float:
-        return float(np.mean([u[key] for u in updates])) if updates else 0.0
+    def mean(values: list[float]) -> float:
+        return float(np.mean(values)) if values else 0.0
 
-    norms = [u["grad_norm"] for u in updates]
-    mismatch = [u for u in updates if "mismatch_kl" in u]  # when the sampler gave log-probs
+    norms = [u.grad_norm for u in updates]
+    mismatch = [u.mismatch for u in updates if u.mismatch]  # when the sampler gave log-probs
+    extra = {}
     if mismatch:
         extra = {
-            "train/mismatch_abs_logp": float(np.mean([u["mismatch_abs_diff"] for u in mismatch])),
-            "train/mismatch_kl": float(np.mean([u["mismatch_kl"] for u in mismatch])),
-            "train/mismatch_max_ratio": max(u["mismatch_max_ratio"] for u in mismatch),
+            "train/mismatch_abs_logp": mean([m["abs_diff"] for m in mismatch]),
+            "train/mismatch_kl": mean([m["kl"] for m in mismatch]),
+            "train/mismatch_max_ratio": max(m["max_ratio"] for m in mismatch),
         }
-    else:
-        extra = {}
     return (
         extra
         | entry_metrics(updates, names)
         | {
-            "train/entropy": mean("entropy"),
+            "train/entropy": mean([u.entropy for u in updates]),
             "train/grad_norm": float(np.nanmean(norms)) if any(map(math.isfinite, norms)) else 0.0,
-            "train/loss": mean("loss"),
+            "train/loss": mean([u.loss for u in updates]),
             "train/lr": lr,
-            "train/skipped_updates": float(sum(not u["finite"] for u in updates)),
-            "perf/padding_frac": mean("padding_frac"),
+            "train/skipped_updates": float(sum(not u.applied for u in updates)),
+            "perf/padding_frac": mean([u.padding_frac for u in updates]),
         }
     )
 
@@ -205,8 +189,8 @@ class StallWatch:
         self.limit, self.group_size = limit, group_size
         self.count = 0
 
-    def observe(self, gen_log: dict[str, Any], step: int) -> None:
-        signal = group_signal(*group_tensors(gen_log, self.group_size))
+    def observe(self, rollout: RolloutLog, step: int) -> None:
+        signal = group_signal(*rollout.group_tensors(self.group_size))
         why = diagnose(signal, min_mixed=1e-9)  # below any real share: not one mixed group
         if why is None and signal.parsed_frac > 0:
             self.count = 0

@@ -3,6 +3,7 @@
 Used by test_distributed.py: the parameters after the update must not depend on the world size.
 """
 
+import dataclasses
 import sys
 
 import torch
@@ -11,8 +12,10 @@ from dapo_core.config_loader import resolve
 from tasks.data.splits import splits
 from tasks.models.loading import load_policy
 from tasks.rollout.generators import HFGenerator
+from tasks.training.batches import Group
 from tasks.training.distributed import shutdown_distributed
-from tasks.training.trainer import DAPOTrainer, Group, new_rollout_log
+from tasks.training.records import RolloutLog
+from tasks.training.trainer import DAPOTrainer
 
 
 def fixed_groups(n_prompts: int, group_size: int, vocab: int) -> list[Group]:
@@ -50,21 +53,21 @@ def main(params_json: str, out: str) -> None:
     )
     before = t.engine.full_state_dict()
     groups = fixed_groups(6, cfg.rollout.group_size, len(tok))
-    samples, _ = t._samples(groups)
+    samples, _ = t.loss_samples(groups)
     if t.reference is not None:  # KL on: a reference the policy differs from, so the term counts
         g = torch.Generator().manual_seed(1)  # the same on every rank
         for p in t.reference.model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=g))
-        t._compute_ref_logprobs([samples])
-    micro_batches = len(t._my_micro_batches(samples))  # this rank's (a collective: all call it)
-    stats = t._update(samples)
+        t.updater.ref_logprobs([samples])
+    micro_batches = len(t.updater.micro_batches(samples))  # this rank's (a collective: all call it)
+    stats = t.updater.update(samples)
     state = t.engine.full_state_dict()  # a collective under ZeRO-3: every rank takes part
     critic = {}
     if t.critic is not None:  # PPO: the critic's update, then a second round from its values
-        first, _ = t._critic_update(samples)
+        first, _ = t.updater.critic_update(samples, t.lr_at(t.step))
         # V != 0 now: gae reads it, the value loss's gradient reaches the transformer
-        samples, batch_stats = t._samples(groups)
-        second, _ = t._critic_update(samples)
+        samples, batch_stats = t.loss_samples(groups)
+        second, _ = t.updater.critic_update(samples, t.lr_at(t.step))
         critic = {
             "stats": [first, second],
             "values": [s.old_values for s in samples],
@@ -74,11 +77,13 @@ def main(params_json: str, out: str) -> None:
             "state": t.critic.full_state_dict(),  # a collective under ZeRO-3
         }
     # Sharded rollouts: each rank generates its slice; every rank ends with all groups, in order.
-    log = new_rollout_log()
+    log = RolloutLog()
     local = []
-    generate = t.generator.generate
-    t.generator.generate = lambda prompts, *a: local.append(len(prompts)) or generate(prompts, *a)
-    groups, acc = t._generate_groups(5, log)
+    generate = t.rollouts.generator.generate
+    t.rollouts.generator.generate = lambda prompts, *a: (
+        local.append(len(prompts)) or generate(prompts, *a)
+    )
+    groups, acc = t.rollouts.generate(5, log)
     rollout = {"ids": [g.problem_id for g in groups], "acc_shape": tuple(acc.shape)}
     rollout["local_prompts"] = sum(local)
     if t.rank == 0:
@@ -86,7 +91,7 @@ def main(params_json: str, out: str) -> None:
             {
                 "before": before,
                 "state": state,
-                "stats": stats,
+                "stats": dataclasses.asdict(stats),
                 "world": t.world,
                 "rollout": rollout,
                 "micro_batches": micro_batches,

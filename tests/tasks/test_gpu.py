@@ -44,7 +44,7 @@ def test_sampling_logprobs_equal_the_trainers_forward_on_gpu(tiny_cfg, tmp_path,
     for i, (resp, lps) in enumerate(zip(out.response_ids, out.logprobs, strict=True)):
         prompt = out.prompt_ids[i // 3]
         with torch.no_grad():
-            logp, _, _ = trainer._forward_logprobs([Sample(prompt + resp, len(prompt), 1.0, True)])
+            logp, _, _ = trainer.updater.forward([Sample(prompt + resp, len(prompt), 1.0, True)])
         torch.testing.assert_close(logp[0].cpu(), torch.tensor(lps), rtol=1e-3, atol=1e-3)
 
 
@@ -78,7 +78,7 @@ def test_cuda_graph_sampling_logprobs_equal_the_trainers_within_bf16_tolerance(
     for i, (resp, lps) in enumerate(zip(out.response_ids, out.logprobs, strict=True)):
         prompt = out.prompt_ids[i // 4]
         with torch.no_grad():
-            logp, _, _ = trainer._forward_logprobs([Sample(prompt + resp, len(prompt), 1.0, True)])
+            logp, _, _ = trainer.updater.forward([Sample(prompt + resp, len(prompt), 1.0, True)])
         gaps.append((logp[0].cpu() - torch.tensor(lps)).abs())
     gaps = torch.cat(gaps)
     assert gaps.mean() < 0.02 and gaps.max() < 0.3, (gaps.mean(), gaps.max())
@@ -95,7 +95,7 @@ def test_cuda_graph_sampling_logprobs_equal_the_trainers_within_bf16_tolerance(
     for i, (resp, lps) in enumerate(zip(moved.response_ids, moved.logprobs, strict=True)):
         prompt = moved.prompt_ids[i // 4]
         with torch.no_grad():
-            logp, _, _ = trainer._forward_logprobs([Sample(prompt + resp, len(prompt), 1.0, True)])
+            logp, _, _ = trainer.updater.forward([Sample(prompt + resp, len(prompt), 1.0, True)])
         gap = (logp[0].cpu() - torch.tensor(lps)).abs()
         assert gap.max() < 0.3  # the replayed graphs read the new weights
 

@@ -128,8 +128,8 @@ def test_a_padding_micro_batch_adds_no_kl_gradient(tiny_cfg):
     out = []
     for pad in (0, 2):
         t = parity_trainer(cfg)
-        mine = t._my_micro_batches
-        t._my_micro_batches = lambda s, mine=mine, pad=pad: mine(s) + [[] for _ in range(pad)]
+        mine = t.updater.micro_batches
+        t.updater.micro_batches = lambda s, mine=mine, pad=pad: mine(s) + [[] for _ in range(pad)]
         metrics = t.train_step().metrics
         out.append(({k: v for k, v in metrics.items() if k.startswith("train/")}, _state(t.model)))
     (m0, w0), (m1, w1) = out

@@ -119,7 +119,7 @@ def test_sampling_logprobs_equal_the_trainers_forward(
             prompt = out.prompt_ids[i // 3]
             with torch.no_grad():
                 sample = Sample(prompt + resp, len(prompt), 1.0, True)
-                logp, _, _ = trainer._forward_logprobs([sample])
+                logp, _, _ = trainer.updater.forward([sample])
             torch.testing.assert_close(logp[0], torch.tensor(lps), rtol=1e-4, atol=1e-4)
 
 
@@ -167,7 +167,7 @@ def test_shared_prompt_forward_equals_whole_sequences(
         Sample(short + [43], len(short), -1.0, True),
         Sample(long + [51, 52, 53, 54, 55], len(long), 1.0, True),
     ]
-    logp, _, mask = trainer._forward_logprobs(batch)
+    logp, _, mask = trainer.updater.forward(batch)
     (logp * mask).sum().backward()
     shared_grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
@@ -184,7 +184,7 @@ def test_shared_prompt_forward_equals_whole_sequences(
     for shared, p in zip(shared_grads, model.parameters(), strict=True):
         torch.testing.assert_close(shared, p.grad, rtol=1e-4, atol=1e-5)
     # One-token responses only: predicted from the prompts alone (no response forward).
-    one, _, _ = trainer._forward_logprobs([batch[2], batch[1]])
+    one, _, _ = trainer.updater.forward([batch[2], batch[1]])
     torch.testing.assert_close(one[:, 0], torch.stack([logp[2, 0], logp[1, 0]]))
 
 

@@ -18,13 +18,9 @@ from tasks.rollout.generators import HFGenerator
 from tasks.rundir import RunDir
 from tasks.training.batches import ProblemStream, micro_batches, padding_fraction
 from tasks.training.checkpoint import save_checkpoint
+from tasks.training.records import RolloutLog
 from tasks.training.run import run_training
-from tasks.training.trainer import (
-    DAPOTrainer,
-    TrainingStopped,
-    new_rollout_log,
-    warmup_lambda,
-)
+from tasks.training.trainer import DAPOTrainer, TrainingStopped, warmup_lambda
 
 
 def _packing_cost(batch, prompts, prompt_lens, response_lens):
@@ -149,8 +145,8 @@ def test_resume_reproduces_uninterrupted_run(tiny_cfg, tmp_path, dtype):
 def _mixed_groups(t):
     """Real rollouts with a fixed mixed correctness pattern, so every group carries signal."""
     torch.manual_seed(0)
-    log = new_rollout_log()
-    groups, _ = t._generate_groups(4, log)
+    log = RolloutLog()
+    groups, _ = t.rollouts.generate(4, log)
     for i, g in enumerate(groups):
         g.acc = [(i + j) % 3 == 0 for j in range(len(g.acc))]
     return groups
@@ -168,9 +164,9 @@ def test_update_is_invariant_to_micro_batch_size(tiny_cfg, tmp_path):
             )
             t = _trainer(cfg, tmp_path / f"{budget}{variant}", sgd=True)
             before = {k: v.clone() for k, v in t.model.state_dict().items()}
-            samples, _ = t._samples(_mixed_groups(t))
-            out = t._update(samples)
-            assert out["finite"] == 1.0 and out["tokens"] > 0
+            samples, _ = t.loss_samples(_mixed_groups(t))
+            out = t.updater.update(samples)
+            assert out.applied and out.tokens > 0
             after = t.model.state_dict()
             results[variant, budget] = {k: after[k] - before[k] for k in after}
     for variant in ("+dynamic_sampling", "grpo"):
@@ -191,23 +187,23 @@ def test_non_finite_updates_are_skipped_then_stop(tiny_cfg, tmp_path):
     t = _trainer(cfg, tmp_path)
     before = {k: v.clone() for k, v in t.model.state_dict().items()}
     # Poison the forward pass: every log-prob becomes NaN.
-    original = t._forward_logprobs
+    original = t.updater.forward
 
     def poisoned(batch):
         logp, ent, mask = original(batch)
         return logp * float("nan"), ent, mask
 
-    t._forward_logprobs = poisoned
+    t.updater.forward = poisoned
     mixed = _mixed_groups(t)
 
-    def fake_generate(n, log):
-        log["acc"] += [a for g in mixed[:n] for a in g.acc]
-        log["lengths"] += [len(r) for g in mixed[:n] for r in g.response_ids]
-        log["finished"] += [f for g in mixed[:n] for f in g.finished]
-        log["parsed"] += [True for g in mixed[:n] for _ in g.texts]
+    def fake_generate(n, log, step):
+        log.acc += [a for g in mixed[:n] for a in g.acc]
+        log.lengths += [len(r) for g in mixed[:n] for r in g.response_ids]
+        log.finished += [f for g in mixed[:n] for f in g.finished]
+        log.parsed += [True for g in mixed[:n] for _ in g.texts]
         return mixed[:n], torch.tensor([g.acc for g in mixed[:n]])
 
-    t._generate_groups = fake_generate
+    t.rollouts.generate = fake_generate
     r = t.train_step()
     assert r.metrics["train/skipped_updates"] >= 1
     after = t.model.state_dict()
@@ -282,7 +278,7 @@ def test_engine_weights_are_synced_before_each_rollout(tiny_cfg, tmp_path):
     """A generator with its own copy of the weights (vLLM) gets the current policy every step."""
     t = _trainer(tiny_cfg, tmp_path)
     synced = []
-    t.generator.sync_weights = lambda model: synced.append(model is t.model)
+    t.rollouts.generator.sync_weights = lambda model: synced.append(model is t.model)
     t.train_step()
     t.train_step()
     assert synced == [True, True]
@@ -298,8 +294,8 @@ def test_rollout_mismatch_is_measured_and_tis_weights_the_loss(tiny_cfg, tmp_pat
     t = _trainer(base, tmp_path / "a")
     groups = _mixed_groups(t)
     assert all(list(map(len, g.logprobs)) == list(map(len, g.response_ids)) for g in groups)
-    out = t._update(t._samples(groups)[0])
-    assert out["mismatch_abs_diff"] < 1e-4 and 0 <= out["mismatch_kl"] < 1e-6
+    out = t.updater.update(t.loss_samples(groups)[0])
+    assert out.mismatch["abs_diff"] < 1e-4 and 0 <= out.mismatch["kl"] < 1e-6
 
     for g in groups:
         g.logprobs = [lp - math.log(2) for lp in g.logprobs]
@@ -308,18 +304,18 @@ def test_rollout_mismatch_is_measured_and_tis_weights_the_loss(tiny_cfg, tmp_pat
         tis = json.dumps({"name": "token_tis", "cap": cap} if cap else {"name": "none"})
         cfg = resolve(tiny_cfg.to_dict(), overrides=[*one_update, f"algo.correction={tis}"])
         t = _trainer(cfg, tmp_path / str(cap))
-        return t._update(t._samples(groups)[0])
+        return t.updater.update(t.loss_samples(groups)[0])
 
     plain, tis = loss_with(None), loss_with(1.5)
-    assert plain["mismatch_max_ratio"] == pytest.approx(2.0, rel=1e-3)
-    assert plain["mismatch_kl"] == pytest.approx(1 - math.log(2), rel=1e-3)
-    assert plain["loss"] != 0 and tis["loss"] == pytest.approx(1.5 * plain["loss"], rel=1e-5)
+    assert plain.mismatch["max_ratio"] == pytest.approx(2.0, rel=1e-3)
+    assert plain.mismatch["kl"] == pytest.approx(1 - math.log(2), rel=1e-3)
+    assert plain.loss != 0 and tis.loss == pytest.approx(1.5 * plain.loss, rel=1e-5)
     # Groups carried from an earlier step: TIS still weights them (they are off-policy), but
     # their gap measures the policy's drift, not the sampler's arithmetic, so it is not logged.
     for g in groups:
         g.step = -1
     carried = loss_with(1.5)
-    assert "mismatch_kl" not in carried and carried["loss"] == pytest.approx(tis["loss"])
+    assert carried.mismatch is None and carried.loss == pytest.approx(tis.loss)
 
 
 def test_tis_without_sampler_log_probs_stops_with_a_remedy(tiny_cfg, tmp_path):
@@ -329,7 +325,7 @@ def test_tis_without_sampler_log_probs_stops_with_a_remedy(tiny_cfg, tmp_path):
     for g in groups:
         g.logprobs = None  # a backend that gives none
     with pytest.raises(TrainingStopped, match="algo.correction.name=none"):
-        t._samples(groups)
+        t.loss_samples(groups)
 
 
 def test_bf16_rollout_weights_track_the_policy_in_place(tiny_cfg, tmp_path):
@@ -346,9 +342,9 @@ def test_bf16_rollout_weights_track_the_policy_in_place(tiny_cfg, tmp_path):
     ptrs = [p.data_ptr() for p in gen.model.parameters()]
     t = DAPOTrainer(cfg, model, tok, gen, splits(cfg).train)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    out = t._update(t._samples(_mixed_groups(t))[0])  # sampled from the bf16 copy
+    out = t.updater.update(t.loss_samples(_mixed_groups(t))[0])  # sampled from the bf16 copy
     assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())  # it trained
-    assert out["mismatch_abs_diff"] > 1e-3  # bf16 sampling against fp32 training
+    assert out.mismatch["abs_diff"] > 1e-3  # bf16 sampling against fp32 training
     assert t.sampler() is gen  # what validation samples from: synced to the update
     copy = dict(gen.model.named_parameters())
     assert all(torch.equal(copy[n], p.to(torch.bfloat16)) for n, p in model.named_parameters())
@@ -371,17 +367,12 @@ def test_rollout_copy_only_where_the_policy_is_whole(tiny_cfg, monkeypatch):
 
 
 def test_step_mean_old_probability_of_tokens_clipped_above():
+    from tasks.training.records import UpdateResult
     from tasks.training.step_metrics import update_metrics
 
     def update(clipped, prob_sum, tokens=10.0):
-        return {
-            **dict.fromkeys(["entropy", "loss"], 0.0),
-            **{"grad_norm": 1.0, "finite": 1.0, "padding_frac": 0.0},
-            "entries": {
-                "clip_high_old_prob": [prob_sum, clipped],
-                "clip_frac_high": [clipped, tokens],
-            },
-        }
+        entries = {"clip_high_old_prob": [prob_sum, clipped], "clip_frac_high": [clipped, tokens]}
+        return UpdateResult(0.0, tokens, 0.0, entries, grad_norm=1.0)
 
     # token-weighted over the step: (0.3 + 0.5) / (2 + 1), not the mean of 0.15 and 0.5
     m = update_metrics([update(2, 0.3), update(1, 0.5), update(0, 0.0)], lr=1.0)
@@ -412,12 +403,12 @@ def test_update_sums_weigh_token_means_by_tokens():
     sums.add_micro(stats(1, 9.0, 9.0), {"clip_frac_high": (t(1), t(1))}, real=False)  # padding
     sums.all_reduce(world=1)
     out = sums.result()
-    assert out["entropy"] == pytest.approx((10 * 1.0 + 30 * 2.0) / 40)
-    assert out["entries"] == {"clip_frac_high": [5.0, 40.0]}  # summed apart, divided once
-    assert out["loss"] == pytest.approx(0.4) and out["tokens"] == 40
-    assert out["mismatch_abs_diff"] == pytest.approx(0.1) and out["mismatch_max_ratio"] == 1.5
+    assert out.entropy == pytest.approx((10 * 1.0 + 30 * 2.0) / 40)
+    assert out.entries == {"clip_frac_high": [5.0, 40.0]}  # summed apart, divided once
+    assert out.loss == pytest.approx(0.4) and out.tokens == 40
+    assert out.mismatch["abs_diff"] == pytest.approx(0.1) and out.mismatch["max_ratio"] == 1.5
     empty = UpdateSums().result()
-    assert empty["entropy"] == 0.0 and "mismatch_kl" not in empty and empty["entries"] == {}
+    assert empty.entropy == 0.0 and empty.mismatch is None and empty.entries == {}
 
 
 @pytest.mark.parametrize(
@@ -432,7 +423,7 @@ def test_each_algorithm_preset_trains(tiny_cfg, tmp_path, variant):
         resolve(tiny_cfg.to_dict(), overrides=["algo.dynamic_sampling=false"]), variant
     )
     t = _trainer(cfg, tmp_path)
-    t.is_correct = lambda response, _: len(response) % 2 == 0  # mixed groups from the start
+    t.rollouts.is_correct = lambda response, _: len(response) % 2 == 0  # mixed groups from the start
     before = {k: v.clone() for k, v in t.model.state_dict().items()}
     for _ in range(2):
         m = t.train_step().metrics

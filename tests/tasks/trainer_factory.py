@@ -13,7 +13,7 @@ def parity_trainer(cfg) -> DAPOTrainer:
     model, tok = load_policy(resolve_model_path(cfg), "float32")
     gen = HFGenerator(model, tok, cfg.rollout.max_prompt_len)
     t = DAPOTrainer(cfg, model, tok, gen, splits(cfg).train)
-    t.is_correct = lambda response, _: len(response) % 2 == 0
+    t.rollouts.is_correct = lambda response, _: len(response) % 2 == 0
     return t
 
 

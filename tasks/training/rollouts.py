@@ -1,0 +1,126 @@
+"""The rollout half of a step (DAPO Algorithm 1, lines 3-8): prompts from the problem stream, G
+sampled responses each, scored by the rule-based reward, kept or carried by dynamic sampling.
+
+``Rollouts`` owns what the rollout side keeps across steps (the problem stream, the carried
+groups) and writes it into checkpoints through the trainer's ``state_dict``. Under data
+parallelism every rank takes the same prompts, generates its slice, and the groups are
+all-gathered, so every rank builds the same batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from dapo_core.config import Config
+from dapo_core.problem import Problem
+from dapo_core.sampling import BatchStats, GroupAccumulator, fill_batch
+from tasks.models.loading import chat_prompt
+from tasks.rollout.generators import Generator
+from tasks.training.batches import Group, ProblemStream
+from tasks.training.distributed import all_gather_objects
+from tasks.training.records import RolloutLog
+
+Correct = Callable[[str, str], bool]  # (response, answer) -> whether the answer is right
+
+
+def _as_tensors(logprobs: list) -> list[torch.Tensor]:
+    """Per-response log-probs as float32 tensors (4 bytes a token where a Python float takes 24,
+    in the carried buffer, its checkpoints and the ranks' all-gather)."""
+    return [torch.as_tensor(lp, dtype=torch.float32) for lp in logprobs]
+
+
+class Rollouts:
+    def __init__(
+        self,
+        cfg: Config,
+        tokenizer,
+        generator: Generator,
+        problems: list[Problem],
+        is_correct: Correct,
+        rank: int = 0,
+        world: int = 1,
+        autocast: tuple[str, bool] = ("cpu", False),
+    ):
+        self.cfg, self.tokenizer, self.generator = cfg, tokenizer, generator
+        self.is_correct = is_correct
+        self.rank, self.world = rank, world
+        self.autocast = autocast  # (device type, whether to sample under bf16 autocast)
+        self.stream = ProblemStream(problems, cfg.train.seed)
+        self.buffer = GroupAccumulator()
+
+    def sampler(self, policy) -> Generator:
+        """The generator, holding the policy's current weights: an inference engine (vLLM) or a
+        sampling copy (``rollout.weights``) is synced first. Rollouts and validation call it."""
+        if hasattr(self.generator, "sync_weights"):
+            self.generator.sync_weights(policy)
+        return self.generator
+
+    def collect(self, policy, step: int) -> tuple[list[Group], BatchStats, RolloutLog]:
+        """The step's groups by dynamic sampling (surplus groups carried to the next step), its
+        dynamic-sampling statistics and the log of everything generated."""
+        self.sampler(policy)
+        log, cfg = RolloutLog(), self.cfg
+        groups, stats = fill_batch(
+            lambda n: self.generate(n, log, step),
+            self.buffer,
+            step=step,
+            prompt_batch=cfg.train.prompt_batch,
+            gen_batch=cfg.train.gen_batch,
+            max_gen_batches=cfg.algo.max_gen_batches,
+            on_gen_cap=cfg.algo.on_gen_cap,
+            dynamic_sampling=cfg.algo.dynamic_sampling,
+            sized=cfg.algo.size_gen_batches,
+        )
+        return groups, stats, log
+
+    def generate(self, n: int, log: RolloutLog, step: int = 0) -> tuple[list[Group], torch.Tensor]:
+        """n prompts x G scored responses, each group stamped with ``step``, and their (n, G)
+        correctness; every rank returns the same list."""
+        problems = self.stream.take(n)  # the same prompts on every rank
+        mine = problems[self.rank :: self.world]
+        t0 = time.perf_counter()
+        groups = self._sampled(mine, log, step) if mine else []
+        log.gen_time += time.perf_counter() - t0
+        if self.world > 1:  # interleave the shards back into the prompt order
+            shards = all_gather_objects(groups, self.world)
+            groups = [shards[i % self.world][i // self.world] for i in range(n)]
+        log.add(groups)
+        return groups, torch.tensor([g.acc for g in groups], dtype=torch.bool)
+
+    def _sampled(self, problems: list[Problem], log: RolloutLog, step: int) -> list[Group]:
+        """This rank's groups: G responses to each problem, scored."""
+        r, G = self.cfg.rollout, self.cfg.rollout.group_size
+        prompts = [chat_prompt(self.tokenizer, p.prompt) for p in problems]
+        device, bf16 = self.autocast
+        with torch.autocast(device, torch.bfloat16, enabled=bf16):
+            out = self.generator.generate(prompts, G, r.temperature, r.top_p, r.max_response_len)
+        log.prompts_truncated += out.prompts_truncated
+        groups = []
+        for i, p in enumerate(problems):
+            sl = slice(i * G, (i + 1) * G)
+            acc = [self.is_correct(t, p.answer) for t in out.texts[sl]]
+            logprobs = _as_tensors(out.logprobs[sl]) if out.logprobs is not None else None
+            groups.append(
+                Group(
+                    p.id,
+                    p.answer,
+                    out.prompt_ids[i],
+                    out.response_ids[sl],
+                    out.finished[sl],
+                    acc,
+                    out.texts[sl],
+                    logprobs,
+                    step,
+                )
+            )
+        return groups
+
+    def state_dict(self) -> dict:
+        return {"stream": self.stream.state_dict(), "buffer": self.buffer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.load_state_dict(state["stream"])
+        self.buffer.load_state_dict(state["buffer"])

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dapo_core import metric_names as metric
 from dapo_core.ablation import ABLATION_LADDER
 
 
@@ -36,26 +37,26 @@ class Signal:
 
 
 SIGNALS: tuple[Signal, ...] = (
-    Signal("entropy", "train/entropy", "all", "mean token entropy of the policy (nats)"),
-    Signal("clip_frac_high", "train/clip_frac_high", "all", "share of tokens clipped above"),
+    Signal("entropy", metric.ENTROPY, "all", "mean token entropy of the policy (nats)"),
+    Signal("clip_frac_high", metric.CLIP_FRAC_HIGH, "all", "share of tokens clipped above"),
     Signal(
         "clip_high_prob",
-        "train/clip_high_old_prob",
+        metric.CLIP_HIGH_OLD_PROB,
         "all",
         "mean probability (before the step) of the tokens clipped above",
     ),
-    Signal("truncated_frac", "train/truncated_frac", "late", "share of responses truncated"),
-    Signal("response_len", "train/response_len_mean", "late", "mean response length (tokens)"),
-    Signal("len_growth", "train/response_len_mean", "growth", "response length growth (tokens)"),
+    Signal("truncated_frac", metric.TRUNCATED_FRAC, "late", "share of responses truncated"),
+    Signal("response_len", metric.RESPONSE_LEN_MEAN, "late", "mean response length (tokens)"),
+    Signal("len_growth", metric.RESPONSE_LEN_MEAN, "growth", "response length growth (tokens)"),
     Signal(
         "long_weight_share",
-        "train/long_weight_share",
+        metric.LONG_WEIGHT_SHARE,
         "all",
         "loss weight on the longer half of responses",
     ),
-    Signal("kept_group_frac", "train/kept_group_frac", "all", "share of groups kept"),
-    Signal("samples_per_step", "train/samples_generated", "all", "responses generated per step"),
-    Signal("train_acc", "train/acc_mean", "late", "training accuracy, late half"),
+    Signal("kept_group_frac", metric.KEPT_GROUP_FRAC, "all", "share of groups kept"),
+    Signal("samples_per_step", metric.SAMPLES_GENERATED, "all", "responses generated per step"),
+    Signal("train_acc", metric.ACC_MEAN, "late", "training accuracy, late half"),
 )
 """Every per-run signal the ablation table reports (the ``train/*`` metric each reads)."""
 
@@ -75,8 +76,8 @@ class Probe:
 PROBES: dict[str, Probe] = {
     "entropy_probe": Probe(
         "entropy_probe",
-        "probe/entropy_on",
-        "probe/entropy_off",
+        metric.ENTROPY_ON,
+        metric.ENTROPY_OFF,
         "entropy after the same update, switch on against off",
     ),
 }

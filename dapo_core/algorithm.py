@@ -41,6 +41,7 @@ from dapo_core.algos import (
     Params,
     Registry,
     TokenBatch,
+    explained_variance,
     kl_loss,
     kl_reward_penalty,
     make_kl_params,
@@ -170,6 +171,26 @@ class Algorithm:
         names = set(token_losses(self, batch)[2])
         if self.critic is not None:
             names |= set(value_losses(self, zero, zero, zero, one)[1])
+        return sorted(names)
+
+    def batch_metric_names(self) -> list[str]:
+        """The names of the metrics the advantage entry, the KL term in the reward and the
+        critic's explained variance emit once per step (before the updates), read off a group
+        of two one-token responses."""
+        rewards, lengths, zero = (
+            torch.tensor([[1.0, -1.0]]),
+            torch.ones(1, 2, dtype=torch.long),
+            torch.zeros(2, 1),
+        )
+        names = set()
+        token_rewards = None
+        if self.kl_in_reward:
+            token_rewards, m_kl = reward_kl(self.kl, zero, zero, lengths)
+            names |= set(m_kl)
+        values = zero if self.critic is not None else None
+        names |= set(estimate(self.advantage, rewards, lengths, token_rewards, values)[1])
+        if values is not None:
+            names |= set(explained_variance(zero, zero, torch.ones(2, 1, dtype=torch.bool)))
         return sorted(names)
 
     @property

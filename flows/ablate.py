@@ -44,6 +44,7 @@ from prefect import flow
 from prefect.exceptions import TerminationSignal
 from prefect.states import Cancelled
 
+from dapo_core import metric_names as metric
 from dapo_core.ablation import ABLATION_LADDER, ALGORITHM_PRESETS, apply_variant
 from dapo_core.ablation_stats import PROBES, SIGNALS, probe_steps, probed_switch, run_signals
 from dapo_core.config import Config, ConfigError
@@ -304,7 +305,7 @@ def stop_runs(name: str, pool: str) -> Stopped | None:
 def children_view(parent_id: str | None) -> dict[str, Any]:
     """The MLflow runs table for a sweep: its child runs only, one row each, with the columns a
     reader compares (variant, seed, avg@k and each switch's signal)."""
-    metrics = ["eval/avg_at_k", *sorted({s.metric for s in SIGNALS}), "probe/entropy_delta"]
+    metrics = [metric.AVG_AT_K, *sorted({s.metric for s in SIGNALS}), metric.ENTROPY_DELTA]
     return {
         "searchFilter": f"tags.mlflow.parentRunId = '{parent_id}'",
         # one row per variant, its seeds averaged and expandable (MLflow's "Group by")
@@ -494,27 +495,27 @@ def gather(cfg: Config, parent_id: str | None, child: Child) -> dict[str, Any]:
     )
     if not found:
         raise PipelineError(f"{child.label} finished but its MLflow run is not under the sweep")
-    run = max(found, key=lambda r: r["metrics"].get("eval/avg_at_k") is not None)
+    run = max(found, key=lambda r: r["metrics"].get(metric.AVG_AT_K) is not None)
     metrics, run_id = run["metrics"], run["run_id"]
     eval_name = run["tags"].get("eval.set", cfg.eval.eval_set)
     per_problem = pd.read_csv(
         io.StringIO(store.read_artifact_text(run_id, f"eval/{eval_name}/per_problem.csv", uri))
     )
     history: dict[int, dict[str, float]] = {}
-    for metric in SIGNAL_METRICS:
-        for step, value in store.metric_history(run_id, metric, uri):
-            history.setdefault(step, {})[metric] = value
+    for name in SIGNAL_METRICS:
+        for step, value in store.metric_history(run_id, name, uri):
+            history.setdefault(step, {})[name] = value
     steps = [history[s] for s in sorted(history)]
     return {
         "run_id": run_id,
         "metrics": metrics,
-        "avg_at_k": metrics["eval/avg_at_k"],
+        "avg_at_k": metrics[metric.AVG_AT_K],
         "per_problem": per_problem[["problem_id", "accuracy"]],
         "signals": run_signals(steps),
         "probes": {name: probe_steps(steps, p) for name, p in PROBES.items()},
         "steps": int(run["tags"].get("train.steps_done", 0)),
         "train_wall_s": float(run["tags"].get("train.wall_s", "nan")),
-        "eval_wall_s": metrics.get("perf/eval_time_s", float("nan")),
+        "eval_wall_s": metrics.get(metric.EVAL_TIME, float("nan")),
     }
 
 

@@ -26,6 +26,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
+from dapo_core import metric_names as metric
 from dapo_core.ablation import ABLATION_LADDER, ALGORITHM_PRESETS, apply_variant, split_overrides
 from dapo_core.config import ConfigError
 from dapo_core.errors import PipelineError, TrainingInterrupted
@@ -168,6 +169,23 @@ def variants() -> None:
     for name, entries in ALGORITHM_PRESETS.items():
         algos.add_row(name, json.dumps(entries) if entries else "(DAPO as configured)")
     Console().print(algos)
+
+
+@app.command("metrics")
+def metrics() -> None:
+    """List the metrics a run logs (MLflow, metrics.jsonl) and what each measures."""
+    from rich.table import Table
+
+    table = Table(title="Metrics a run logs (val/*: the eval/* names on the validation split)")
+    table.add_column("metric")
+    table.add_column("what it measures")
+    for name, meaning in metric.CATALOGUE.items():
+        table.add_row(name, meaning)
+    Console().print(table)
+    console.print(
+        "Besides these, each algo entry logs its own (train/<name>): `dapo variants` lists the "
+        "entries, dapo_core/algos documents them."
+    )
 
 
 @app.command("train")
@@ -934,9 +952,9 @@ def reproduce(
     before, result = original_avg(out["original"]), out["result"]
     after = None
     if isinstance(result, dict) and "evaluate" in result:
-        after = result["evaluate"].metrics["eval/avg_at_k"]
+        after = result["evaluate"].metrics[metric.AVG_AT_K]
     elif hasattr(result, "metrics"):
-        after = result.metrics["eval/avg_at_k"]
+        after = result.metrics[metric.AVG_AT_K]
     if before is not None and after is not None:
         console.print(f"avg@k: original {before:.4f}, reproduced {after:.4f}")
     console.print(f"[green]done[/]: re-ran {run_id} (config {out['config_path']})")

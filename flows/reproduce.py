@@ -13,6 +13,7 @@ import json
 import time
 from typing import Any
 
+from dapo_core import metric_names as metric
 from dapo_core.config_loader import from_dict
 from dapo_core.errors import PipelineError
 from tasks.params import repo_path
@@ -175,5 +176,5 @@ def reproduce_run(
 
 
 def original_avg(info: dict[str, Any]) -> float | None:
-    value = info["metrics"].get("eval/avg_at_k")
+    value = info["metrics"].get(metric.AVG_AT_K)
     return float(value) if value is not None else None

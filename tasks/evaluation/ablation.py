@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dapo_core import metric_names as metric
 from dapo_core.ablation import ABLATION_LADDER, PAPER_TABLE1_AIME24
 from dapo_core.ablation_stats import (
     MECHANISM_SIGNALS,
@@ -111,7 +112,7 @@ def ablation_table(
         if ok:
             seeds = sorted(ok)
             acc = accuracy_matrix(ok, seeds)
-            avgs = [ok[s]["metrics"]["eval/avg_at_k"] for s in seeds]
+            avgs = [ok[s]["metrics"][metric.AVG_AT_K] for s in seeds]
             # a bootstrap over problems of the seed-averaged per-problem accuracy
             low, high = bootstrap_ci(acc.mean(axis=0).to_numpy(), n_boot, seed=seed)
             row.update(

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 from rich.progress import Progress
 
+from dapo_core import metric_names as metric
 from dapo_core.config import Config
 from dapo_core.metrics import avg_at_k, bootstrap_ci, majority_vote, mean_pass_at_k
 from dapo_core.problem import Problem
@@ -119,9 +120,9 @@ def summarize(
     ]
     low, high = bootstrap_ci(per_problem_acc, cfg.eval.bootstrap_samples, seed=cfg.eval.seed)
     metrics = {
-        "eval/avg_at_k": avg_at_k(correct),
-        "eval/avg_at_k_ci_low": low,
-        "eval/avg_at_k_ci_high": high,
+        metric.AVG_AT_K: avg_at_k(correct),
+        metric.AVG_AT_K_CI_LOW: low,
+        metric.AVG_AT_K_CI_HIGH: high,
         "eval/maj_at_k": float(np.mean(majority_correct)),
         "eval/unparseable_frac": float(np.mean([s.pred is None for s in scores])),
         "eval/response_len_mean": float(np.mean(lengths)),

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dapo_core import metric_names as metric
 from dapo_core.config import Config
 from dapo_core.errors import TrainingInterrupted
 from tasks.data.version import pairs_digest
@@ -72,9 +73,9 @@ def evaluate_task(
         name,
         len(result.per_problem),
         cfg.eval.n_samples,
-        m["eval/avg_at_k"],
-        m["eval/avg_at_k_ci_low"],
-        m["eval/avg_at_k_ci_high"],
+        m[metric.AVG_AT_K],
+        m[metric.AVG_AT_K_CI_LOW],
+        m[metric.AVG_AT_K_CI_HIGH],
         wall,
         result.scoring["eval/answer_format"],
         result.scoring["eval/equivalence"],
@@ -108,7 +109,7 @@ def _log_evaluation(
             **(extra_tags or {}),
         }
     )
-    tracker.log_metrics({**result.metrics, "perf/eval_time_s": wall}, step)
+    tracker.log_metrics({**result.metrics, metric.EVAL_TIME: wall}, step)
     tracker.log_frame(pp, f"{artifact_dir}/{name}/per_problem.csv")
     tracker.log_table(result.samples, f"{artifact_dir}/{name}/samples.json")
     from tasks.tracking.plots import eval_curve, save_figures  # matplotlib: not at start-up

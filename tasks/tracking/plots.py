@@ -16,6 +16,8 @@ from typing import Any
 
 import matplotlib
 
+from dapo_core import metric_names as metric
+
 matplotlib.use("Agg")
 
 from matplotlib.figure import Figure  # noqa: E402 - after the backend is chosen
@@ -54,25 +56,25 @@ def training_figures(history: Rows) -> dict[str, Figure]:
             "Reward and sampled accuracy",
             history,
             [
-                ("train/reward_mean", "reward (shaped)"),
-                ("train/acc_mean", "accuracy (all samples)"),
-                ("train/batch_acc_mean", "accuracy (training batch)"),
+                (metric.REWARD_MEAN, "reward (shaped)"),
+                (metric.ACC_MEAN, "accuracy (all samples)"),
+                (metric.BATCH_ACC_MEAN, "accuracy (training batch)"),
             ],
             "value",
         ),
         "entropy.png": _line_figure(
-            "Policy entropy (valid tokens)", history, [("train/entropy", "entropy")], "nats"
+            "Policy entropy (valid tokens)", history, [(metric.ENTROPY, "entropy")], "nats"
         ),
         "response_length.png": _line_figure(
             "Response length",
             history,
-            [("train/response_len_mean", "mean length")],
+            [(metric.RESPONSE_LEN_MEAN, "mean length")],
             "tokens",
         ),
         "clip_fractions.png": _line_figure(
             "Clipped token fractions (Eq. 10)",
             history,
-            [("train/clip_frac_high", "clip_frac_high"), ("train/clip_frac_low", "clip_frac_low")],
+            [(metric.CLIP_FRAC_HIGH, "clip_frac_high"), (metric.CLIP_FRAC_LOW, "clip_frac_low")],
             "share of valid tokens",
         ),
     }
@@ -92,11 +94,11 @@ def eval_curve(
         ax.plot(x, y, marker="o", label="validation avg@k")
         if len(lo) == len(x) and len(hi) == len(x):
             ax.fill_between(x, lo, hi, alpha=0.2, label="95% CI")
-    if final and "eval/avg_at_k" in final:
-        v = float(final["eval/avg_at_k"])
+    if final and metric.AVG_AT_K in final:
+        v = float(final[metric.AVG_AT_K])
         err = [
-            [v - float(final.get("eval/avg_at_k_ci_low", v))],
-            [float(final.get("eval/avg_at_k_ci_high", v)) - v],
+            [v - float(final.get(metric.AVG_AT_K_CI_LOW, v))],
+            [float(final.get(metric.AVG_AT_K_CI_HIGH, v)) - v],
         ]
         step = int(final.get("step", 0))
         ax.errorbar([step], [v], yerr=err, fmt="s", color="C3", capsize=4, label="final evaluation")

@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 import torch
 
+from dapo_core import metric_names as metric
 from dapo_core.algorithm import algorithm
 from dapo_core.config import AlgoConfig
 from dapo_core.errors import PipelineError
@@ -63,10 +64,10 @@ def probe_metrics(
     flipped one; ``switch_on``: whether the run's own update has the switch on."""
     on, off = (after, after_flipped) if switch_on else (after_flipped, after)
     return {
-        "probe/entropy_before": before,
-        "probe/entropy_on": on,
-        "probe/entropy_off": off,
-        "probe/entropy_delta": on - off,
+        metric.ENTROPY_BEFORE: before,
+        metric.ENTROPY_ON: on,
+        metric.ENTROPY_OFF: off,
+        metric.ENTROPY_DELTA: on - off,
     }
 
 
@@ -133,7 +134,7 @@ class SwitchProbe:
         on = bool(getattr(self.algo, self.switch))
         readings = probe_metrics(on, before, self._entropy(samples), after_flipped)
         # What the probe added to the step's time (perf/train_time_s includes it)
-        readings["perf/probe_time_s"] = time.perf_counter() - t0 - real
+        readings[metric.PROBE_TIME] = time.perf_counter() - t0 - real
         return samples, stats | readings, updates
 
     def _entropy(self, samples: list[Sample]) -> float:

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import torch
 
+from dapo_core import metric_names as metric
 from dapo_core.algorithm import rewards
 from dapo_core.algos import Metrics
 from dapo_core.config import Config
@@ -29,28 +30,28 @@ def rollout_metrics(rollout: RolloutLog, cfg: Config) -> dict[str, float]:
     reward = rewards(cfg.algo, acc, lengths, cfg.rollout.max_response_len)
     signal = group_signal(*rollout.group_tensors(cfg.rollout.group_size))
     return {
-        "train/reward_mean": reward.mean().item(),
-        "train/acc_mean": acc.float().mean().item(),
-        "train/response_len_mean": lengths.float().mean().item(),
-        "train/truncated_frac": (~finished).float().mean().item(),
-        "train/samples_generated": float(acc.numel()),
-        "train/mixed_group_frac": signal.mixed_group_frac,
-        "train/parsed_frac": signal.parsed_frac,
-        "train/prompts_truncated": rollout.prompts_truncated,
+        metric.REWARD_MEAN: reward.mean().item(),
+        metric.ACC_MEAN: acc.float().mean().item(),
+        metric.RESPONSE_LEN_MEAN: lengths.float().mean().item(),
+        metric.TRUNCATED_FRAC: (~finished).float().mean().item(),
+        metric.SAMPLES_GENERATED: float(acc.numel()),
+        metric.MIXED_GROUP_FRAC: signal.mixed_group_frac,
+        metric.PARSED_FRAC: signal.parsed_frac,
+        metric.PROMPTS_TRUNCATED: rollout.prompts_truncated,
     }
 
 
 def dynamic_sampling_metrics(ds: BatchStats) -> dict[str, float]:
     return {
-        "train/kept_group_frac": ds.kept_group_frac,
-        "train/num_gen_batches": float(ds.num_gen_batches),
-        "train/groups_generated": float(ds.groups_generated),
-        "train/groups_in_batch": float(ds.groups_in_batch),
-        "train/carried_groups": float(ds.carried_over),
-        "train/carried_age_mean": ds.mean_age,
-        "train/samples_per_kept": ds.samples_per_kept if ds.groups_kept else 0.0,
-        "train/hit_gen_cap": float(ds.hit_cap),
-        "train/dropped_groups": float(ds.dropped),
+        metric.KEPT_GROUP_FRAC: ds.kept_group_frac,
+        metric.NUM_GEN_BATCHES: float(ds.num_gen_batches),
+        metric.GROUPS_GENERATED: float(ds.groups_generated),
+        metric.GROUPS_IN_BATCH: float(ds.groups_in_batch),
+        metric.CARRIED_GROUPS: float(ds.carried_over),
+        metric.CARRIED_AGE_MEAN: ds.mean_age,
+        metric.SAMPLES_PER_KEPT: ds.samples_per_kept if ds.groups_kept else 0.0,
+        metric.HIT_GEN_CAP: float(ds.hit_cap),
+        metric.DROPPED_GROUPS: float(ds.dropped),
     }
 
 
@@ -163,20 +164,20 @@ def update_metrics(
     extra = {}
     if mismatch:
         extra = {
-            "train/mismatch_abs_logp": mean([m["abs_diff"] for m in mismatch]),
-            "train/mismatch_kl": mean([m["kl"] for m in mismatch]),
-            "train/mismatch_max_ratio": max(m["max_ratio"] for m in mismatch),
+            metric.MISMATCH_ABS_LOGP: mean([m["abs_diff"] for m in mismatch]),
+            metric.MISMATCH_KL: mean([m["kl"] for m in mismatch]),
+            metric.MISMATCH_MAX_RATIO: max(m["max_ratio"] for m in mismatch),
         }
     return (
         extra
         | entry_metrics(updates, names)
         | {
-            "train/entropy": mean([u.entropy for u in updates]),
-            "train/grad_norm": float(np.nanmean(norms)) if any(map(math.isfinite, norms)) else 0.0,
-            "train/loss": mean([u.loss for u in updates]),
-            "train/lr": lr,
-            "train/skipped_updates": float(sum(not u.applied for u in updates)),
-            "perf/padding_frac": mean([u.padding_frac for u in updates]),
+            metric.ENTROPY: mean([u.entropy for u in updates]),
+            metric.GRAD_NORM: float(np.nanmean(norms)) if any(map(math.isfinite, norms)) else 0.0,
+            metric.LOSS: mean([u.loss for u in updates]),
+            metric.LR: lr,
+            metric.SKIPPED_UPDATES: float(sum(not u.applied for u in updates)),
+            metric.PADDING_FRAC: mean([u.padding_frac for u in updates]),
         }
     )
 

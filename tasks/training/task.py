@@ -14,6 +14,7 @@ from typing import Any
 
 from prefect.exceptions import TerminationSignal
 
+from dapo_core import metric_names as metric
 from dapo_core.config import Config
 from dapo_core.errors import TrainingInterrupted
 from tasks.data.splits import splits
@@ -86,7 +87,7 @@ class TrainingMonitor:
             trainer.sampler(), trainer.tokenizer, self.problems, self.cfg, progress=False
         )
         metrics = {"val/" + k.split("/", 1)[-1]: v for k, v in r.metrics.items()}
-        metrics["perf/val_time_s"] = time.perf_counter() - t0
+        metrics[metric.VAL_TIME] = time.perf_counter() - t0
         self.tracker.log_metrics(metrics, step)
         self.run_dir.append_validation(step, metrics)
         return metrics

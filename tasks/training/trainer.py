@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dapo_core import metric_names as metric
 from dapo_core.algorithm import algorithm, loss_inputs, response_mask, response_weights
 from dapo_core.algos import explained_variance, reduce_metrics
 from dapo_core.config import AlgoConfig, Config
@@ -218,10 +219,10 @@ class DAPOTrainer:
         step_time = time.perf_counter() - t0
         tokens = sum(log.lengths) + sum(u.tokens for u in updates)
         return {
-            "perf/step_time_s": step_time,
-            "perf/gen_time_s": log.gen_time,
-            "perf/train_time_s": time.perf_counter() - t_train,
-            "perf/tokens_per_s": tokens / step_time,
+            metric.STEP_TIME: step_time,
+            metric.GEN_TIME: log.gen_time,
+            metric.TRAIN_TIME: time.perf_counter() - t_train,
+            metric.TOKENS_PER_S: tokens / step_time,
         }
 
     def _learn(self, groups: list[Group]) -> Learned:
@@ -277,10 +278,10 @@ class DAPOTrainer:
         metrics = reduce_metrics([inputs.metrics, kl_metrics, value_metrics])
         stats = {f"train/{k}": float(v) for k, v in metrics.items()}
         stats |= {
-            "train/batch_acc_mean": acc.float().mean().item(),
+            metric.BATCH_ACC_MEAN: acc.float().mean().item(),
             # per response (its token mean), as before per-token advantages
-            "train/adv_abs_mean": torch.tensor([abs(s.advantage) for s in samples]).mean().item(),
-            "train/long_weight_share": long_weight_share(carrying, weights=weights),
+            metric.ADV_ABS_MEAN: torch.tensor([abs(s.advantage) for s in samples]).mean().item(),
+            metric.LONG_WEIGHT_SHARE: long_weight_share(carrying, weights=weights),
         }
         return samples, stats
 

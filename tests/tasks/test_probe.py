@@ -91,8 +91,12 @@ def test_the_flipped_update_is_the_other_rungs_update(tiny_cfg):
     off.train_step()
     (batch,) = seen_on
     assert [s.input_ids for s in batch] == [s.input_ids for s in seen_off[0]]  # same rollouts
-    assert m["probe/entropy_on"] == pytest.approx(mean_entropy(on.updater.forward, batch, 64), abs=1e-7)
-    assert m["probe/entropy_off"] == pytest.approx(mean_entropy(off.updater.forward, batch, 64), abs=1e-7)
+    assert m["probe/entropy_on"] == pytest.approx(
+        mean_entropy(on.updater.forward, batch, 64), abs=1e-7
+    )
+    assert m["probe/entropy_off"] == pytest.approx(
+        mean_entropy(off.updater.forward, batch, 64), abs=1e-7
+    )
     assert m["probe/entropy_delta"] == pytest.approx(m["probe/entropy_on"] - m["probe/entropy_off"])
     assert m["probe/entropy_delta"] != 0.0  # the switch acted in this step
     assert m["train/clip_frac_high"] > 0.0

@@ -423,7 +423,9 @@ def test_each_algorithm_preset_trains(tiny_cfg, tmp_path, variant):
         resolve(tiny_cfg.to_dict(), overrides=["algo.dynamic_sampling=false"]), variant
     )
     t = _trainer(cfg, tmp_path)
-    t.rollouts.is_correct = lambda response, _: len(response) % 2 == 0  # mixed groups from the start
+    t.rollouts.is_correct = lambda response, _: (
+        len(response) % 2 == 0
+    )  # mixed groups from the start
     before = {k: v.clone() for k, v in t.model.state_dict().items()}
     for _ in range(2):
         m = t.train_step().metrics
@@ -447,3 +449,27 @@ def test_pack_samples_places_each_sample_once_within_budget():
         lens = [len(s.input_ids) - s.prompt_len for s in b]
         cost = fed_tokens(idx, keys, [s.prompt_len for s in b], lens)
         assert cost <= 20 or len(b) == 1
+
+
+@pytest.mark.parametrize(
+    ("variant", "overrides"),
+    [
+        ("dapo", ["tracking.switch_probe=clip_higher"]),
+        ("ppo", ["algo.kl.name=k1", "algo.kl.where=reward", "algo.correction.name=token_tis"]),
+    ],
+)
+def test_every_metric_a_step_logs_is_catalogued_or_an_entrys(
+    tiny_cfg, tmp_path, variant, overrides
+):
+    """A metric the trainer logs has one name in ``dapo_core.metric_names`` (the readers: the
+    ablation, the plots, ``dapo metrics``); the rest are the algorithm entries' own."""
+    from dapo_core import metric_names as metric
+
+    cfg = apply_variant(resolve(tiny_cfg.to_dict(), overrides=overrides), variant)
+    t = _trainer(cfg, tmp_path)
+    t.rollouts.is_correct = lambda response, _: len(response) % 2 == 0  # mixed groups: updates
+    logged = set(t.train_step().metrics)
+    alg = t.algorithm
+    entries = {metric.train(n) for n in alg.metric_names() + alg.batch_metric_names()}
+    assert metric.LOSS in logged and entries <= logged  # the step updated; the names are right
+    assert logged - entries <= set(metric.CATALOGUE), logged - entries - set(metric.CATALOGUE)

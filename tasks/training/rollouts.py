@@ -1,7 +1,7 @@
 """The rollout half of a step (DAPO Algorithm 1, lines 3-8): prompts from the problem stream, G
 sampled responses each, scored by the rule-based reward, kept or carried by dynamic sampling.
 
-``Rollouts`` owns what the rollout side keeps across steps (the problem stream, the carried
+``RolloutCollector`` owns what the rollout side keeps across steps (the problem stream, the carried
 groups) and writes it into checkpoints through the trainer's ``state_dict``. Under data
 parallelism every rank takes the same prompts, generates its slice, and the groups are
 all-gathered, so every rank builds the same batch.
@@ -32,7 +32,7 @@ def _as_tensors(logprobs: list) -> list[torch.Tensor]:
     return [torch.as_tensor(lp, dtype=torch.float32) for lp in logprobs]
 
 
-class Rollouts:
+class RolloutCollector:
     def __init__(
         self,
         cfg: Config,

@@ -23,7 +23,8 @@ from dapo_core.problem import Problem
 from tasks.data.splits import splits
 from tasks.models.loading import load_policy
 from tasks.models.resolve import resolve_model_path
-from tasks.rollout.generators import HFGenerator, VLLMGenerator
+from tasks.rollout.generators import HFGenerator
+from tasks.rollout.vllm_backend import VLLMGenerator
 from tasks.rundir import ResumePoint, RunDir
 from tasks.runtime import configure_torch
 from tasks.training import checkpoint, probe

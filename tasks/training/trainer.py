@@ -56,7 +56,7 @@ from tasks.training.kernels import install_rms_norm, use_cpu_sdpa
 from tasks.training.precision import adamw_optimizer
 from tasks.training.records import RolloutLog, UpdateResult
 from tasks.training.reference import ReferencePolicy, frozen_copy
-from tasks.training.rollouts import Rollouts
+from tasks.training.rollouts import RolloutCollector
 from tasks.training.step_metrics import (
     StallWatch,
     dynamic_sampling_metrics,
@@ -116,7 +116,7 @@ class DAPOTrainer:
         # Correctness of a response against the answer; the rule-based reward (Eq. 7) by default.
         is_correct = reward_fn or (lambda response, answer: score(response, answer).acc)
         autocast = (self.device.type, self.autocast)
-        self.rollouts = Rollouts(
+        self.rollouts = RolloutCollector(
             cfg, tokenizer, generator, problems, is_correct, self.rank, self.world, autocast
         )
         self.algorithm = alg = algorithm(cfg.algo)  # the entries every update calls

@@ -106,7 +106,7 @@ def test_vllm_backend_matches_interface(tiny_cfg):
     pytest.importorskip("vllm")
     from tasks.models.loading import chat_prompt, load_policy
     from tasks.models.resolve import resolve_model_path
-    from tasks.rollout.generators import VLLMGenerator
+    from tasks.rollout.vllm_backend import VLLMGenerator
 
     path = resolve_model_path(tiny_cfg)
     model, tok = load_policy(path, "float32", "cuda")
@@ -122,7 +122,7 @@ def test_vllm_backend_without_vllm_is_a_clear_error(tiny_cfg):
     try:
         import vllm  # noqa: F401
     except ImportError:
-        from tasks.rollout.generators import VLLMGenerator
+        from tasks.rollout.vllm_backend import VLLMGenerator
 
         with pytest.raises(RuntimeError, match=r"pip install -e '\.\[gpu\]'"):
             VLLMGenerator("x", None, 8, 16)
@@ -139,7 +139,7 @@ def test_vllm_weight_sync_loads_every_parameter_then_resets_the_prefix_cache(tin
 
     from tasks.models.loading import load_policy
     from tasks.models.resolve import resolve_model_path
-    from tasks.rollout.generators import VLLMGenerator
+    from tasks.rollout.vllm_backend import VLLMGenerator
 
     events = []
 

@@ -10,10 +10,13 @@ reads, from the trial's own clock:
   holds its first row (step 1 trained and logged);
 - ``exit``: seconds until the command has exited.
 
-Settings compared in the same run (``--settings``): ``temporary`` (no Prefect server running: the
-command starts one for itself and stops it), ``server`` (a Prefect server already running, as
-``dapo server start`` leaves one), each with MLflow tracking on and off (``--no-track``). Medians
-of ``--trials`` runs each.
+Settings compared in the same run (``--settings``): ``no-server`` (no Prefect server configured
+or running: ``dapo train`` runs its flow as a plain function, ``tasks.orchestration.
+without_prefect``; before that change it started a temporary server for itself and stopped it),
+``server`` (a Prefect server already running, as ``dapo server start`` leaves one: the run is a
+Prefect flow run), each with MLflow tracking on and off (``--no-track``). ``--baseline DIR``
+measures the same settings with the checkout in DIR (an earlier commit: ``git worktree add DIR
+<commit>``) in the same run, trial for trial after ours. Medians of ``--trials`` runs each.
 """
 
 from __future__ import annotations
@@ -37,18 +40,22 @@ ENV = {
 }
 
 
-def dapo(args: list[str], env: dict[str, str], **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, **kw)
+def dapo(args: list[str], env: dict[str, str], root: Path = ROOT, **kw) -> subprocess.Popen:
+    """``dapo ARGS`` from the checkout at ``root``."""
+    env = {**env, "PYTHONPATH": str(root)}
+    return subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=root, env=env, **kw)
 
 
-def trial(scratch: Path, env: dict[str, str], track: bool, n: int) -> tuple[float, float]:
-    """(first step, exit) in seconds for one ``dapo train``."""
+def trial(
+    scratch: Path, env: dict[str, str], track: bool, n: int, root: Path = ROOT
+) -> tuple[float, float]:
+    """(first step, exit) in seconds for one ``dapo train`` of the checkout at ``root``."""
     run_dir = scratch / f"run{n}"
     args = ["train", "--run-dir", str(run_dir), "-S", "train.steps=2"]
     args += [] if track else ["--no-track"]
     metrics = run_dir / "metrics.jsonl"
     start = time.monotonic()
-    proc = dapo(args, env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = dapo(args, env, root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     first = float("nan")
     while proc.poll() is None:
         if first != first and metrics.exists() and metrics.stat().st_size > 0:
@@ -71,8 +78,10 @@ def import_seconds(env: dict[str, str]) -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=5)
-    parser.add_argument("--settings", default="temporary,server")
+    parser.add_argument("--settings", default="no-server,server")
+    parser.add_argument("--baseline", type=Path, help="an earlier checkout, measured alike")
     args = parser.parse_args(argv)
+    sides = [("", ROOT)] + ([("baseline ", args.baseline.resolve())] if args.baseline else [])
     with tempfile.TemporaryDirectory(prefix="dapo-startup-") as tmp:
         scratch = Path(tmp)
         env = {
@@ -81,12 +90,12 @@ def main(argv: list[str] | None = None) -> None:
             "PREFECT_HOME": str(scratch / "prefect"),
             "MLFLOW_TRACKING_URI": f"sqlite:///{scratch / 'mlflow.db'}",
         }
-        dapo(
-            ["train", "--no-track", "--run-dir", str(scratch / "warm"), "-S", "train.steps=1"], env
-        ).wait()  # builds the embedded model if needed, creates the stores
+        for label, root in sides:  # builds the embedded model if needed, creates the stores
+            warm = ["train", "--no-track", "--run-dir", str(scratch / f"warm{label.strip()}")]
+            dapo([*warm, "-S", "train.steps=1"], env, root).wait()
         imports = [import_seconds(env) for _ in range(args.trials)]
         print(f"import flows.cli: median {statistics.median(imports):.2f}s")
-        print(f"{'setting':<24}{'first step (median)':>22}{'exit (median)':>16}  all first steps")
+        print(f"{'setting':<34}{'first step':>12}{'exit':>16}  all first steps (medians)")
         for setting in args.settings.split(","):
             if setting == "server":
                 subprocess.run(
@@ -98,17 +107,20 @@ def main(argv: list[str] | None = None) -> None:
                 )
             try:
                 for track in (True, False):
-                    runs = [trial(scratch, env, track, n) for n in range(args.trials)]
-                    firsts = [f for f, _ in runs]
-                    name = f"{setting}{'' if track else ' --no-track'}"
-                    print(
-                        f"{name:<24}{statistics.median(firsts):>21.2f}s"
-                        f"{statistics.median(e for _, e in runs):>15.2f}s  "
-                        + " ".join(f"{f:.1f}" for f in firsts),
-                        flush=True,
-                    )
-                    for n in range(args.trials):  # next trial's run directories are new
-                        os.rename(scratch / f"run{n}", scratch / f"{name}-{n}".replace(" ", ""))
+                    for label, root in sides:
+                        runs = [trial(scratch, env, track, n, root) for n in range(args.trials)]
+                        firsts = [f for f, _ in runs]
+                        name = f"{label}{setting}{'' if track else ' --no-track'}"
+                        print(
+                            f"{name:<34}{statistics.median(firsts):>11.2f}s"
+                            f"{statistics.median(e for _, e in runs):>15.2f}s  "
+                            + " ".join(f"{f:.1f}" for f in firsts),
+                            flush=True,
+                        )
+                        kept = scratch / name.replace(" ", "")  # next trials' directories are new
+                        kept.mkdir()
+                        for n in range(args.trials):
+                            os.rename(scratch / f"run{n}", kept / str(n))
             finally:
                 if setting == "server":
                     subprocess.run(

@@ -217,6 +217,7 @@ def train(
     _orchestration_env()
     track = _resumed_tracking(resume) if track is None else track
     from flows.pipeline import train_flow, train_on_ranks
+    from tasks.orchestration import call_flow
     from tasks.training.distributed import env_world_size
 
     if resume is not None:  # the run's own config; the flow continues it
@@ -239,8 +240,9 @@ def train(
     _load(params, config, set_, variant)  # a config error is reported before Prefect starts
     # The one writer of the run directory, before Prefect or MLflow start: a second process
     # on a live run is refused in one line (the flow and the task hold it again, re-entrantly).
-    with _run_dir_writer(target), _server():
-        summary = train_flow(
+    with _run_dir_writer(target), _server(direct=True):
+        summary = call_flow(
+            train_flow,
             **_flow_args(params, config, set_),
             variant=variant,
             run_dir=str(target.resolve()) if target else None,
@@ -315,11 +317,13 @@ def preflight(
     anything to learn from (mixed groups, parseable answers, truncation)."""
     _orchestration_env()
     from flows.pipeline import preflight_flow
+    from tasks.orchestration import call_flow
     from tasks.training.preflight import describe
 
     _load(params, config, set_)
-    with _server():
-        result = preflight_flow(**_flow_args(params, config, set_), prompts=prompts, strict=strict)
+    with _server(direct=True):
+        args = _flow_args(params, config, set_)
+        result = call_flow(preflight_flow, **args, prompts=prompts, strict=strict)
     console.print(describe(result))
     for row in result.samples[:3]:
         console.print(f"  answer {row['answer']}: {row['response'][-120:]!r}")
@@ -432,12 +436,12 @@ def evaluate(
     from rich.table import Table
 
     from flows.pipeline import evaluate_flow
+    from tasks.orchestration import call_flow
 
     cfg = _load(params, config, set_)
-    with _server():
-        result = evaluate_flow(
-            **_flow_args(params, config, set_), model=model, eval_set=eval_set, track=track
-        )
+    with _server(direct=True):
+        args = _flow_args(params, config, set_)
+        result = call_flow(evaluate_flow, **args, model=model, eval_set=eval_set, track=track)
     name = result.eval_set
     run_note = f"; MLflow run {result.mlflow_run_id}" if result.mlflow_run_id else ""
     table = Table(
@@ -581,14 +585,17 @@ def _orchestration_env() -> None:
     quiet_user_error_tracebacks()
 
 
-def _server():
+def _server(direct: bool = False):
     """The Prefect server this command's flows report to, in a session of its own so that
     Ctrl-C or a scheduler's SIGTERM to the command's process group cannot stop it before the
-    flow has recorded its end (``flows.server``); a configured server is used as it is."""
+    flow has recorded its end (``flows.server``); a configured server is used as it is. With
+    ``direct`` (train, evaluate, preflight: one stage each) and no server configured or
+    running, none is started: the flow runs as a plain function (``call_flow``), seconds
+    sooner; ``dapo server start`` has later commands recorded in Prefect."""
     from flows.server import command_server
 
     _working()
-    return command_server(Path(os.environ["PREFECT_HOME"]) / "logs")
+    return command_server(Path(os.environ["PREFECT_HOME"]) / "logs", direct=direct)
 
 
 def _flow_args(params: Path | None, config: list[Path] | None, set_: list[str] | None) -> dict:

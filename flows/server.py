@@ -28,7 +28,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from dapo_core.errors import PipelineError
-from tasks.orchestration import own_session, release_session
+from tasks.orchestration import own_session, release_session, without_prefect
 from tasks.tracking.store import stop_group
 
 SERVER_START_TIMEOUT_S = 120.0
@@ -184,13 +184,16 @@ def _port_free(port: int) -> bool:
 
 
 @contextmanager
-def command_server(log_dir: Path) -> Iterator[str | None]:
+def command_server(log_dir: Path, direct: bool = False) -> Iterator[str | None]:
     """Run the body with a Prefect server that outlives its flow's clean-up; yield its API URL
-    (None where a configured server is used). Its log goes to ``log_dir/prefect-server.log``.
+    (None where a configured server is used, or none at all). Its log goes to
+    ``log_dir/prefect-server.log``.
 
     In order: a configured ``PREFECT_API_URL``; this project's long-lived server where one
-    answers (``dapo server start``: no start-up to pay); else a temporary server of the
-    command's own, stopped after its flow has recorded how it ended."""
+    answers (``dapo server start``: no start-up to pay); with ``direct`` (a command whose flow
+    is a single stage), no server: the flow and its task run as plain functions
+    (``tasks.orchestration.without_prefect``); else a temporary server of the command's own,
+    stopped after its flow has recorded how it ended."""
     if configured_api_url():
         yield None
         return
@@ -203,6 +206,10 @@ def command_server(log_dir: Path) -> Iterator[str | None]:
                 yield running
             finally:
                 flush_to_server()
+        return
+    if direct:
+        with without_prefect():
+            yield None
         return
 
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -3,17 +3,25 @@
 A Prefect task has a fixed cost of its own (API calls, state changes), so each task is a whole
 stage (the DVC data stages, a training run, an evaluation), never a training step. Errors a
 retry cannot fix (a bad config, missing data, a run stopped on purpose) are not retried.
+
+Without a Prefect server (none configured, none running: :func:`without_prefect`), a short
+command runs its flow's function and its stages' functions directly (:func:`call_flow`,
+:class:`StageTask`), with the same retry policy and the same interrupt handling: Prefect would
+otherwise start a temporary server for the command, seconds of start-up for a record of flow
+runs in a database no UI shows, gone from view once the server stops.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import logging
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -21,7 +29,7 @@ from typing import Any, TypeVar
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import TerminationSignal
-from prefect.states import Cancelled
+from prefect.states import Cancelled, State
 
 from dapo_core.config import ConfigError
 from dapo_core.errors import PipelineError, TrainingInterrupted
@@ -69,14 +77,77 @@ def stage_task(name: str, retries: int, retry_delay_seconds: float) -> Any:
     """The Prefect ``task`` decorator as every stage uses it: retried unless the error is the
     user's, never cached (a stage's inputs are files a config names, not its arguments), and
     no result persisted (results are in the run directory and MLflow)."""
-    return task(
-        name=name,
-        retries=retries,
-        retry_delay_seconds=retry_delay_seconds,
-        retry_condition_fn=retry_unless_user_error,
-        cache_policy=NO_CACHE,
-        persist_result=False,
-    )
+
+    def decorate(fn: Any) -> StageTask:
+        return StageTask(
+            task(
+                name=name,
+                retries=retries,
+                retry_delay_seconds=retry_delay_seconds,
+                retry_condition_fn=retry_unless_user_error,
+                cache_policy=NO_CACHE,
+                persist_result=False,
+            )(fn)
+        )
+
+    return decorate
+
+
+_direct = contextvars.ContextVar("dapo_without_prefect", default=False)
+
+
+@contextmanager
+def without_prefect() -> Iterator[None]:
+    """Run flows (:func:`call_flow`) and stage tasks as plain functions for the body; their run
+    logs go to the ``dapo`` logger (:func:`run_logger`), which Prefect's console handler prints."""
+    token = _direct.set(True)
+    try:
+        yield
+    finally:
+        _direct.reset(token)
+
+
+class StageTask:
+    """A stage's Prefect task. Under :func:`without_prefect` calling it runs its function
+    directly, retried as Prefect would (``retries`` times after ``retry_delay_seconds``, unless
+    the error is the user's); otherwise Prefect runs it as a task run."""
+
+    def __init__(self, prefect_task: Any):
+        self.task = prefect_task
+        self.fn = prefect_task.fn
+        self.name = prefect_task.name
+        functools.update_wrapper(self, prefect_task.fn)
+
+    def with_options(self, **options: Any) -> StageTask:
+        return StageTask(self.task.with_options(**options))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not _direct.get():
+            return self.task(*args, **kwargs)
+        for attempt in range(self.task.retries + 1):
+            try:
+                return self.fn(*args, **kwargs)
+            except USER_ERRORS:
+                raise
+            except Exception as e:
+                if attempt == self.task.retries:
+                    raise
+                delay = self.task.retry_delay_seconds or 0
+                run_logger().warning("%s failed (%s); retrying in %s s", self.name, e, delay)
+                time.sleep(float(delay[0] if isinstance(delay, list) else delay))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def call_flow(flow: Any, **kwargs: Any) -> Any:
+    """Call a flow: as Prefect runs it, or under :func:`without_prefect` its function directly,
+    raising what Prefect would raise for a final state that is an exception (an interrupted
+    run's TrainingInterrupted, from :func:`cancelled_when_interrupted`)."""
+    if not _direct.get():
+        return flow(**kwargs)
+    out = flow.fn(**kwargs)
+    if isinstance(out, State):
+        raise out.data if isinstance(out.data, BaseException) else PipelineError(str(out.message))
+    return out
 
 
 CLEANUP_DEADLINE_S = 45.0

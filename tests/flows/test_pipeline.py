@@ -81,11 +81,16 @@ def test_pipeline_logs_train_and_eval_to_one_run(pipeline_run, flow_cfg):
     assert (Path(train.run_dir) / "plots" / "eval_curve.png").exists()
 
 
-def test_train_retry_resumes_from_checkpoint(flows_env, flow_cfg, tmp_path, monkeypatch):
-    """A train task that fails after a checkpoint is retried by Prefect and continues from that
+@pytest.mark.parametrize("prefect", [True, False], ids=["prefect", "without-prefect"])
+def test_train_retry_resumes_from_checkpoint(flows_env, flow_cfg, tmp_path, monkeypatch, prefect):
+    """A train task that fails after a checkpoint is retried (by Prefect, or as Prefect would
+    without a server: ``tasks.orchestration.without_prefect``) and continues from that
     checkpoint: the same 4 steps in the end, no step trained twice, one MLflow run."""
+    import contextlib
+
     import flows.pipeline
     from flows.pipeline import train_flow
+    from tasks.orchestration import call_flow, without_prefect
     from tasks.training import checkpoint
     from tasks.training.task import train_task
     from tasks.training.trainer import DAPOTrainer
@@ -113,7 +118,9 @@ def test_train_retry_resumes_from_checkpoint(flows_env, flow_cfg, tmp_path, monk
     monkeypatch.setattr(checkpoint, "save_checkpoint", save_then_crash_once)
     no_delay = train_task.with_options(retry_delay_seconds=0)
     monkeypatch.setattr(flows.pipeline, "train_task", no_delay)
-    summary = train_flow(params=str(params), run_name="retry", progress=False)
+    with contextlib.nullcontext() if prefect else without_prefect():
+        name = f"retry-{'prefect' if prefect else 'direct'}"
+        summary = call_flow(train_flow, params=str(params), run_name=name, progress=False)
     assert failed == [2]
     assert summary.steps == 4 and summary.complete and summary.resumed_from == 2
     assert steps_trained == [1, 2, 3, 4]  # nothing redone

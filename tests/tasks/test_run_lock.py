@@ -73,7 +73,8 @@ def _same_weights(a: Path, b: Path) -> bool:
 def test_two_concurrent_resumes_one_runs_the_other_is_refused(tiny_cfg, tmp_path):
     """Two `dapo train --resume DIR` at once (real processes): one trains to the end, the other
     exits 2 in one line naming the first's pid, before Prefect or MLflow start."""
-    cfg = resolve(tiny_cfg.to_dict(), overrides=["train.steps=5"])
+    # enough steps left that the first is still training when the second has started up
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["train.steps=400", "train.max_stalled_steps=0"])
     run = tmp_path / "run"
     run_training(cfg, RunDir(run), progress=False, max_steps=2)
     cmd = [sys.executable, "-m", "flows.cli", "train", "--resume", str(run), "--no-track"]
@@ -97,7 +98,7 @@ def test_two_concurrent_resumes_one_runs_the_other_is_refused(tiny_cfg, tmp_path
     assert len(errors) == 1 and f"pid {first.pid}" in errors[0] and "--resume" in errors[0]
     assert "Traceback" not in second.stderr
     assert not (tmp_path / "prefect-second" / "prefect.db").exists()  # no flow run began
-    assert _steps(run) == [1, 2, 3, 4, 5]  # one line per step, none twice
+    assert _steps(run) == list(range(1, 401))  # one line per step, none twice
     assert (run / "final" / "model.safetensors").exists()
 
 

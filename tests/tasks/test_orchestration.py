@@ -1,0 +1,75 @@
+"""Stages and flows without a Prefect server (``tasks.orchestration.without_prefect``): the
+same retry policy and the same interrupt outcome as under Prefect, and no Prefect call."""
+
+import pytest
+from prefect import flow
+
+from dapo_core.config import ConfigError
+from dapo_core.errors import TrainingInterrupted
+from tasks.orchestration import (
+    call_flow,
+    cancelled_when_interrupted,
+    stage_task,
+    without_prefect,
+)
+
+
+def _failing(times: int, error: Exception):
+    calls = []
+
+    @stage_task("flaky", retries=2, retry_delay_seconds=0)
+    def flaky(x: int) -> int:
+        calls.append(x)
+        if len(calls) <= times:
+            raise error
+        return 2 * x
+
+    return flaky, calls
+
+
+def test_a_stage_is_retried_as_prefect_would_then_gives_up():
+    flaky, calls = _failing(2, OSError("disk hiccup"))
+    with without_prefect():
+        assert flaky(21) == 42
+    assert calls == [21, 21, 21]  # two failures, two retries
+    flaky, calls = _failing(3, OSError("disk gone"))
+    with without_prefect(), pytest.raises(OSError, match="disk gone"):
+        flaky(1)
+    assert len(calls) == 3  # retries + 1 attempts, then the error
+
+
+def test_a_users_error_is_not_retried():
+    flaky, calls = _failing(1, ConfigError("train.steps must be >= 1"))
+    with without_prefect(), pytest.raises(ConfigError):
+        flaky(1)
+    assert calls == [1]
+
+
+def test_with_options_keeps_the_stage_callable_without_prefect():
+    flaky, calls = _failing(1, OSError("once"))
+    with without_prefect():
+        assert flaky.with_options(task_run_name="renamed")(3) == 6
+    assert calls == [3, 3]
+
+
+def test_an_interrupted_flow_raises_its_message_without_prefect(monkeypatch):
+    @flow(name="interrupted")
+    @cancelled_when_interrupted
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    @flow(name="fine")
+    def fine(x: int) -> int:
+        return x + 1
+
+    # no Prefect API may be reached: a call to the engine would need a server
+    import prefect.flows
+
+    def no_engine(*a, **k):
+        raise AssertionError("Prefect's engine was called")
+
+    monkeypatch.setattr(prefect.flows.Flow, "__call__", no_engine)
+    with without_prefect():
+        assert call_flow(fine, x=1) == 2
+        with pytest.raises(TrainingInterrupted, match="stopped by a signal"):
+            call_flow(interrupted)

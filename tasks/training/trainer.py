@@ -160,9 +160,7 @@ class DAPOTrainer:
             self.learn = probe.SwitchProbe(
                 self.loss_samples, self.updater, cfg.algo, switch, tokens
             )
-        install_rms_norm(
-            model
-        )  # same arithmetic, half the backward cost (tasks/training/kernels.py)
+        install_rms_norm(model)  # same arithmetic, half the backward cost (kernels.py)
         use_cpu_sdpa(model)  # grouped-query attention without copied heads, on CPU
         # Everything alive now (libraries, the model) lives as long as the run: keep it out of
         # the cyclic garbage collector, whose full passes over it cost most of a tiny step.

@@ -81,6 +81,23 @@ def test_a_probed_run_is_the_same_run(tiny_cfg, dtype):
 
 
 @pytest.mark.slow
+def test_a_probed_ppo_run_is_the_same_run_critic_included(tiny_cfg):
+    """With a critic (PPO): the probe's flipped update reads the critic's values but neither
+    updates nor keeps anything of it; the run, its critic and their optimizers are unchanged."""
+    sets = ["train.warmup_steps=1", "algo.overlong_filtering=false"]
+    base = apply_variant(resolve(tiny_cfg.to_dict(), overrides=sets), "ppo")
+    probed_cfg = resolve(base.to_dict(), overrides=["tracking.switch_probe=clip_higher"])
+    plain, probed = _trainer(base), _trainer(probed_cfg)
+    for _ in range(2):
+        a, b = plain.train_step().metrics, probed.train_step().metrics
+        assert _train_metrics(a) == _train_metrics(b)
+        assert "train/value_loss" in a and "probe/entropy_delta" in b
+    for x, y in ((plain.model, probed.model), (plain.critic.model, probed.critic.model)):
+        wa, wb = x.state_dict(), y.state_dict()
+        assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert _same(plain.critic.engine.state_dict(), probed.critic.engine.state_dict())
+
+
 def test_the_flipped_update_is_the_other_rungs_update(tiny_cfg):
     """A run with clip-higher, probed on it: its "off" side is what a run without the switch
     reaches from the same state and batch, its "on" side the run's own update."""

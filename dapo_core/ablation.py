@@ -138,6 +138,17 @@ def split_overrides(variant: str | None, overrides: Sequence[str]) -> tuple[list
     return base, tuned
 
 
+def split_sweep_overrides(
+    variants: Sequence[str], overrides: Sequence[str]
+) -> tuple[list[str], dict[str, list[str]]]:
+    """A sweep's ``-S`` as (those for the config every variant starts from, each variant's
+    tuning of the entries its preset chooses): ``--variants dapo,ppo -S algo.critic.lr=1e-5``
+    sets ppo's critic, and dapo, whose preset chooses no critic, keeps the config's."""
+    tuned = {v: split_overrides(v, overrides)[1] for v in variants}
+    chosen = {o for items in tuned.values() for o in items}
+    return [o for o in overrides if o not in chosen], tuned
+
+
 def _preset_algo(cfg: Config, preset: dict[str, Any]) -> AlgoConfig:
     """DAPO's full recipe with the preset's entries in place of the config's (validated by each
     entry) and its switches set."""

@@ -35,6 +35,7 @@ from __future__ import annotations
 import io
 import re
 import time
+from collections.abc import Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -45,7 +46,12 @@ from prefect.exceptions import TerminationSignal
 from prefect.states import Cancelled
 
 from dapo_core import metric_names as metric
-from dapo_core.ablation import ABLATION_LADDER, ALGORITHM_PRESETS, apply_variant
+from dapo_core.ablation import (
+    ABLATION_LADDER,
+    ALGORITHM_PRESETS,
+    apply_variant,
+    split_sweep_overrides,
+)
 from dapo_core.ablation_stats import PROBES, SIGNALS, probe_steps, probed_switch, run_signals
 from dapo_core.config import Config, ConfigError
 from dapo_core.config_loader import from_dict, resolve
@@ -186,8 +192,9 @@ def ablate_flow(
     from tasks.tracking.tracker import Tracker
 
     log = run_logger()
-    cfg = load_config(params, config, overrides)
     names = ordered_variants(variants)
+    base, tuned = split_sweep_overrides(names, overrides or [])
+    cfg = load_config(params, config, base)
     baseline = comparison_baseline(names, baseline)
     seeds = list(seeds) if seeds else [cfg.train.seed]
     if pool:
@@ -197,7 +204,7 @@ def ablate_flow(
     name = run_name or default_run_name("ablate")
     root = run_dir_for(cfg, name)
     children = [
-        Child(v, s, _child_config(cfg, v, s), str(root / slug(v) / f"seed{s}"))
+        Child(v, s, _child_config(cfg, v, s, tuned[v]), str(root / slug(v) / f"seed{s}"))
         for v in names
         for s in seeds
     ]
@@ -329,13 +336,14 @@ def _result(cfg: Config, parent_id: str | None, child: Child, status: str) -> di
     return res
 
 
-def _child_config(cfg: Config, variant: str, seed: int) -> Config:
+def _child_config(cfg: Config, variant: str, seed: int, tuned: Sequence[str] = ()) -> Config:
     """The variant's config for one seed, probing the rung's switch where its signal is read by
-    a probe (``dapo_core.ablation_stats.probed_switch``)."""
+    a probe (``dapo_core.ablation_stats.probed_switch``), its preset's entries ``tuned``
+    (``dapo_core.ablation.split_sweep_overrides``)."""
     overrides = [f"train.seed={seed}"]
     if switch := probed_switch(variant):
         overrides.append(f"tracking.switch_probe={switch}")
-    return apply_variant(resolve(cfg.to_dict(), overrides=overrides), variant)
+    return apply_variant(resolve(cfg.to_dict(), overrides=overrides), variant, tuned)
 
 
 def _in_process(children: list[Child], parent_id, eval_set, progress):

@@ -27,7 +27,13 @@ import typer
 from rich.console import Console
 
 from dapo_core import metric_names as metric
-from dapo_core.ablation import ABLATION_LADDER, ALGORITHM_PRESETS, apply_variant, split_overrides
+from dapo_core.ablation import (
+    ABLATION_LADDER,
+    ALGORITHM_PRESETS,
+    apply_variant,
+    split_overrides,
+    split_sweep_overrides,
+)
 from dapo_core.config import ConfigError
 from dapo_core.errors import PipelineError, TrainingInterrupted
 from flows.report import mlflow_link, report_ablation, report_pipeline
@@ -709,7 +715,10 @@ def ablate(
     names = ordered_variants(_split(variants))
     baseline = comparison_baseline(names, baseline)
     seed_list = _seeds(seeds)
-    cfg = _load(params, config, set_)
+    base, tuned = split_sweep_overrides(names, set_ or [])
+    cfg = _load(params, config, base)
+    for name in names:  # each variant's config, checked before anything starts
+        apply_variant(cfg, name, tuned[name])
     args = {
         **_flow_args(params, config, set_),
         "variants": names,

@@ -182,3 +182,27 @@ def load_params_with(overrides: list[str]):
     from tasks.params import load_params
 
     return load_params(overrides=overrides)
+
+
+def test_a_sweep_tunes_each_presets_entries_and_leaves_the_others():
+    """``dapo ablate --variants dapo,ppo,gspo -S algo.critic.lr=1e-5 -S algo.loss.eps_high=1e-3
+    -S train.lr=2e-4``: ppo's critic and the losses ppo and gspo choose are tuned after their
+    presets; dapo (which chooses no entry) keeps the config's; train.lr is everyone's."""
+    from dapo_core.ablation import apply_variant, split_sweep_overrides
+    from tasks.params import load_params
+
+    sets = ["algo.critic.lr=1e-5", "algo.loss.eps_high=1e-3", "train.lr=2e-4"]
+    base, tuned = split_sweep_overrides(["dapo", "ppo", "gspo", "grpo"], sets)
+    assert base == ["train.lr=2e-4"]
+    assert tuned == {
+        "dapo": [],
+        "ppo": ["algo.critic.lr=1e-5", "algo.loss.eps_high=1e-3"],
+        "gspo": ["algo.loss.eps_high=1e-3"],
+        "grpo": [],  # a Table 1 rung chooses no entry
+    }
+    cfg = load_params(overrides=base)
+    dapo, ppo, gspo = (apply_variant(cfg, v, tuned[v]) for v in ("dapo", "ppo", "gspo"))
+    assert dapo.algo.loss["eps_high"] == cfg.algo.loss["eps_high"] != 1e-3
+    assert ppo.algo.critic["lr"] == 1e-5 and ppo.algo.loss["eps_high"] == 1e-3
+    assert gspo.algo.loss == {"name": "gspo", "eps_low": 3e-4, "eps_high": 1e-3}
+    assert {c.train.lr for c in (dapo, ppo, gspo)} == {2e-4}

@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 import re
 
+from dapo_core.config import ConfigError
 from dapo_core.problem import Problem
 
 ARITH = "synthetic:arith"
@@ -74,7 +75,10 @@ def chain_problems(
 
 def _check_space(space: int, wanted: int, knobs: str) -> None:
     if wanted > space:
-        raise ValueError(f"only {space} distinct problems exist with {knobs}; asked for {wanted}")
+        raise ConfigError(
+            f"only {space} distinct problems exist with {knobs}; asked for {wanted}: lower "
+            "synthetic.num_train or synthetic.num_test, or raise synthetic.max_operand"
+        )
 
 
 def _draw(rng: random.Random, terms: int, max_operand: int) -> tuple[int, ...]:

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from dapo_core.config import ConfigError
 from dapo_core.reward import score
 from dapo_core.synthetic import arith_problems, solution
 
@@ -22,7 +23,7 @@ def test_other_seed_differs_and_space_is_checked():
     a, _ = arith_problems(seed=1, num_train=50, num_test=0, max_operand=99, num_terms=2)
     b, _ = arith_problems(seed=2, num_train=50, num_test=0, max_operand=99, num_terms=2)
     assert a != b
-    with pytest.raises(ValueError, match="distinct problems"):
+    with pytest.raises(ConfigError, match="distinct problems.*lower synthetic.num_train"):
         arith_problems(seed=0, num_train=90, num_test=20, max_operand=9, num_terms=2)
 
 

@@ -52,9 +52,11 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 import tasks.training.forward
 from bench.common import positive_int, sync
+from dapo_core.ablation import apply_variant
 from dapo_core.problem import Problem
 from tasks.params import load_params
 from tasks.training.batches import sample_padding_fraction
+from tasks.training.compiled import MODES, whole_sequences
 from tasks.training.trainer import DAPOTrainer, Sample
 
 aten = torch.ops.aten
@@ -66,6 +68,7 @@ SHAPES = {
     "qwen2.5-0.5b": (896, 4864, 24, 14, 2, 151936, 1e6, 32768),  # its config.json, 494M params
     "tiny": (128, 256, 2, 4, 2, 384, 1e4, 32768),  # the embedded CPU model's shape
     "smollm2-135m": (576, 1536, 30, 9, 3, 49152, 1e5, 8192),  # its config.json (Llama), 135M
+    "qwen2.5-1.5b": (1536, 8960, 28, 12, 2, 151936, 1e6, 32768),  # its config.json, 1.54B
 }
 LLAMA_SHAPES = ("smollm2-135m",)
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s. NVIDIA's datasheets print the sparse
@@ -143,30 +146,51 @@ def make_samples(P: int, G: int, L: int, prompt_len: int, vocab: int, seed: int)
     return samples
 
 
-def make_trainer(model, P: int, G: int, L: int, budget: int) -> DAPOTrainer:
+def make_trainer(
+    model, P: int, G: int, L: int, budget: int, compile_: str = "auto", variant: str = "dapo"
+) -> DAPOTrainer:
     """One update per call over the whole batch, no filtering or shaping (which need rollouts)."""
     overrides = [f"rollout.group_size={G}", f"rollout.max_response_len={L}"]
     overrides += [f"algo.cache_len={L // 4}", f"train.micro_batch_tokens={budget}"]
     overrides += [f"train.{k}={P}" for k in ("prompt_batch", "gen_batch", "mini_batch")]
     overrides += [f"algo.{k}=false" for k in ("dynamic_sampling", "overlong_filtering")]
-    overrides += ["algo.overlong_shaping=false"]
+    overrides += ["algo.overlong_shaping=false", f"model.compile={compile_}"]
     if model.device.type == "cuda":
         overrides.append("model.dtype=bfloat16")  # bf16 autocast, as training runs
-    cfg = load_params(overrides=overrides)
+    cfg = apply_variant(load_params(overrides=overrides), variant)
     problems = [Problem("bench", "1+1", "2", "1+1", "bench")]  # never drawn: no rollouts here
     tokenizer = types.SimpleNamespace(pad_token_id=0)  # all that _update reads
     return DAPOTrainer(cfg, model, tokenizer, None, problems)
 
 
+def one_update(trainer: DAPOTrainer, samples: list[Sample]):
+    """The policy's update, then the critic's over the same samples when the algorithm has one
+    (PPO), as a training step runs them."""
+    out = trainer.updater.update(samples)
+    if trainer.critic:
+        trainer.updater.critic_update(samples)
+    return out
+
+
 def analytic_flops(
-    config, prompt_len: int, L: int, prompt_passes: int, n_samples: int, recomputed_rows: int = 0
+    config,
+    prompt_len: int,
+    L: int,
+    prompt_passes: int,
+    n_samples: int,
+    recomputed_rows: int = 0,
+    whole: bool = False,
 ) -> dict[str, float]:
-    """The formula of the module docstring, term by term, plus their total."""
+    """The formula of the module docstring, term by term, plus their total. ``whole``: each
+    sample ran as one sequence (its prompt once per sample, ``prompt_passes`` == samples), so
+    its attention rectangle is (prompt + fed)^2."""
     H, V, n = config.hidden_size, config.vocab_size, config.num_hidden_layers
     kv = config.num_key_value_heads * H // config.num_attention_heads
     N = n * (2 * H * H + 2 * H * kv + 3 * H * config.intermediate_size)  # q, o; k, v; MLP
-    fed = L - 1
+    fed = L if whole else L - 1  # whole sequences feed the last token too
     q_kv = prompt_passes * prompt_len**2 + n_samples * fed * (prompt_len + fed)  # sum q_len*kv_len
+    if whole:
+        q_kv = n_samples * (prompt_len + fed) ** 2
     terms = {
         "dense": 6 * N * (prompt_passes * prompt_len + n_samples * fed),
         "head": 6 * H * V * n_samples * L,
@@ -187,37 +211,52 @@ def measure(
     steps: int,
     warmup: int = 2,
     profile: bool = False,
+    compile_: str = "auto",
+    variant: str = "dapo",
 ) -> dict:
     """Counted and analytic FLOPs of one update, and the median seconds of ``steps`` updates."""
     device, config = model.device, model.config
     cuda = device.type == "cuda"
     samples = make_samples(P, G, L, prompt_len, config.vocab_size, seed=0)
-    trainer = make_trainer(model, P, G, L, budget)
+    trainer = make_trainer(model, P, G, L, budget, compile_, variant)
+    if trainer.critic:  # PPO: the critic's update is part of the step; it needs its targets
+        for s in samples:
+            s.old_values, s.returns = torch.zeros(L), torch.full((L,), s.advantage)
     # The analytic count follows the trainer's own packing: a group split across micro-batches
     # runs its prompt once per micro-batch; the chunk is the one _forward_logprobs uses.
     batches = trainer.updater.micro_batches(samples)
     chunk = max(256, tasks.training.forward.LOGITS_BUDGET // config.vocab_size)
+    whole = whole_sequences(model)
     passes = sum(len({tuple(s.input_ids[: s.prompt_len]) for s in b}) for b in batches)
+    passes = len(samples) if whole else passes
     recomputed = sum(len(b) * L for b in batches if len(b) * L > chunk)
-    analytic = analytic_flops(config, prompt_len, L, passes, len(samples), recomputed)
+    if cuda and tasks.training.forward.FUSED_HEAD:  # backward recomputes every row's logits
+        recomputed = len(samples) * L
+    analytic = analytic_flops(config, prompt_len, L, passes, len(samples), recomputed, whole)
     counter = FlopCounterMode(display=False, custom_mapping=ATTENTION_FLOPS)
-    with counter:
-        outs = [trainer.updater.update(samples)]  # the first warm-up update, counted
-    outs += [trainer.updater.update(samples) for _ in range(warmup - 1)]
+    # Counted eagerly (the compiled update does the same arithmetic; the counter is a dispatch
+    # mode that compiled graphs would bypass); the compiled warm-ups compile.
+    with torch.compiler.set_stance("force_eager"), counter:
+        outs = [one_update(trainer, samples)]  # the first warm-up update, counted
+    sync(device)
+    t0 = time.perf_counter()
+    outs += [one_update(trainer, samples) for _ in range(warmup)]
+    sync(device)
+    warmup_s = time.perf_counter() - t0
     if cuda:  # the peak over timed updates (weights and AdamW state, allocated, count too)
         torch.cuda.reset_peak_memory_stats(device)
     times = []
     for _ in range(steps):
         sync(device)
         t0 = time.perf_counter()
-        outs.append(trainer.updater.update(samples))
+        outs.append(one_update(trainer, samples))
         sync(device)
         times.append(time.perf_counter() - t0)
     split = time_split(trainer, samples, steps)
     if profile:
         print_profile(trainer, samples)
     median, flops = statistics.median(times), counter.get_total_flops()
-    tokens = passes * prompt_len + len(samples) * (L - 1)
+    tokens = passes * prompt_len + len(samples) * (L if whole else L - 1)
     return {
         "flops": flops,
         "analytic": analytic,
@@ -232,6 +271,7 @@ def measure(
         "micro_batches": len(batches),
         "padding_frac": sample_padding_fraction(batches),
         "split": split,
+        "warmup_s": warmup_s,
         "applied": all(o.applied and o.tokens == len(samples) * L for o in outs),
         "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
     }
@@ -263,7 +303,7 @@ def time_split(trainer: DAPOTrainer, samples: list[Sample], steps: int) -> dict[
             spent.clear()
             sync(device)
             t0 = time.perf_counter()
-            trainer.updater.update(samples)
+            one_update(trainer, samples)
             sync(device)
             total = time.perf_counter() - t0
             rows.append({**spent, "forward": total - sum(spent.values()), "total": total})
@@ -279,7 +319,7 @@ def print_profile(trainer: DAPOTrainer, samples: list[Sample], rows: int = 25) -
     cuda = trainer.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
-        trainer.updater.update(samples)
+        one_update(trainer, samples)
         sync(trainer.device)
     key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60))
@@ -308,22 +348,60 @@ def main(argv: list[str] | None = None) -> None:
         "bf16 under autocast either way",
     )
     ap.add_argument(
+        "--compile", choices=MODES, default="auto", help="model.compile (auto: as training)"
+    )
+    ap.add_argument(
+        "--variant",
+        default="dapo",
+        help="an algorithm preset (dapo variants); with a critic (ppo) its update is timed too",
+    )
+    ap.add_argument(
+        "--checkpointing", action="store_true", help="activation checkpointing (whole sequences)"
+    )
+    ap.add_argument(
+        "--head",
+        choices=["fused", "chunked"],
+        default="fused",
+        help="the output layer on CUDA: fused (dapo_core.logprobs.linear_logprobs) or the "
+        "checkpointed module call per chunk (CPU always runs that)",
+    )
+    ap.add_argument(
         "--profile", action="store_true", help="print the top kernels of one update (profiler)"
     )
     a = ap.parse_args(argv)
     device = torch.device("cuda" if cuda else "cpu")
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     model = build_model(a.shape, device, dtype=a.weights and getattr(torch, a.weights))
+    if a.checkpointing:
+        model.activation_checkpointing_enable()
+    tasks.training.forward.FUSED_HEAD = a.head == "fused"
     P, G, L = a.prompts, a.group_size, a.response_len
-    print(f"{a.shape} on {name}, torch {torch.__version__}, {model.dtype}")
+    print(
+        f"{a.shape} on {name}, torch {torch.__version__}, {model.dtype}, "
+        f"compile {a.compile}, {a.variant}"
+    )
     print(f"P={P} prompts x G={G} samples, prompt {a.prompt_len} + response {L} tokens, ", end="")
-    r = measure(model, P, G, L, a.prompt_len, a.micro_batch_tokens, a.steps, profile=a.profile)
+    r = measure(
+        model,
+        P,
+        G,
+        L,
+        a.prompt_len,
+        a.micro_batch_tokens,
+        a.steps,
+        profile=a.profile,
+        compile_=a.compile,
+        variant=a.variant,
+    )
     an = r["analytic"]
     print(
         f"{r['micro_batches']} micro-batch(es) of <= {a.micro_batch_tokens} tokens, "
         f"{r['padding_frac']:.1%} of fed tokens padding"
     )
-    print(f"update: median {r['median_s']:.4f} s over {a.steps} steps (2 warm-up)")
+    print(
+        f"update: median {r['median_s']:.4f} s over {a.steps} steps "
+        f"(after 1 eager counted + 2 warm-up updates: {r['warmup_s']:.1f} s)"
+    )
     sp = r["split"]
     print(
         "  split (synchronised updates): "

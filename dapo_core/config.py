@@ -74,6 +74,11 @@ class ModelConfig:
     autocast on GPU; ``float16`` applies to evaluation only (training keeps float32 weights)."""
     gradient_checkpointing: bool
     """Recompute activations in the backward pass to save memory."""
+    compile: Literal["auto", "none", "regions", "layers"]
+    """Regional ``torch.compile`` of the training forward (``tasks/training/compiled.py``):
+    ``layers`` compiles whole decoder layers and runs whole sequences (each prompt once per
+    sample), ``regions`` each layer's MLP and norms (prompts shared by their group); ``auto``:
+    ``layers`` on one GPU, ``none`` on CPU and under DeepSpeed."""
     warm_start_steps: int
     """Supervised format warm start of a pretrained model before RL (0: none; the embedded
     model has its own, ``tiny.*``): steps on training problems answered as ``Answer: N``, so the

@@ -62,3 +62,94 @@ def token_logprobs(
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return empty, empty
     return torch.cat(logps), torch.cat(entropies)
+
+
+def _chunk_stats(logits: torch.Tensor, targets: torch.Tensor, scale: float):
+    """(c, V) logits -> (c,) logsumexp, target log-probs and entropies of softmax(scale * logits),
+    in float32 at least, whatever the logits' dtype."""
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32)) * scale
+    lse = torch.logsumexp(z, dim=-1)
+    logp = z.gather(-1, targets[:, None]).squeeze(-1) - lse
+    entropy = lse - (torch.exp(z - lse[:, None]) * z).sum(-1)
+    return lse, logp, entropy
+
+
+def _chunk_grad_logits(
+    logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """d loss / d logits for log p(target) = scale * z_t - lse: scale * g * (onehot - softmax),
+    in the logits' dtype."""
+    p = torch.exp(logits.to(lse.dtype) * scale - lse[:, None])
+    onehot = torch.zeros_like(p).scatter_(-1, targets[:, None], 1.0)
+    return ((onehot - p) * (grad[:, None] * scale)).to(logits.dtype)
+
+
+_kernels: dict[str, tuple] = {}
+
+
+def _fused(device: torch.device) -> tuple:
+    """The two elementwise-and-reduction steps, compiled into a few kernels on CUDA (each would
+    otherwise be ~6 launches over a (chunk x V) float32 copy); eager elsewhere."""
+    if device.type != "cuda":
+        return _chunk_stats, _chunk_grad_logits
+    if "cuda" not in _kernels:
+        _kernels["cuda"] = tuple(
+            torch.compile(f, dynamic=True) for f in (_chunk_stats, _chunk_grad_logits)
+        )
+    return _kernels["cuda"]
+
+
+class _LinearLogProbs(torch.autograd.Function):
+    """Log-probs and entropies of ``targets`` under softmax(scale * hidden @ weight^T), chunk by
+    chunk, saving only each row's logsumexp: backward recomputes a chunk's logits (one matrix
+    product) and forms d logits in one pass. The (rows x V) logits never exist in full, and no
+    float32 copy of a chunk's logits is kept. Under autocast the products run in its dtype, as
+    the model's head would."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, scale: float, chunk: int):
+        dev = hidden.device
+        dt = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else None
+        h, w = (hidden.to(dt), weight.to(dt)) if dt else (hidden, weight)
+        stats, _ = _fused(dev)
+        n, acc = h.shape[0], torch.promote_types(h.dtype, torch.float32)
+        lse, logp, entropy = (torch.empty(n, device=dev, dtype=acc) for _ in range(3))
+        with torch.autocast(dev.type, enabled=False):
+            for s in range(0, n, chunk):
+                e = min(n, s + chunk)
+                lse[s:e], logp[s:e], entropy[s:e] = stats(h[s:e] @ w.T, targets[s:e], scale)
+        ctx.save_for_backward(h, w, targets, lse)
+        ctx.scale, ctx.chunk, ctx.dtypes = scale, chunk, (hidden.dtype, weight.dtype)
+        logp, entropy = logp.float(), entropy.float()  # as token_logprobs returns them
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_entropy):
+        h, w, targets, lse = ctx.saved_tensors
+        _, grad_logits = _fused(h.device)
+        grad_h = torch.empty_like(h)
+        grad_w = torch.zeros_like(w)  # accumulated in place by each chunk's product
+        grad_logp = grad_logp.to(lse.dtype)
+        for s in range(0, h.shape[0], ctx.chunk):
+            e = min(h.shape[0], s + ctx.chunk)
+            d = grad_logits(h[s:e] @ w.T, targets[s:e], lse[s:e], grad_logp[s:e], ctx.scale)
+            grad_h[s:e] = d @ w
+            grad_w.addmm_(d.T, h[s:e])
+        h_dtype, w_dtype = ctx.dtypes
+        return grad_h.to(h_dtype), grad_w.to(w_dtype), None, None, None
+
+
+def linear_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    chunk: int = 4096,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_logprobs` for a bias-free linear head given by its ``weight`` (V, H), fused:
+    log-probs (differentiable, also in ``weight``) and entropies (detached)."""
+    if hidden.shape[0] == 0:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, empty
+    return _LinearLogProbs.apply(hidden, weight, targets, 1.0 / temperature, chunk)

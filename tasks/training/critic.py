@@ -41,6 +41,7 @@ from dapo_core.algos import NoParams, ValueParams, aggregate
 from dapo_core.config import Config
 from dapo_core.errors import PipelineError
 from tasks.training.batches import Sample
+from tasks.training.compiled import compile_decoder
 from tasks.training.distributed import OptimizerEngine, all_reduce_sum
 from tasks.training.forward import PolicyForward
 from tasks.training.kernels import install_rms_norm, use_cpu_sdpa
@@ -139,6 +140,7 @@ class Critic:
         self.model = self.engine.model
         install_rms_norm(self.model)  # the policy's drop-ins (tasks/training/kernels.py)
         use_cpu_sdpa(self.model.backbone)
+        compile_decoder(self.model, cfg.model.compile, world)  # as the policy's (compiled.py)
         self.forward = ValueForward(
             self.model, pad_id, 1.0, autocast, before_forward=self.engine.before_forward
         )

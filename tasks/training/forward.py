@@ -12,11 +12,30 @@ from collections.abc import Callable
 
 import torch
 
-from dapo_core.logprobs import token_logprobs
+from dapo_core.logprobs import linear_logprobs, token_logprobs
 from tasks.rollout.generators import left_pad
 from tasks.training.batches import Sample, distinct_prompts
+from tasks.training.compiled import training_forward, whole_sequences
 
 LOGITS_BUDGET = 2**26  # logits per chunk (256 MB in fp32): ~440 rows of a 151k vocabulary
+# The fused head keeps no float32 copy of a chunk: 512 MB of bf16 logits, ~1,770 rows of 151k.
+FUSED_LOGITS_BUDGET = 2**28
+FUSED_HEAD = True  # on CUDA, a plain linear head runs fused (bench.mfu --head switches it)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device``; to CUDA through pinned memory without blocking: a plain copy
+    from pageable memory waits for every kernel queued before it, and the host would stop
+    queueing the micro-batch's work."""
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def _response_mask(batch: list[Sample]) -> torch.Tensor:
+    """(b, R) bool on the host: True at each sample's response positions."""
+    lens = torch.tensor([s.response_len for s in batch])
+    return torch.arange(int(lens.max()))[None, :] < lens[:, None]
 
 
 class PolicyForward:
@@ -41,19 +60,33 @@ class PolicyForward:
         dev = self.device
         states, resp_ids, mask = self.hidden_states(batch)
         R = resp_ids.shape[1]
-        rows, cols = mask.nonzero(as_tuple=True)
-        logp_flat, ent_flat = token_logprobs(
-            states[rows, cols],
+        rows, cols = (to_device(i, dev) for i in _response_mask(batch).nonzero(as_tuple=True))
+        head, hidden, targets = (
             self.model.get_output_embeddings(),
+            states[rows, cols],
             resp_ids[rows, cols],
-            self.temperature,
-            chunk=max(256, LOGITS_BUDGET // self.vocab_size),
         )
+        if self._fusable(head):
+            chunk = max(256, FUSED_LOGITS_BUDGET // self.vocab_size)
+            logp_flat, ent_flat = linear_logprobs(
+                hidden, head.weight, targets, self.temperature, chunk
+            )
+        else:
+            chunk = max(256, LOGITS_BUDGET // self.vocab_size)
+            logp_flat, ent_flat = token_logprobs(hidden, head, targets, self.temperature, chunk)
         logp = torch.zeros(len(batch), R, device=dev, dtype=logp_flat.dtype)
         logp = logp.index_put((rows, cols), logp_flat)  # differentiable scatter
         ent = torch.zeros(len(batch), R, device=dev)
         ent[rows, cols] = ent_flat
         return logp, ent, mask.float()
+
+    def _fusable(self, head: torch.nn.Module) -> bool:
+        """On CUDA, a bias-free linear head whose weight is whole (not a ZeRO-3 partition, which
+        only a module call gathers) runs fused (``dapo_core.logprobs.linear_logprobs``: fewer,
+        larger kernels and no recomputed log-softmax). CPU keeps the chunked module call."""
+        w = getattr(head, "weight", None)
+        plain = isinstance(head, torch.nn.Linear) and head.bias is None
+        return FUSED_HEAD and self.device.type == "cuda" and plain and not hasattr(w, "ds_id")
 
     def hidden_states(self, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(b, R, H) the hidden states that predict each response token (the state of the
@@ -61,13 +94,12 @@ class PolicyForward:
         response ids, (b, R) the bool response mask."""
         pad, dev = self.pad_id, self.device
         responses = [s.input_ids[s.prompt_len :] for s in batch]
-        resp_lens = torch.tensor([len(r) for r in responses], device=dev)
-        R = int(resp_lens.max())
-        resp_ids = torch.tensor([r + [pad] * (R - len(r)) for r in responses], device=dev)
-        mask = torch.arange(R, device=dev)[None, :] < resp_lens[:, None]  # (b, R)
+        R = max(len(r) for r in responses)
+        resp_ids = to_device(torch.tensor([r + [pad] * (R - len(r)) for r in responses]), dev)
+        mask = to_device(_response_mask(batch), dev)  # (b, R)
         self.before_forward()
-        with torch.autocast(dev.type, torch.bfloat16, enabled=self.autocast):
-            if self.model.is_activation_checkpointing:  # transformers then drops the KV cache
+        with torch.autocast(dev.type, torch.bfloat16, enabled=self.autocast), training_forward():
+            if whole_sequences(self.model):  # no KV cache: checkpointing or compiled layers
                 states = self._whole_sequence_states(batch, R)
             else:
                 states = self._shared_prompt_states(batch, resp_ids, mask)
@@ -121,9 +153,9 @@ class PolicyForward:
             [[1] * len(s.input_ids) + [0] * (width - len(s.input_ids)) for s in batch]
         )
         hidden = self.model.get_decoder()(
-            input_ids=ids.to(dev), attention_mask=attn.to(dev)
-        ).last_hidden_state  # (b, width, H)
+            input_ids=to_device(ids, dev), attention_mask=to_device(attn, dev), use_cache=False
+        ).last_hidden_state  # (b, width, H); no cache: nothing reads it (and it costs copies)
         # Response token j of sample i is predicted by the state at prompt_len_i - 1 + j.
-        starts = torch.tensor([s.prompt_len - 1 for s in batch], device=dev)
+        starts = to_device(torch.tensor([s.prompt_len - 1 for s in batch]), dev)
         where = (starts[:, None] + torch.arange(R, device=dev)).clamp(max=width - 1)  # (b, R)
         return hidden.gather(1, where[..., None].expand(-1, -1, hidden.shape[-1]))

@@ -70,26 +70,39 @@ class UpdateSums:
         self.sums = dict.fromkeys(self.TOKEN_MEANS + self.TOTALS + self.MISMATCH, 0.0)
         self.max_ratio = 0.0
         self.entries: dict[str, list[float]] = {}  # name -> [numerator, denominator]
+        self._pending: list[tuple[list[str], list[str], torch.Tensor, bool]] = []
 
     def add_micro(
         self, stats: dict[str, torch.Tensor], entries: Metrics, real: bool = True
     ) -> None:
-        """One micro-batch: its statistics and its entries' metrics, in one host transfer. A
+        """One micro-batch: its statistics and its entries' metrics, kept on the device until
+        the update's end (:meth:`_flush`: one host transfer for all micro-batches, so the host
+        queues the next micro-batch while the device still runs this one's backward). A
         padding micro-batch (``real`` false) adds nothing but its metric names, so that every
         rank all-reduces the same list."""
         values = [v.detach().float() for v in stats.values()]
         names = sorted(entries)
         values += [entries[k][i].detach().float() for k in names for i in (0, 1)]
-        flat = torch.stack(values).tolist()
-        for k in names:
-            self.entries.setdefault(k, [0.0, 0.0])
-        if not real:
+        self._pending.append((list(stats), names, torch.stack(values), real))
+
+    def _flush(self) -> None:
+        """Add the pending micro-batches, in their order (the sums are those of adding each
+        as it came)."""
+        if not self._pending:
             return
-        self.add(dict(zip(stats, flat, strict=False)))
-        pairs = flat[len(stats) :]
-        for j, k in enumerate(names):
-            self.entries[k][0] += pairs[2 * j]
-            self.entries[k][1] += pairs[2 * j + 1]
+        rows = torch.cat([flat for _, _, flat, _ in self._pending]).tolist()
+        for keys, names, flat, real in self._pending:
+            values, rows = rows[: len(flat)], rows[len(flat) :]
+            for k in names:
+                self.entries.setdefault(k, [0.0, 0.0])
+            if not real:
+                continue
+            self.add(dict(zip(keys, values, strict=False)))
+            pairs = values[len(keys) :]
+            for j, k in enumerate(names):
+                self.entries[k][0] += pairs[2 * j]
+                self.entries[k][1] += pairs[2 * j + 1]
+        self._pending = []
 
     def add(self, micro: dict[str, float]) -> None:
         """One micro-batch's statistics (its entropy, loss, tokens, mismatch sums)."""
@@ -103,6 +116,7 @@ class UpdateSums:
             self.max_ratio = max(self.max_ratio, micro["mismatch_max_ratio"])
 
     def all_reduce(self, world: int) -> None:
+        self._flush()
         keys = list(self.sums)
         names = sorted(self.entries)
         flat = [self.sums[k] for k in keys] + [x for k in names for x in self.entries[k]]

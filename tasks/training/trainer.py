@@ -49,6 +49,7 @@ from dapo_core.reward import score
 from tasks.rollout.generators import Generator
 from tasks.training import probe
 from tasks.training.batches import Group, Sample
+from tasks.training.compiled import compile_decoder
 from tasks.training.critic import Critic, OptimizerFactory, value_model
 from tasks.training.distributed import OptimizerEngine, init_distributed
 from tasks.training.forward import PolicyForward
@@ -162,6 +163,11 @@ class DAPOTrainer:
             )
         install_rms_norm(model)  # same arithmetic, half the backward cost (kernels.py)
         use_cpu_sdpa(model)  # grouped-query attention without copied heads, on CPU
+        for m in (model, self.reference and self.reference.model):  # both, or KL(pi, pi) != 0
+            if m is not None:
+                compile_decoder(
+                    m, cfg.model.compile, self.world
+                )  # regional torch.compile (compiled.py)
         # Everything alive now (libraries, the model) lives as long as the run: keep it out of
         # the cyclic garbage collector, whose full passes over it cost most of a tiny step.
         gc.freeze()

@@ -29,7 +29,7 @@ from tasks.training.batches import Group, Sample, distinct_prompts, pack_samples
 from tasks.training.batches import sample_padding_fraction as padding_fraction
 from tasks.training.critic import Critic
 from tasks.training.distributed import OptimizerEngine, all_gather_objects, all_reduce_max
-from tasks.training.forward import PolicyForward
+from tasks.training.forward import PolicyForward, to_device
 from tasks.training.records import UpdateResult
 from tasks.training.reference import ReferencePolicy
 from tasks.training.step_metrics import UpdateSums
@@ -121,7 +121,7 @@ class PolicyUpdater:
             loss = aggregate(entry.entry, entry.params, loss_t, keep, count)
             stats = {"tokens": mask.sum(), "entropy": masked_mean(ent, mask), "loss": loss}
             if rollout is not None:  # the sampler's arithmetic: groups sampled this step only
-                fresh = torch.tensor([float(s.fresh) for s in batch], device=logp.device)
+                fresh = to_device(torch.tensor([float(s.fresh) for s in batch]), logp.device)
                 gap = mismatch_sums(tokens.old_logp, rollout, mask * fresh[:, None])
                 stats |= {f"mismatch_{k}": v for k, v in gap.items()}
             self.engine.backward(loss, boundary=i == len(batches) - 1)
@@ -224,7 +224,7 @@ def stacked(rows: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
     """Per-response rows as a (b, R) tensor shaped like ``like``, zeros past each row."""
     out = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
     out = torch.nn.functional.pad(out, (0, like.shape[1] - out.shape[1]))
-    return out.to(like.device, like.dtype)
+    return to_device(out, like.device).to(like.dtype)
 
 
 def padded(batch: list[Sample], field: str, like: torch.Tensor) -> torch.Tensor | None:

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Every GPU figure in BENCHMARKS.md ("GPU" section) and the CUDA tests, in one command that fits a
-# 10-minute lease (about 7 minutes on one H100). Outputs go to $OUT (or ./gpu-out) as well.
+# Every GPU figure in BENCHMARKS.md ("GPU" section) and the CUDA tests, in one lease: each part's
+# timeouts add up to under 10 minutes, one device command each.
+#   bash bench/gpu_suite.sh [tests|sampling|update]...   (no argument: all three)
+# Outputs go to $OUT (or ./gpu-out) as well.
 #
 # The lent GPU machines have torch but transformers 5.17 and no TRL or datasets, and no network.
 # Download the wheels here first, then carry .whl along (.git/info/exclude lists it):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_28_x86_64 -d .whl transformers==5.23.0 trl==1.16.0 datasets==5.2.0 \
-#     dill==0.4.1 multiprocess==0.70.19
+#     --platform manylinux_2_28_x86_64 -d .whl transformers==5.24.0
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux2014_x86_64 -d .whl tokenizers==0.23.3 safetensors==0.8.0
+# and for the rl_step part, trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19.
 #   bash bench/gpu_suite.sh            # on the GPU machine, from the repository root
 set -u
 export PYTHONUNBUFFERED=1
@@ -23,13 +27,35 @@ run() {  # run NAME SECONDS COMMAND...: its output to $out/NAME.txt, its last li
     echo "== $name: $*"
     timeout "$limit" "$@" 2>&1 | grep -v Warning | tee "$out/$name.txt" | tail -12
 }
-run tests 150 python3 -m pytest -q -p no:cacheprovider tests/tasks/test_gpu.py \
-    tests/tasks/test_precision.py "tests/tasks/test_trainer.py::test_resume_reproduces_uninterrupted_run"
-run gen64 120 python3 -m bench.generation --model qwen2.5-0.5b --shapes 8x8x512 --repeats 3
-run gen512 100 python3 -m bench.generation --model qwen2.5-0.5b --shapes 64x8x512 --sides static \
-    --repeats 2
-run eval 60 python3 -m bench.generation --model smollm2-135m --shapes 200x8x96 --sides \
-    --top-p 0.7 --repeats 3
-run rl_step 170 python3 -m bench.rl_step --model qwen2.5-0.5b --shapes 8x8x512 --rounds 1 --steps 3
-run mfu16k 75 python3 -m bench.mfu --steps 3
-run mfu32k 75 python3 -m bench.mfu --steps 3 --micro-batch-tokens 32768 --profile
+parts=${*:-tests sampling update}
+for part in $parts; do
+    case $part in
+    tests)
+        run tests 300 python3 -m pytest -q -p no:cacheprovider tests/tasks/test_gpu.py \
+            tests/tasks/test_precision.py tests/tasks/test_compiled.py tests/core/test_logprobs.py \
+            "tests/tasks/test_trainer.py::test_resume_reproduces_uninterrupted_run"
+        ;;
+    sampling)
+        run gen64 120 python3 -m bench.generation --model qwen2.5-0.5b --shapes 8x8x512 --repeats 3
+        run gen512 100 python3 -m bench.generation --model qwen2.5-0.5b --shapes 64x8x512 \
+            --sides static --repeats 2
+        run eval 60 python3 -m bench.generation --model smollm2-135m --shapes 200x8x96 --sides \
+            --top-p 0.7 --repeats 3
+        ;;
+    update)  # the MFU table: before (eager, chunked head), now (model.compile auto), each preset
+        mfu="python3 -m bench.mfu --steps 3 --micro-batch-tokens 32768"
+        run mfu_eager 50 $mfu --compile none --head chunked
+        run mfu 70 $mfu --profile
+        for v in gspo cispo ppo; do run "mfu_$v" 70 $mfu --variant $v; done
+        long="python3 -m bench.mfu --steps 2 -P 1 -G 16 --prompt-len 512"
+        run long_8k 80 $long -L 8192 --micro-batch-tokens 32768
+        run long_20k 80 $long -L 20480 --micro-batch-tokens 32768
+        run long_1.5b 100 $long -L 8192 --micro-batch-tokens 16384 --shape qwen2.5-1.5b
+        ;;
+    rl_step)  # ours against TRL (needs trl, datasets, dill, multiprocess in .whl)
+        run rl_step 170 python3 -m bench.rl_step --model qwen2.5-0.5b --shapes 8x8x512 --rounds 1 \
+            --steps 3
+        ;;
+    *) echo "unknown part $part: tests, sampling, update or rl_step" >&2; exit 2 ;;
+    esac
+done

@@ -363,6 +363,64 @@ def model_fetch(
     console.print(f"[green]ready[/]: {out} (use -S model.name_or_path={name})")
 
 
+pairs_app = typer.Typer(
+    help="Preference pairs {prompt, chosen, rejected}: mined from the policy's own rollouts."
+)
+app.add_typer(pairs_app, name="pairs")
+
+
+@pairs_app.command("mine")
+@user_errors
+def pairs_mine(
+    params: ParamsOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    out: Annotated[Path, typer.Option(help="The table to write (.parquet).")] = Path(
+        "data/pairs/pairs.parquet"
+    ),
+    prompts: Annotated[int, typer.Option(help="Training problems to sample.")] = 64,
+    per_group: Annotated[int, typer.Option(help="Pairs from each mixed group, at most.")] = 1,
+    seed: Annotated[int, typer.Option(help="Draws the problems, pairs and samples.")] = 0,
+) -> None:
+    """Sample G responses to training problems with the configured policy and sampling, and pair
+    a correct response (chosen) with an incorrect one (rejected) in each group of mixed rewards.
+    Writes the table with its provenance and tracks it with DVC (`dvc add`)."""
+    from tasks.preferences.pairs import mine_to_file
+
+    _working()
+    cfg = _load(params, config, set_, None)
+
+    def report(done: int, pairs: int) -> None:
+        console.print(f"  {done}/{prompts} prompts sampled, {pairs} pairs", highlight=False)
+
+    table, path, md5 = mine_to_file(cfg, out, prompts, per_group, seed, report)
+    p = table.provenance
+    tracked = f"tracked by DVC ({path}.dvc)" if md5 else "not DVC-tracked (outside the project)"
+    console.print(
+        f"[green]wrote[/] {path}: {len(table.rows)} pairs from {p['mixed_groups']} of "
+        f"{p['groups']} groups with mixed rewards; {tracked}. See it with `dapo pairs show {path}`",
+        highlight=False,
+    )
+
+
+@pairs_app.command("show")
+@user_errors
+def pairs_show(
+    path: Annotated[str, typer.Argument(help="A pairs file (.parquet/.jsonl/.json) or hub id.")],
+) -> None:
+    """Count a pairs table's usable rows (and the ones set aside, by reason), print its
+    provenance and its first pair."""
+    from tasks.preferences.pairs import read_pairs
+
+    table = read_pairs(path)
+    console.print(f"{path}: {table.summary()}", highlight=False)
+    if table.provenance:
+        console.print_json(json.dumps(table.provenance))
+    first = table.rows[0]
+    for c in ("prompt", "chosen", "rejected"):
+        console.print(f"  {c}: {first[c][:200]!r}", highlight=False)
+
+
 server_app = typer.Typer(
     help="A long-lived Prefect server for this project: later commands use it (no server to "
     "start each time) and its UI shows every run."

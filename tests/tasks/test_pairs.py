@@ -1,0 +1,159 @@
+"""Preference pairs: mining from scored groups (train split only, never equal rewards), the
+Parquet table with its provenance, and reading files with malformed rows set aside."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from dapo_core.errors import PipelineError
+from dapo_core.problem import Problem
+from tasks.params import load_params
+from tasks.preferences import pairs as P
+
+
+def _problems(n: int, prefix: str = "train") -> list[Problem]:
+    return [
+        Problem(f"{prefix}-{i}", f"{prefix}: {i} + 1?", str(i + 1), f"{i}+1", "t") for i in range(n)
+    ]
+
+
+def _generate(problems):
+    """Four responses a problem: all right when its answer n is even, right and wrong in turn
+    when n is odd."""
+    out = []
+    for p in problems:
+        n = int(p.answer)
+        right, wrong = f"Answer: {n}", f"Answer: {n + 7}"
+        out.append([right if (j % 2 == 0 or n % 2 == 0) else wrong for j in range(4)])
+    return out
+
+
+def test_mined_pairs_are_correct_over_incorrect_from_mixed_groups_of_the_train_split():
+    cfg = load_params(overrides=["rollout.group_size=4", "train.gen_batch=3"])
+    train = _problems(10)
+    table = P.mine(cfg, _generate, train, prompts=8, per_group=2, seed=1)
+    assert table.rows, "some groups are mixed"
+    ids = {p.id for p in train}
+    for row in table.rows:
+        assert row["problem_id"] in ids
+        assert row["chosen_reward"] > row["rejected_reward"]  # never two of equal reward
+        assert row["chosen"] != row["rejected"]
+    per_problem = {}
+    for row in table.rows:
+        per_problem[row["problem_id"]] = per_problem.get(row["problem_id"], 0) + 1
+    assert max(per_problem.values()) <= 2
+    # answers n = i + 1: the group is mixed when n is odd (every other response wrong)
+    mixed = {p.id for p in train if int(p.answer) % 2}
+    assert set(per_problem) <= mixed
+    prov = table.provenance
+    assert prov["pairs"] == len(table.rows) and prov["groups"] == 8
+    assert prov["sampling"]["group_size"] == 4 and prov["mining"]["seed"] == 1
+    assert len(prov["data"]["train_digest"]) == 16
+    again = P.mine(cfg, _generate, train, prompts=8, per_group=2, seed=1)
+    assert again.rows == table.rows  # the seed decides the problems and the pairs
+
+
+def test_mining_the_real_splits_never_reaches_validation_or_test_problems(tiny_cfg):
+    from tasks.data.splits import splits
+
+    s = splits(tiny_cfg)
+    held = {p.id for p in s.val} | {p.id for p in s.read_test()}
+    table = P.mine(tiny_cfg, _generate, s.train, prompts=len(s.train), per_group=1)
+    assert table.rows and not {r["problem_id"] for r in table.rows} & held
+
+
+def test_the_table_round_trips_with_its_provenance(tmp_path):
+    rows = [
+        {
+            "prompt": "x",
+            "chosen": "a",
+            "rejected": "b",
+            "problem_id": "1",
+            "chosen_reward": 1.0,
+            "rejected_reward": -1.0,
+        }
+    ]
+    path = P.write_pairs(P.PairTable(rows, {"model": {"path": "m"}}), tmp_path / "p.parquet")
+    back = P.read_pairs(str(path))
+    assert back.rows == rows and back.provenance == {"model": {"path": "m"}}
+    assert not back.quarantined
+
+
+def test_an_interrupted_write_leaves_nothing(tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pq, "write_table", boom)
+    table = P.PairTable([{"prompt": "x", "chosen": "a", "rejected": "b"}], {})
+    with pytest.raises(KeyboardInterrupt):
+        P.write_pairs(table, tmp_path / "p.parquet")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_no_pairs_is_refused_before_writing(tmp_path):
+    with pytest.raises(PipelineError, match="no pairs"):
+        P.write_pairs(P.PairTable([], {}), tmp_path / "p.parquet")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_malformed_rows_are_set_aside_and_counted(tmp_path):
+    good = {"prompt": "q", "chosen": "a", "rejected": "b"}
+    lines = [
+        json.dumps(good),
+        "{not json",
+        json.dumps({"prompt": "q", "chosen": "", "rejected": "b"}),
+        json.dumps({"prompt": "q", "chosen": "a", "rejected": "a"}),
+        json.dumps({"prompt": "held", "chosen": "a", "rejected": "b"}),
+        json.dumps([1, 2]),
+        "",
+    ]
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(lines))
+    table = P.read_pairs(str(path), held_out=["held"])
+    assert table.rows == [good]
+    assert table.quarantined == {
+        "lines that are not JSON objects": 2,
+        "missing or empty chosen": 1,
+        "chosen equal to rejected": 1,
+        "a validation or test prompt": 1,
+    }
+    assert "5 rows set aside" in table.summary()
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("missing.jsonl", None, "not found"),
+        ("empty.jsonl", "", "no usable pairs"),
+        ("cols.jsonl", json.dumps({"prompt": "q", "answer": "a"}), "no chosen, rejected column"),
+        ("bad.json", "{", "not valid JSON"),
+        ("pairs.csv", "prompt,chosen,rejected\n", ".parquet, .jsonl or .json"),
+        ("broken.parquet", "not parquet", "not a readable Parquet file"),
+    ],
+)
+def test_bad_pairs_files_are_one_line_errors(tmp_path, name, content, message):
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(PipelineError, match=message):
+        P.read_pairs(str(path))
+
+
+def test_pairs_show_says_what_is_wrong_in_one_line(tmp_path):
+    from flows.cli import app
+
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"prompt": "q", "chosen": "a", "rejected": "a"}) + "\n")
+    out = CliRunner().invoke(app, ["pairs", "show", str(path)])
+    assert out.exit_code != 0
+    assert "no usable pairs" in out.output and "Traceback" not in out.output
+
+
+def test_pairs_mine_refuses_another_suffix_before_sampling(tmp_path):
+    cfg = load_params()
+    with pytest.raises(PipelineError, match=".parquet"):
+        P.mine_to_file(cfg, tmp_path / "p.jsonl", prompts=4)
+    assert list(tmp_path.iterdir()) == []

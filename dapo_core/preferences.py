@@ -104,3 +104,41 @@ def dpo_loss(
         "reward_rejected": (rejected.sum().detach(), n),
     }
     return loss, metrics
+
+
+@dataclass(frozen=True)
+class CalibrationBin:
+    """Predictions with P(first preferred) in [lo, hi): their mean prediction, the share in
+    which the first response was the chosen one, and their count."""
+
+    lo: float
+    hi: float
+    predicted: float
+    observed: float
+    count: int
+
+
+def calibration_curve(margins: Tensor, bins: int = 10) -> tuple[list[CalibrationBin], float]:
+    """The reward model's calibration on held-out pairs, and its expected calibration error.
+
+    A pair (y+, y-) with margin m = r(y+) - r(y-) is read in both orders, as an unordered pair
+    would be shown: P(first preferred) = sigmoid(m) with outcome 1, and sigmoid(-m) with outcome
+    0 (otherwise every outcome is 1 and any model that ranks well looks "under-confident").
+    Predictions are binned on [0, 1] in ``bins`` equal bins; the error is the count-weighted mean
+    |predicted - observed| (Guo et al. 2017, ECE). Empty bins are left out."""
+    if bins < 1:
+        raise ValueError(f"bins must be >= 1, got {bins}")
+    m = margins.detach().double().flatten()
+    p = torch.cat([torch.sigmoid(m), torch.sigmoid(-m)])
+    y = torch.cat([torch.ones_like(m), torch.zeros_like(m)])
+    which = (p * bins).long().clamp(max=bins - 1)  # p == 1 goes into the last bin
+    out, ece = [], 0.0
+    for b in range(bins):
+        sel = which == b
+        n = int(sel.sum())
+        if n == 0:
+            continue
+        pred, obs = float(p[sel].mean()), float(y[sel].mean())
+        out.append(CalibrationBin(b / bins, (b + 1) / bins, pred, obs, n))
+        ece += n * abs(pred - obs)
+    return out, ece / max(int(p.numel()), 1)

@@ -421,6 +421,55 @@ def pairs_show(
         console.print(f"  {c}: {first[c][:200]!r}", highlight=False)
 
 
+rm_app = typer.Typer(help="Reward models trained on preference pairs (Bradley-Terry).")
+app.add_typer(rm_app, name="reward-model")
+
+
+@rm_app.command("train")
+@user_errors
+def reward_model_train(
+    params: ParamsOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    pairs: Annotated[
+        str, typer.Option(help="Pairs table (.parquet/.jsonl/.json) or hub dataset id.")
+    ] = "data/pairs/pairs.parquet",
+    out: Annotated[Path, typer.Option(help="The reward model directory to write.")] = Path(
+        "data/models/reward-model"
+    ),
+    epochs: Annotated[int, typer.Option(help="Passes over the training pairs.")] = 3,
+    lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-4,
+    batch_size: Annotated[int, typer.Option(help="Pairs per update.")] = 16,
+    heldout: Annotated[float, typer.Option(help="Share of prompts held out.")] = 0.2,
+    seed: Annotated[int, typer.Option(help="Split, order and head initialisation.")] = 0,
+    track: Annotated[bool, typer.Option("--track/--no-track", help="Log to MLflow.")] = True,
+) -> None:
+    """Train a reward model (the configured policy's transformer with a scalar head) on
+    preference pairs with the Bradley-Terry loss; logs held-out pair accuracy and calibration to
+    MLflow and writes an ordinary model directory."""
+    from tasks.preferences.reward_model import train_reward_model
+
+    _working()
+    cfg = _load(params, config, set_, None)
+
+    def report(step: int, total: int, m: dict) -> None:
+        if "rm/heldout_accuracy" in m:
+            console.print(
+                f"  step {step}/{total}: held-out pair accuracy {m['rm/heldout_accuracy']:.3f}, "
+                f"loss {m['rm/heldout_loss']:.3f}, ECE {m['rm/heldout_ece']:.3f}",
+                highlight=False,
+            )
+
+    r = train_reward_model(
+        cfg, pairs, out, epochs, lr, batch_size, heldout, seed, track, on_step=report
+    )
+    console.print(
+        f"[green]wrote[/] {r.out_dir}: held-out pair accuracy {r.heldout_accuracy:.3f} on "
+        f"{r.heldout_pairs} pairs ({r.train_pairs} trained on, {r.steps} steps)",
+        highlight=False,
+    )
+
+
 server_app = typer.Typer(
     help="A long-lived Prefect server for this project: later commands use it (no server to "
     "start each time) and its UI shows every run."

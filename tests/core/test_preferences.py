@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from dapo_core.preferences import (
     Pair,
     bradley_terry_loss,
+    calibration_curve,
     dpo_loss,
     mine_pairs,
     sequence_logp,
@@ -132,3 +133,29 @@ def test_dpo_is_bradley_terry_on_the_implicit_rewards(delta, beta):
     dpo, _ = dpo_loss(lc, lr, ref, ref, beta)
     bt, _ = bradley_terry_loss(beta * lc, beta * lr)
     assert dpo.item() == pytest.approx(bt.item(), rel=1e-6, abs=1e-9)
+
+
+def test_calibration_reads_each_pair_in_both_orders_by_hand():
+    # margins 0 and ln 4: sigmoid = 0.5 and 0.8 (and 0.5, 0.2 the other way round)
+    bins, ece = calibration_curve(torch.tensor([0.0, math.log(4.0)]), bins=4)
+    got = {(b.lo, b.hi): (round(b.predicted, 6), b.observed, b.count) for b in bins}
+    assert got == {
+        (0.0, 0.25): (0.2, 0.0, 1),  # sigmoid(-ln 4), outcome 0
+        (0.5, 0.75): (0.5, 0.5, 2),  # margin 0 read both ways: outcomes 1 and 0
+        (0.75, 1.0): (0.8, 1.0, 1),
+    }
+    # |0.2 - 0| + 2 * |0.5 - 0.5| + |0.8 - 1|, over 4 predictions
+    assert ece == pytest.approx(0.1)
+
+
+def test_calibration_is_symmetric_and_counts_every_prediction():
+    g = torch.Generator().manual_seed(0)
+    margins = torch.randn(50, generator=g) * 3
+    bins, ece = calibration_curve(margins, bins=10)
+    assert sum(b.count for b in bins) == 100
+    by_lo = {round(b.lo, 1): b for b in bins}
+    for b in bins:  # the bin mirrored around 0.5 holds the same predictions, outcomes flipped
+        twin = by_lo[round(1 - b.hi, 1)]
+        assert twin.count == b.count
+        assert twin.observed == pytest.approx(1 - b.observed)
+    assert 0 <= ece <= 1

@@ -1,0 +1,287 @@
+"""A reward model trained on preference pairs with the Bradley-Terry loss (issue 27, item 2).
+
+The model is the policy's architecture with a scalar head: transformers'
+``AutoModelForSequenceClassification`` with one label, loaded from the run's starting model (its
+transformer; the head starts fresh). r(x, y) is the head's output at the last token of the chat
+prompt followed by the response, so the saved directory is an ordinary reward model that TRL or
+OpenRLHF load the same way. Training minimises -log sigmoid(r(x, y+) - r(x, y-))
+(``dapo_core.preferences.bradley_terry_loss``) with AdamW over shuffled mini-batches of pairs.
+
+Pairs are split by prompt into training and held-out sets (a prompt's pairs never straddle), and
+pairs whose prompt is a validation or test problem are set aside on reading. After each epoch the
+held-out pair accuracy, loss and calibration (``dapo_core.preferences.calibration_curve``) are
+logged to MLflow, with the calibration curve as a figure. The directory is written whole or not
+at all: a staging directory renamed into place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from dapo_core.config import Config
+from dapo_core.errors import PipelineError
+from dapo_core.preferences import CalibrationBin, bradley_terry_loss, calibration_curve
+from tasks.preferences.pairs import read_pairs
+
+RECORD = "reward_model.json"  # what the directory was trained from, and how well it ranks
+
+
+@dataclasses.dataclass
+class RewardModelResult:
+    out_dir: Path
+    heldout_accuracy: float
+    heldout_loss: float
+    ece: float
+    calibration: list[CalibrationBin]
+    train_pairs: int
+    heldout_pairs: int
+    steps: int
+    run_id: str | None = None
+
+
+def split_by_prompt(rows: list[dict], heldout: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) rows: a prompt goes to the held-out set when the hash of (seed, prompt)
+    falls in the first ``heldout`` of its range, so a prompt's pairs stay together."""
+
+    def unit(prompt: str) -> float:
+        digest = hashlib.sha256(f"{seed}\0{prompt}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64
+
+    held = [r for r in rows if unit(r["prompt"]) < heldout]
+    train = [r for r in rows if unit(r["prompt"]) >= heldout]
+    return train, held
+
+
+def encode(tokenizer, rows: list[dict], max_len: int) -> list[tuple[list[int], list[int]]]:
+    """Each pair as (chosen ids, rejected ids): the chat prompt followed by the response, cut to
+    the last ``max_len`` tokens (the response's end, where the reward is read, is kept)."""
+    from tasks.models.loading import chat_prompt
+
+    def ids(prompt: str, response: str) -> list[int]:
+        text = chat_prompt(tokenizer, prompt) + response
+        return tokenizer(text, add_special_tokens=False)["input_ids"][-max_len:]
+
+    return [(ids(r["prompt"], r["chosen"]), ids(r["prompt"], r["rejected"])) for r in rows]
+
+
+def rewards(model, seqs: list[list[int]], pad: int) -> torch.Tensor:
+    """(n,) r(x, y) of right-padded sequences: the head at each one's last token."""
+    dev = next(model.parameters()).device
+    width = max(len(s) for s in seqs)
+    ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs], device=dev)
+    attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=dev)
+    hidden = model.model(input_ids=ids, attention_mask=attn).last_hidden_state
+    last = torch.tensor([len(s) - 1 for s in seqs], device=dev)
+    return model.score(hidden[torch.arange(len(seqs), device=dev), last]).squeeze(-1).float()
+
+
+def margins(model, pairs: list[tuple[list[int], list[int]]], pad: int, batch: int) -> torch.Tensor:
+    """(n,) r(y+) - r(y-) of every pair, without gradients."""
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(pairs), batch):
+            part = pairs[i : i + batch]
+            r = rewards(model, [c for c, _ in part] + [rj for _, rj in part], pad)
+            out.append(r[: len(part)] - r[len(part) :])
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+def train_reward_model(
+    cfg: Config,
+    pairs_path: str,
+    out_dir: str | Path,
+    epochs: int = 3,
+    lr: float = 1e-4,
+    batch_size: int = 16,
+    heldout: float = 0.2,
+    seed: int = 0,
+    track: bool = True,
+    on_step: Callable[[int, int, dict], None] = lambda step, total, metrics: None,
+) -> RewardModelResult:
+    """``dapo reward-model train``: see the module docstring."""
+    from tasks.data.splits import splits
+    from tasks.models.resolve import resolve_model_path
+    from tasks.runtime import configure_torch
+    from tasks.tracking.provenance import run_tags
+    from tasks.tracking.tracker import Tracker
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise PipelineError(f"{out_dir} already holds files: choose another --out, or remove it")
+    for name, value, ok in (
+        ("--epochs", epochs, epochs >= 1),
+        ("--lr", lr, lr > 0),
+        ("--batch-size", batch_size, batch_size >= 1),
+        ("--heldout", heldout, 0 < heldout < 1),
+    ):
+        if not ok:
+            raise PipelineError(f"{name} {value} is out of range; see `dapo reward-model train -h`")
+    s = splits(cfg)
+    held_prompts = [p.prompt for p in s.val] + [p.prompt for p in s.read_test()]
+    table = read_pairs(pairs_path, held_out=held_prompts)
+    train_rows, held_rows = split_by_prompt(table.rows, heldout, seed)
+    if not train_rows or not held_rows:
+        raise PipelineError(
+            f"{pairs_path}: {len(table.rows)} pairs are too few to hold some out by prompt; "
+            "mine more (`dapo pairs mine --prompts N`)"
+        )
+    device = configure_torch(cfg.train.cpu_threads)
+    base = resolve_model_path(cfg)
+    model, tokenizer = _load(base, device)
+    max_len = cfg.rollout.max_prompt_len + cfg.rollout.max_response_len
+    train = encode(tokenizer, train_rows, max_len)
+    held = encode(tokenizer, held_rows, max_len)
+    pad = tokenizer.pad_token_id
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    per_epoch = math.ceil(len(train) / batch_size)
+    total = epochs * per_epoch
+
+    tracker = Tracker(cfg, "reward_model")
+    if track:
+        tags = run_tags(cfg, "reward_model", pairs=pairs_path, base_model=str(base))
+        tracker.start_run(f"reward model {out_dir.name}", tags)
+        tracker.log_params({"rm.epochs": epochs, "rm.lr": lr, "rm.batch_size": batch_size})
+        tracker.log_params({"rm.heldout": heldout, "rm.seed": seed, "rm.pairs": pairs_path})
+        tracker.log_params({"rm.train_pairs": len(train), "rm.heldout_pairs": len(held)})
+        tracker.log_dict(table.provenance, "pairs_provenance.json")
+    with tracker:
+        torch.manual_seed(seed)
+        rng = random.Random(seed)
+        step = 0
+        for _ in range(epochs):
+            order = list(range(len(train)))
+            rng.shuffle(order)
+            model.train()
+            for i in range(0, len(order), batch_size):
+                part = [train[j] for j in order[i : i + batch_size]]
+                r = rewards(model, [c for c, _ in part] + [rj for _, rj in part], pad)
+                loss, m = bradley_terry_loss(r[: len(part)], r[len(part) :])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                step += 1
+                metrics = {
+                    "rm/loss": float(loss.detach()),
+                    "rm/pair_accuracy": _ratio(m["pair_accuracy"]),
+                }
+                tracker.log_metrics(metrics, step)
+                on_step(step, total, metrics)
+            model.eval()
+            evaluation = _heldout(model, held, pad, batch_size)
+            tracker.log_metrics({k: v for k, v in evaluation.items() if k != "bins"}, step)
+            on_step(step, total, evaluation)
+        bins, ece = evaluation["bins"], evaluation["rm/heldout_ece"]
+        record = {
+            "base_model": str(base),
+            "pairs": pairs_path,
+            "pairs_provenance": table.provenance,
+            "train_pairs": len(train),
+            "heldout_pairs": len(held),
+            "heldout_accuracy": evaluation["rm/heldout_accuracy"],
+            "heldout_loss": evaluation["rm/heldout_loss"],
+            "heldout_ece": ece,
+            "epochs": epochs,
+            "lr": lr,
+            "seed": seed,
+        }
+        _save(model, tokenizer, record, out_dir)
+        tracker.log_figure(_calibration_figure(bins, ece), "calibration.png")
+        tracker.log_table([dataclasses.asdict(b) for b in bins], "calibration.json")
+        tracker.set_tags({"rm.out_dir": str(out_dir)})
+    return RewardModelResult(
+        out_dir,
+        record["heldout_accuracy"],
+        record["heldout_loss"],
+        ece,
+        bins,
+        len(train),
+        len(held),
+        step,
+        tracker.run_id,
+    )
+
+
+def _ratio(pair: tuple[torch.Tensor, torch.Tensor]) -> float:
+    num, den = pair
+    return float(num) / max(float(den), 1.0)
+
+
+def _heldout(model, held, pad: int, batch: int) -> dict:
+    m = margins(model, held, pad, batch)
+    bins, ece = calibration_curve(m)
+    return {
+        "rm/heldout_accuracy": float((m > 0).float().mean()),
+        "rm/heldout_loss": float(-torch.nn.functional.logsigmoid(m).mean()),
+        "rm/heldout_ece": ece,
+        "bins": bins,
+    }
+
+
+def _load(path: str, device: str):
+    """The starting model's transformer under a fresh one-output head, and its tokenizer."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from tasks.models.loading import transformers_quietly
+
+    transformers_quietly()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        path, num_labels=1, dtype=torch.float32
+    ).to(device)
+    model.config.pad_token_id = tokenizer.pad_token_id  # transformers reads the last non-pad
+    return model, tokenizer
+
+
+def _save(model, tokenizer, record: dict, out_dir: Path) -> None:
+    """Write the directory whole or not at all."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.partial")
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / RECORD).write_text(json.dumps(record, indent=2))
+        if out_dir.exists():  # an empty directory (checked at the start)
+            out_dir.rmdir()
+        os.replace(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _calibration_figure(bins: list[CalibrationBin], ece: float):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="calibrated")
+    ax.plot(
+        [b.predicted for b in bins], [b.observed for b in bins], marker="o", label="reward model"
+    )
+    ax.set_xlabel("predicted P(first response preferred)")
+    ax.set_ylabel("observed share preferred")
+    ax.set_title(f"held-out calibration (ECE {ece:.3f})")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def reward_model_record(path: str | Path) -> dict:
+    """The record a trained reward model directory carries; a one-line error otherwise."""
+    p = Path(path) / RECORD
+    if not p.exists():
+        raise PipelineError(
+            f"{path} is not a reward model directory (no {RECORD}); train one with "
+            "`dapo reward-model train`"
+        )
+    return json.loads(p.read_text())

@@ -1,0 +1,141 @@
+"""The Bradley-Terry reward model: split by prompt, trained and saved as an ordinary model
+directory, tracked in MLflow; bad input and interrupts leave nothing half-written."""
+
+import pytest
+
+from dapo_core.config_loader import resolve
+from dapo_core.errors import PipelineError
+from tasks.preferences import pairs as P
+from tasks.preferences import reward_model as RM
+
+
+def _rows(n: int, prompt=lambda i: f"Compute {i} + 1."):
+    return [
+        {"prompt": prompt(i), "chosen": f"Answer: {i + 1}", "rejected": f"Answer: {i + 2}"}
+        for i in range(n)
+    ]
+
+
+def test_a_prompts_pairs_stay_on_one_side_of_the_split():
+    rows = _rows(40) + _rows(40)  # every prompt twice
+    train, held = RM.split_by_prompt(rows, 0.25, seed=3)
+    assert {r["prompt"] for r in train}.isdisjoint({r["prompt"] for r in held})
+    assert len(train) + len(held) == 80 and 0 < len(held) < 40
+    assert RM.split_by_prompt(rows, 0.25, seed=3) == (train, held)
+    assert RM.split_by_prompt(rows, 0.25, seed=4) != (train, held)
+
+
+@pytest.fixture
+def pairs_file(tiny_cfg, tmp_path):
+    from tasks.data.splits import splits
+
+    train = splits(tiny_cfg).train
+    rows = [
+        {
+            "prompt": p.prompt,
+            "chosen": f"Answer: {p.answer}",
+            "rejected": f"Answer: {int(p.answer) + 3}",
+        }
+        for p in train
+    ]
+    return str(
+        P.write_pairs(P.PairTable(rows, {"model": {"path": "tiny"}}), tmp_path / "pairs.parquet")
+    )
+
+
+@pytest.fixture
+def cfg(tiny_cfg, tmp_path):
+    return resolve(
+        tiny_cfg.to_dict(), overrides=[f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db"]
+    )
+
+
+def test_trains_saves_an_ordinary_directory_and_logs_to_mlflow(cfg, pairs_file, tmp_path):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from tasks.tracking.store import read_run, tracking_uri
+
+    out = tmp_path / "rm"
+    steps = []
+    r = RM.train_reward_model(
+        cfg,
+        pairs_file,
+        out,
+        epochs=2,
+        lr=1e-3,
+        batch_size=8,
+        on_step=lambda s, t, m: steps.append(s),
+    )
+    assert r.steps == 2 * -(-r.train_pairs // 8) and steps[-1] == r.steps
+    assert r.train_pairs + r.heldout_pairs == len(P.read_pairs(pairs_file).rows)
+    record = RM.reward_model_record(out)
+    assert record["heldout_pairs"] == r.heldout_pairs and record["pairs_provenance"] == {
+        "model": {"path": "tiny"}
+    }
+    assert sum(b.count for b in r.calibration) == 2 * r.heldout_pairs
+    # an ordinary directory: transformers loads it, and it scores as training did
+    model = AutoModelForSequenceClassification.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    rows = P.read_pairs(pairs_file).rows[:3]
+    pairs = RM.encode(tok, rows, 64)
+    ids = torch.tensor([pairs[0][0]])
+    with torch.no_grad():
+        direct = model(input_ids=ids).logits[0, 0]
+        ours = RM.rewards(model, [pairs[0][0]], tok.pad_token_id)[0]
+    assert torch.isclose(direct, ours, atol=1e-5)
+    run = read_run(r.run_id, tracking_uri(cfg))
+    assert run["status"] == "FINISHED" and run["experiment"].endswith("reward_model")
+    assert run["metrics"]["rm/heldout_accuracy"] == pytest.approx(r.heldout_accuracy)
+    assert {"rm/loss", "rm/heldout_ece"} <= set(run["metrics"])
+
+
+def test_an_interrupted_training_leaves_no_directory_and_a_killed_run(cfg, pairs_file, tmp_path):
+    from tasks.tracking.store import read_run, tracking_uri
+
+    out = tmp_path / "rm"
+
+    def stop(step, total, metrics):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        RM.train_reward_model(cfg, pairs_file, out, epochs=1, on_step=stop)
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".rm")] == []
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri(cfg))
+    exp = client.get_experiment_by_name("dapo-reward_model")
+    runs = client.search_runs([exp.experiment_id])
+    assert [read_run(x.info.run_id, tracking_uri(cfg))["status"] for x in runs] == ["KILLED"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"epochs": 0}, "--epochs 0 is out of range"),
+        ({"heldout": 1.0}, "--heldout 1.0 is out of range"),
+        ({"lr": -1.0}, "--lr -1.0 is out of range"),
+    ],
+)
+def test_bad_settings_are_one_line_errors(cfg, pairs_file, tmp_path, kwargs, message):
+    with pytest.raises(PipelineError, match=message):
+        RM.train_reward_model(cfg, pairs_file, tmp_path / "rm", track=False, **kwargs)
+    assert not (tmp_path / "rm").exists()
+
+
+def test_refuses_a_directory_with_files_and_too_few_pairs(cfg, tmp_path):
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "x").write_text("keep me")
+    one = str(P.write_pairs(P.PairTable(_rows(1), {}), tmp_path / "one.parquet"))
+    with pytest.raises(PipelineError, match="already holds files"):
+        RM.train_reward_model(cfg, one, full, track=False)
+    assert (full / "x").read_text() == "keep me"
+    with pytest.raises(PipelineError, match="too few"):
+        RM.train_reward_model(cfg, one, tmp_path / "rm", track=False)
+
+
+def test_a_directory_without_a_record_is_not_a_reward_model(tmp_path):
+    with pytest.raises(PipelineError, match="not a reward model directory"):
+        RM.reward_model_record(tmp_path)

@@ -378,8 +378,10 @@ def pairs_mine(
     out: Annotated[Path, typer.Option(help="The table to write (.parquet).")] = Path(
         "data/pairs/pairs.parquet"
     ),
-    prompts: Annotated[int, typer.Option(help="Training problems to sample.")] = 64,
-    per_group: Annotated[int, typer.Option(help="Pairs from each mixed group, at most.")] = 1,
+    prompts: Annotated[
+        int, typer.Option(help="Training problems to sample (at most the training split).")
+    ] = 800,
+    per_group: Annotated[int, typer.Option(help="Pairs from each mixed group, at most.")] = 4,
     seed: Annotated[int, typer.Option(help="Draws the problems, pairs and samples.")] = 0,
 ) -> None:
     """Sample G responses to training problems with the configured policy and sampling, and pair
@@ -437,9 +439,9 @@ def reward_model_train(
     out: Annotated[Path, typer.Option(help="The reward model directory to write.")] = Path(
         "data/models/reward-model"
     ),
-    epochs: Annotated[int, typer.Option(help="Passes over the training pairs.")] = 3,
-    lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-4,
-    batch_size: Annotated[int, typer.Option(help="Pairs per update.")] = 16,
+    epochs: Annotated[int, typer.Option(help="Passes over the training pairs.")] = 6,
+    lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 2e-4,
+    batch_size: Annotated[int, typer.Option(help="Pairs per update.")] = 32,
     heldout: Annotated[float, typer.Option(help="Share of prompts held out.")] = 0.2,
     seed: Annotated[int, typer.Option(help="Split, order and head initialisation.")] = 0,
     track: Annotated[bool, typer.Option("--track/--no-track", help="Log to MLflow.")] = True,
@@ -466,6 +468,55 @@ def reward_model_train(
     console.print(
         f"[green]wrote[/] {r.out_dir}: held-out pair accuracy {r.heldout_accuracy:.3f} on "
         f"{r.heldout_pairs} pairs ({r.train_pairs} trained on, {r.steps} steps)",
+        highlight=False,
+    )
+
+
+dpo_app = typer.Typer(help="Direct preference optimisation of the policy on preference pairs.")
+app.add_typer(dpo_app, name="dpo")
+
+
+@dpo_app.command("train")
+@user_errors
+def dpo_train(
+    params: ParamsOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    pairs: Annotated[
+        str, typer.Option(help="Pairs table (.parquet/.jsonl/.json) or hub dataset id.")
+    ] = "data/pairs/pairs.parquet",
+    out: Annotated[Path, typer.Option(help="The policy directory to write.")] = Path(
+        "data/models/dpo-policy"
+    ),
+    beta: Annotated[float, typer.Option(help="DPO's beta: strength of the reference.")] = 0.1,
+    epochs: Annotated[int, typer.Option(help="Passes over the training pairs.")] = 2,
+    lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-5,
+    batch_size: Annotated[int, typer.Option(help="Pairs per update.")] = 16,
+    heldout: Annotated[float, typer.Option(help="Share of prompts held out.")] = 0.2,
+    seed: Annotated[int, typer.Option(help="Split and order of the pairs.")] = 0,
+    track: Annotated[bool, typer.Option("--track/--no-track", help="Log to MLflow.")] = True,
+) -> None:
+    """Train the configured policy with DPO (offline) against a frozen copy of itself; writes a
+    model directory for `dapo evaluate --model DIR`."""
+    from tasks.preferences.dpo import train_dpo
+
+    _working()
+    cfg = _load(params, config, set_, None)
+
+    def report(step: int, total: int, m: dict) -> None:
+        if "dpo/heldout_accuracy" in m:
+            console.print(
+                f"  step {step}/{total}: held-out implicit-reward accuracy "
+                f"{m['dpo/heldout_accuracy']:.3f}, loss {m['dpo/heldout_loss']:.3f}",
+                highlight=False,
+            )
+
+    r = train_dpo(
+        cfg, pairs, out, beta, epochs, lr, batch_size, heldout, seed, track, on_step=report
+    )
+    console.print(
+        f"[green]wrote[/] {r.out_dir} ({r.train_pairs} pairs, {r.steps} steps); score it with "
+        f"`dapo evaluate --model {r.out_dir}`",
         highlight=False,
     )
 

@@ -17,12 +17,9 @@ at all: a staging directory renamed into place.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
-import os
 import random
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,7 +28,7 @@ import torch
 from dapo_core.config import Config
 from dapo_core.errors import PipelineError
 from dapo_core.preferences import CalibrationBin, bradley_terry_loss, calibration_curve
-from tasks.preferences.pairs import read_pairs
+from tasks.preferences.common import check_settings, read_split, save_model_dir
 
 RECORD = "reward_model.json"  # what the directory was trained from, and how well it ranks
 
@@ -47,19 +44,6 @@ class RewardModelResult:
     heldout_pairs: int
     steps: int
     run_id: str | None = None
-
-
-def split_by_prompt(rows: list[dict], heldout: float, seed: int) -> tuple[list[dict], list[dict]]:
-    """(train, held-out) rows: a prompt goes to the held-out set when the hash of (seed, prompt)
-    falls in the first ``heldout`` of its range, so a prompt's pairs stay together."""
-
-    def unit(prompt: str) -> float:
-        digest = hashlib.sha256(f"{seed}\0{prompt}".encode()).digest()
-        return int.from_bytes(digest[:8], "big") / 2**64
-
-    held = [r for r in rows if unit(r["prompt"]) < heldout]
-    train = [r for r in rows if unit(r["prompt"]) >= heldout]
-    return train, held
 
 
 def encode(tokenizer, rows: list[dict], max_len: int) -> list[tuple[list[int], list[int]]]:
@@ -100,41 +84,32 @@ def train_reward_model(
     cfg: Config,
     pairs_path: str,
     out_dir: str | Path,
-    epochs: int = 3,
-    lr: float = 1e-4,
-    batch_size: int = 16,
+    epochs: int = 6,
+    lr: float = 2e-4,
+    batch_size: int = 32,
     heldout: float = 0.2,
     seed: int = 0,
     track: bool = True,
     on_step: Callable[[int, int, dict], None] = lambda step, total, metrics: None,
 ) -> RewardModelResult:
     """``dapo reward-model train``: see the module docstring."""
-    from tasks.data.splits import splits
     from tasks.models.resolve import resolve_model_path
     from tasks.runtime import configure_torch
     from tasks.tracking.provenance import run_tags
     from tasks.tracking.tracker import Tracker
 
     out_dir = Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise PipelineError(f"{out_dir} already holds files: choose another --out, or remove it")
-    for name, value, ok in (
-        ("--epochs", epochs, epochs >= 1),
-        ("--lr", lr, lr > 0),
-        ("--batch-size", batch_size, batch_size >= 1),
-        ("--heldout", heldout, 0 < heldout < 1),
-    ):
-        if not ok:
-            raise PipelineError(f"{name} {value} is out of range; see `dapo reward-model train -h`")
-    s = splits(cfg)
-    held_prompts = [p.prompt for p in s.val] + [p.prompt for p in s.read_test()]
-    table = read_pairs(pairs_path, held_out=held_prompts)
-    train_rows, held_rows = split_by_prompt(table.rows, heldout, seed)
-    if not train_rows or not held_rows:
-        raise PipelineError(
-            f"{pairs_path}: {len(table.rows)} pairs are too few to hold some out by prompt; "
-            "mine more (`dapo pairs mine --prompts N`)"
-        )
+    check_settings(
+        "reward-model train",
+        out_dir,
+        [
+            ("--epochs", epochs, epochs >= 1),
+            ("--lr", lr, lr > 0),
+            ("--batch-size", batch_size, batch_size >= 1),
+            ("--heldout", heldout, 0 < heldout < 1),
+        ],
+    )
+    table, train_rows, held_rows = read_split(cfg, pairs_path, heldout, seed)
     device = configure_torch(cfg.train.cpu_threads)
     base = resolve_model_path(cfg)
     model, tokenizer = _load(base, device)
@@ -145,6 +120,8 @@ def train_reward_model(
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     per_epoch = math.ceil(len(train) / batch_size)
     total = epochs * per_epoch
+    # linear decay to 0 over the run: the last epochs settle instead of swinging
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: 1 - k / total)
 
     tracker = Tracker(cfg, "reward_model")
     if track:
@@ -169,6 +146,7 @@ def train_reward_model(
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
+                schedule.step()
                 step += 1
                 metrics = {
                     "rm/loss": float(loss.detach()),
@@ -194,7 +172,7 @@ def train_reward_model(
             "lr": lr,
             "seed": seed,
         }
-        _save(model, tokenizer, record, out_dir)
+        save_model_dir(model, tokenizer, RECORD, record, out_dir)
         tracker.log_figure(_calibration_figure(bins, ece), "calibration.png")
         tracker.log_table([dataclasses.asdict(b) for b in bins], "calibration.json")
         tracker.set_tags({"rm.out_dir": str(out_dir)})
@@ -240,21 +218,6 @@ def _load(path: str, device: str):
     ).to(device)
     model.config.pad_token_id = tokenizer.pad_token_id  # transformers reads the last non-pad
     return model, tokenizer
-
-
-def _save(model, tokenizer, record: dict, out_dir: Path) -> None:
-    """Write the directory whole or not at all."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.partial")
-    try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / RECORD).write_text(json.dumps(record, indent=2))
-        if out_dir.exists():  # an empty directory (checked at the start)
-            out_dir.rmdir()
-        os.replace(staging, out_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _calibration_figure(bins: list[CalibrationBin], ece: float):

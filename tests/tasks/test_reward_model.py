@@ -7,6 +7,7 @@ from dapo_core.config_loader import resolve
 from dapo_core.errors import PipelineError
 from tasks.preferences import pairs as P
 from tasks.preferences import reward_model as RM
+from tasks.preferences.common import split_by_prompt
 
 
 def _rows(n: int, prompt=lambda i: f"Compute {i} + 1."):
@@ -18,11 +19,11 @@ def _rows(n: int, prompt=lambda i: f"Compute {i} + 1."):
 
 def test_a_prompts_pairs_stay_on_one_side_of_the_split():
     rows = _rows(40) + _rows(40)  # every prompt twice
-    train, held = RM.split_by_prompt(rows, 0.25, seed=3)
+    train, held = split_by_prompt(rows, 0.25, seed=3)
     assert {r["prompt"] for r in train}.isdisjoint({r["prompt"] for r in held})
     assert len(train) + len(held) == 80 and 0 < len(held) < 40
-    assert RM.split_by_prompt(rows, 0.25, seed=3) == (train, held)
-    assert RM.split_by_prompt(rows, 0.25, seed=4) != (train, held)
+    assert split_by_prompt(rows, 0.25, seed=3) == (train, held)
+    assert split_by_prompt(rows, 0.25, seed=4) != (train, held)
 
 
 @pytest.fixture

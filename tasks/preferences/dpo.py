@@ -1,0 +1,203 @@
+"""Offline DPO on preference pairs (issue 27, item 4; Rafailov et al. 2023).
+
+The policy starts from the run's model and a frozen copy of it is the reference. Each pair's
+sequence log-probabilities (sums over the response's tokens, under the chat prompt) come from the
+trainer's own forward (``tasks.training.forward.PolicyForward``: the prompt run once, only
+response positions projected onto the vocabulary), the reference's once, before training.
+The loss is ``dapo_core.preferences.dpo_loss``:
+-log sigmoid(beta [(log pi(y+) - log pi_ref(y+)) - (log pi(y-) - log pi_ref(y-))]).
+
+Pairs are split by prompt as for the reward model (``reward_model.split_by_prompt``); after each
+epoch the held-out loss, implicit-reward accuracy and margin are logged to MLflow (experiment
+``dapo-dpo``). The trained policy is written whole or not at all, as an ordinary model directory
+that ``dapo evaluate --model DIR`` scores like any other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from dapo_core.config import Config
+from dapo_core.preferences import dpo_loss, sequence_logp
+from tasks.preferences.common import check_settings, read_split, save_model_dir
+from tasks.training.batches import Sample
+
+RECORD = "dpo.json"
+
+
+@dataclasses.dataclass
+class DPOResult:
+    out_dir: Path
+    heldout_accuracy: float
+    heldout_loss: float
+    train_pairs: int
+    heldout_pairs: int
+    steps: int
+    run_id: str | None = None
+
+
+def pair_samples(tokenizer, rows: list[dict], max_response: int) -> list[tuple[Sample, Sample]]:
+    """Each pair as two samples sharing the chat prompt's ids: (chosen, rejected), responses cut
+    to ``max_response`` tokens (the rollout's limit)."""
+    from tasks.models.loading import chat_prompt
+
+    out = []
+    for r in rows:
+        prompt = tokenizer(chat_prompt(tokenizer, r["prompt"]), add_special_tokens=False)
+        p = prompt["input_ids"]
+
+        def sample(text: str, p=p) -> Sample:
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_response] or [
+                tokenizer.eos_token_id
+            ]
+            return Sample(p + ids, len(p), 0.0, True)
+
+        out.append((sample(r["chosen"]), sample(r["rejected"])))
+    return out
+
+
+def sequence_logps(forward, samples: list[Sample]) -> torch.Tensor:
+    """(n,) log pi(y | x) of each sample under ``forward``'s model."""
+    logp, _, mask = forward(samples)
+    return sequence_logp(logp, mask)
+
+
+def train_dpo(
+    cfg: Config,
+    pairs_path: str,
+    out_dir: str | Path,
+    beta: float = 0.1,
+    epochs: int = 2,
+    lr: float = 1e-5,
+    batch_size: int = 16,
+    heldout: float = 0.2,
+    seed: int = 0,
+    track: bool = True,
+    on_step: Callable[[int, int, dict], None] = lambda step, total, metrics: None,
+) -> DPOResult:
+    """``dapo dpo train``: see the module docstring."""
+    from tasks.models.loading import load_policy
+    from tasks.models.resolve import resolve_model_path
+    from tasks.runtime import configure_torch
+    from tasks.tracking.provenance import run_tags
+    from tasks.tracking.tracker import Tracker
+    from tasks.training.forward import PolicyForward
+    from tasks.training.reference import frozen_copy
+
+    out_dir = Path(out_dir)
+    check_settings(
+        "dpo train",
+        out_dir,
+        [
+            ("--beta", beta, beta > 0),
+            ("--epochs", epochs, epochs >= 1),
+            ("--lr", lr, lr > 0),
+            ("--batch-size", batch_size, batch_size >= 1),
+            ("--heldout", heldout, 0 < heldout < 1),
+        ],
+    )
+    table, train_rows, held_rows = read_split(cfg, pairs_path, heldout, seed)
+    device = configure_torch(cfg.train.cpu_threads)
+    base = resolve_model_path(cfg)
+    model, tokenizer = load_policy(base, "float32", device)
+    reference = frozen_copy(model)
+    pad = tokenizer.pad_token_id
+    # log pi(y | x) of the model itself (temperature 1), as DPO's objective is defined
+    policy = PolicyForward(model, pad, 1.0, autocast=False)
+    ref = PolicyForward(reference, pad, 1.0, autocast=False)
+    train = pair_samples(tokenizer, train_rows, cfg.rollout.max_response_len)
+    held = pair_samples(tokenizer, held_rows, cfg.rollout.max_response_len)
+    ref_train = _reference_logps(ref, train, batch_size)
+    ref_held = _reference_logps(ref, held, batch_size)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    total = epochs * math.ceil(len(train) / batch_size)
+    # linear decay to 0 over the run: the last epochs settle instead of swinging
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: 1 - k / total)
+
+    tracker = Tracker(cfg, "dpo")
+    if track:
+        tracker.start_run(f"dpo {out_dir.name}", run_tags(cfg, "dpo", pairs=pairs_path))
+        tracker.log_params({"dpo.beta": beta, "dpo.epochs": epochs, "dpo.lr": lr})
+        tracker.log_params({"dpo.batch_size": batch_size, "dpo.heldout": heldout, "dpo.seed": seed})
+        tracker.log_params({"dpo.pairs": pairs_path, "dpo.train_pairs": len(train)})
+        tracker.log_dict(table.provenance, "pairs_provenance.json")
+    with tracker:
+        torch.manual_seed(seed)
+        rng = random.Random(seed)
+        step = 0
+        evaluation = _heldout(policy, held, ref_held, beta, batch_size)
+        tracker.log_metrics(evaluation, 0)
+        for _ in range(epochs):
+            order = list(range(len(train)))
+            rng.shuffle(order)
+            model.train()
+            for i in range(0, len(order), batch_size):
+                idx = order[i : i + batch_size]
+                pol = sequence_logps(policy, [x for j in idx for x in train[j]]).view(-1, 2)
+                loss, m = dpo_loss(pol[:, 0], pol[:, 1], *ref_train[idx].unbind(-1), beta)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                schedule.step()
+                step += 1
+                metrics = {f"dpo/{k}": float(n) / float(d) for k, (n, d) in m.items()}
+                metrics["dpo/loss"] = float(loss.detach())
+                metrics["dpo/lr"] = schedule.get_last_lr()[0]
+                tracker.log_metrics(metrics, step)
+                on_step(step, total, metrics)
+            model.eval()
+            evaluation = _heldout(policy, held, ref_held, beta, batch_size)
+            tracker.log_metrics(evaluation, step)
+            on_step(step, total, evaluation)
+        record = {
+            "base_model": str(base),
+            "pairs": pairs_path,
+            "pairs_provenance": table.provenance,
+            "beta": beta,
+            "epochs": epochs,
+            "lr": lr,
+            "seed": seed,
+            "train_pairs": len(train),
+            "heldout_pairs": len(held),
+            "heldout_accuracy": evaluation["dpo/heldout_accuracy"],
+            "heldout_loss": evaluation["dpo/heldout_loss"],
+        }
+        save_model_dir(model, tokenizer, RECORD, record, out_dir)
+        tracker.set_tags({"dpo.out_dir": str(out_dir)})
+    return DPOResult(
+        out_dir,
+        record["heldout_accuracy"],
+        record["heldout_loss"],
+        len(train),
+        len(held),
+        step,
+        tracker.run_id,
+    )
+
+
+def _reference_logps(ref, pairs: list[tuple[Sample, Sample]], batch: int) -> torch.Tensor:
+    """(n, 2) log pi_ref of (chosen, rejected), once."""
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(pairs), batch):
+            part = [x for pair in pairs[i : i + batch] for x in pair]
+            out.append(sequence_logps(ref, part).view(-1, 2))
+    return torch.cat(out)
+
+
+def _heldout(policy, held, ref_held: torch.Tensor, beta: float, batch: int) -> dict:
+    """Held-out DPO loss, implicit-reward accuracy and margin."""
+    with torch.no_grad():
+        pol = _reference_logps(policy, held, batch)
+        loss, m = dpo_loss(pol[:, 0], pol[:, 1], ref_held[:, 0], ref_held[:, 1], beta)
+    return {
+        "dpo/heldout_loss": float(loss),
+        "dpo/heldout_accuracy": float(m["pair_accuracy"][0] / m["pair_accuracy"][1]),
+        "dpo/heldout_margin": float(m["reward_margin"][0] / m["reward_margin"][1]),
+    }

@@ -1,0 +1,83 @@
+"""Offline DPO: log 2 at the start (the policy is its reference), the held-out loss falls with
+training, the policy is saved as a model directory; bad input and interrupts leave nothing."""
+
+import math
+
+import pytest
+import torch
+
+from dapo_core.config_loader import resolve
+from dapo_core.errors import PipelineError
+from dapo_core.preferences import dpo_loss
+from tasks.preferences import dpo as D
+from tasks.preferences import pairs as P
+
+
+@pytest.fixture
+def cfg(tiny_cfg, tmp_path):
+    return resolve(
+        tiny_cfg.to_dict(), overrides=[f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db"]
+    )
+
+
+@pytest.fixture
+def pairs_file(tiny_cfg, tmp_path):
+    from tasks.data.splits import splits
+
+    rows = [
+        {
+            "prompt": p.prompt,
+            "chosen": f"Answer: {p.answer}",
+            "rejected": f"Answer: {int(p.answer) + 3}",
+        }
+        for p in splits(tiny_cfg).train
+    ]
+    return str(P.write_pairs(P.PairTable(rows, {}), tmp_path / "pairs.parquet"))
+
+
+def test_the_policy_against_its_frozen_copy_gives_log_2(cfg, pairs_file):
+    from tasks.models.loading import load_policy
+    from tasks.models.resolve import resolve_model_path
+    from tasks.training.forward import PolicyForward
+    from tasks.training.reference import frozen_copy
+
+    model, tok = load_policy(resolve_model_path(cfg), "float32", "cpu")
+    pairs = D.pair_samples(tok, P.read_pairs(pairs_file).rows[:6], 8)
+    flat = [x for pair in pairs for x in pair]
+    pol = D.sequence_logps(PolicyForward(model, tok.pad_token_id, 1.0, False), flat).view(-1, 2)
+    ref = D.sequence_logps(
+        PolicyForward(frozen_copy(model), tok.pad_token_id, 1.0, False), flat
+    ).view(-1, 2)
+    assert torch.equal(pol, ref) and (pol < 0).all()
+    loss, m = dpo_loss(pol[:, 0], pol[:, 1], ref[:, 0], ref[:, 1], beta=0.1)
+    assert float(loss) == pytest.approx(math.log(2), abs=1e-7)
+    assert float(m["pair_accuracy"][0]) == 0  # a margin of 0 is not a win
+
+
+def test_training_lowers_the_heldout_loss_and_saves_a_policy(cfg, pairs_file, tmp_path):
+    from tasks.models.loading import load_policy
+    from tasks.tracking.store import read_run, tracking_uri
+
+    out = tmp_path / "dpo"
+    r = D.train_dpo(cfg, pairs_file, out, beta=0.5, epochs=2, lr=3e-3, batch_size=8)
+    assert r.heldout_loss < math.log(2) - 0.005  # log 2 at the start (the test above)
+    model, _ = load_policy(str(out), "float32", "cpu")  # an ordinary model directory
+    assert model.config.model_type == "qwen2"
+    run = read_run(r.run_id, tracking_uri(cfg))
+    assert run["status"] == "FINISHED" and run["experiment"].endswith("dpo")
+    assert run["metrics"]["dpo/heldout_loss"] == pytest.approx(r.heldout_loss)
+
+
+def test_an_interrupted_dpo_leaves_no_directory(cfg, pairs_file, tmp_path):
+    def stop(step, total, metrics):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        D.train_dpo(cfg, pairs_file, tmp_path / "dpo", epochs=1, track=False, on_step=stop)
+    assert not (tmp_path / "dpo").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".dpo")]
+
+
+def test_a_bad_beta_is_a_one_line_error(cfg, pairs_file, tmp_path):
+    with pytest.raises(PipelineError, match="--beta 0.0 is out of range"):
+        D.train_dpo(cfg, pairs_file, tmp_path / "dpo", beta=0.0, track=False)

@@ -489,8 +489,11 @@ def dpo_train(
         "data/models/dpo-policy"
     ),
     beta: Annotated[float, typer.Option(help="DPO's beta: strength of the reference.")] = 0.1,
-    epochs: Annotated[int, typer.Option(help="Passes over the training pairs.")] = 2,
-    lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-5,
+    nll_weight: Annotated[
+        float, typer.Option(help="Weight of the chosen responses' NLL (0: plain DPO).")
+    ] = 1.0,
+    epochs: Annotated[int, typer.Option(help="Passes over the training pairs.")] = 3,
+    lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-4,
     batch_size: Annotated[int, typer.Option(help="Pairs per update.")] = 16,
     heldout: Annotated[float, typer.Option(help="Share of prompts held out.")] = 0.2,
     seed: Annotated[int, typer.Option(help="Split and order of the pairs.")] = 0,
@@ -512,7 +515,18 @@ def dpo_train(
             )
 
     r = train_dpo(
-        cfg, pairs, out, beta, epochs, lr, batch_size, heldout, seed, track, on_step=report
+        cfg,
+        pairs,
+        out,
+        beta,
+        nll_weight,
+        epochs,
+        lr,
+        batch_size,
+        heldout,
+        seed,
+        track,
+        on_step=report,
     )
     console.print(
         f"[green]wrote[/] {r.out_dir} ({r.train_pairs} pairs, {r.steps} steps); score it with "

@@ -78,6 +78,11 @@ def test_an_interrupted_dpo_leaves_no_directory(cfg, pairs_file, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".dpo")]
 
 
-def test_a_bad_beta_is_a_one_line_error(cfg, pairs_file, tmp_path):
-    with pytest.raises(PipelineError, match="--beta 0.0 is out of range"):
-        D.train_dpo(cfg, pairs_file, tmp_path / "dpo", beta=0.0, track=False)
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"beta": 0.0}, "--beta 0.0 is out of range"), ({"nll_weight": -1.0}, "--nll-weight -1.0")],
+)
+def test_bad_settings_are_one_line_errors(cfg, pairs_file, tmp_path, kwargs, message):
+    with pytest.raises(PipelineError, match=message):
+        D.train_dpo(cfg, pairs_file, tmp_path / "dpo", track=False, **kwargs)
+    assert not (tmp_path / "dpo").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -69,3 +70,138 @@ def save_model_dir(model, tokenizer, record_name: str, record: dict, out_dir: Pa
         os.replace(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+class Resume:
+    """A trainer's resumable state, beside its output directory (``.<name>.resume/``): the
+    settings it was started with and, every few steps, the model, optimizer and schedule state,
+    the step and the MLflow run. Running the same command again continues from it, exactly: the
+    pair order of each epoch is a function of (seed, epoch), so the steps replayed after the
+    checkpoint are the ones the interrupted run would have taken. Removed once the output
+    directory is written."""
+
+    def __init__(self, out_dir: Path, settings: dict):
+        self.dir = out_dir.with_name(f".{out_dir.name}.resume")
+        self.settings = json.loads(json.dumps(settings))  # as read back from JSON
+
+    def load(self) -> dict | None:
+        """The saved state, or None; a state saved under other settings is refused."""
+        import torch
+
+        state_file, settings_file = self.dir / "state.pt", self.dir / "settings.json"
+        if not state_file.exists():
+            return None
+        if json.loads(settings_file.read_text()) != self.settings:
+            raise PipelineError(
+                f"{self.dir} holds an interrupted run with other settings: run the same command "
+                "as before to continue it, or remove that directory to start over"
+            )
+        return torch.load(state_file, weights_only=True)
+
+    def save(self, state: dict) -> None:
+        """Write ``state`` whole (temporary file, then rename)."""
+        import torch
+
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "settings.json").write_text(json.dumps(self.settings))
+        tmp = self.dir / f"state.{os.getpid()}.tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, self.dir / "state.pt")
+
+    def run_id(self) -> str | None:
+        """The MLflow run the interrupted attempt logged to."""
+        f = self.dir / "run.json"
+        return json.loads(f.read_text())["run_id"] if f.exists() else None
+
+    def record_run(self, run_id: str | None) -> None:
+        if run_id:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            (self.dir / "run.json").write_text(json.dumps({"run_id": run_id}))
+
+    def done(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def start_tracking(tracker, resume: Resume, track: bool, name: str, tags: dict) -> bool:
+    """Attach to the interrupted attempt's MLflow run, or start one (recorded for a later
+    attempt); True when a new run was started (its parameters are to be logged)."""
+    if not track:
+        return False
+    old = resume.run_id()
+    if old and tracker.resume_run(old):
+        return False
+    resume.record_run(tracker.start_run(name, tags))
+    return True
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    """The order of the training pairs in ``epoch``: a function of (seed, epoch) only."""
+    import random
+
+    order = list(range(n))
+    random.Random(f"{seed}:{epoch}").shuffle(order)
+    return order
+
+
+def fit(
+    *,
+    model,
+    optimizer,
+    schedule,
+    n_train: int,
+    batch_size: int,
+    epochs: int,
+    seed: int,
+    learn,
+    evaluate,
+    tracker,
+    resume: Resume,
+    on_step,
+    checkpoint_every: int = 50,
+) -> tuple[int, dict]:
+    """The preference trainers' loop: ``learn(pair indices) -> metrics`` per mini-batch (one
+    optimizer step, taken here), ``evaluate() -> metrics`` on the held-out pairs after each
+    epoch; metrics to ``tracker`` and ``on_step(step, total, metrics)``; state saved to
+    ``resume`` every ``checkpoint_every`` steps and at each epoch's end, and restored from it
+    when a run was interrupted. Returns the steps and the last held-out metrics."""
+    per_epoch = math.ceil(n_train / batch_size)
+    total = epochs * per_epoch
+    step, state = 0, resume.load()
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        step = state["step"]
+
+    def save() -> None:
+        resume.save(
+            {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "schedule": schedule.state_dict(),
+                "step": step,
+            }
+        )
+
+    evaluation = None
+    for epoch in range(step // per_epoch, epochs):
+        order = epoch_order(n_train, seed, epoch)
+        model.train()
+        for b in range(step - epoch * per_epoch, per_epoch):
+            metrics = learn(order[b * batch_size : (b + 1) * batch_size])
+            optimizer.step()
+            schedule.step()
+            step += 1
+            tracker.log_metrics(metrics, step)
+            on_step(step, total, metrics)
+            if step % checkpoint_every == 0 and step % per_epoch:
+                save()
+        model.eval()
+        evaluation = evaluate()
+        tracker.log_metrics({k: v for k, v in evaluation.items() if k != "bins"}, step)
+        on_step(step, total, evaluation)
+        save()
+    if evaluation is None:  # resumed after the last epoch: only the directory was missing
+        model.eval()
+        evaluation = evaluate()
+    return step, evaluation

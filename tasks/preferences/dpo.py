@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,7 +28,14 @@ import torch
 
 from dapo_core.config import Config
 from dapo_core.preferences import dpo_loss, sequence_logp
-from tasks.preferences.common import check_settings, read_split, save_model_dir
+from tasks.preferences.common import (
+    Resume,
+    check_settings,
+    fit,
+    read_split,
+    save_model_dir,
+    start_tracking,
+)
 from tasks.training.batches import Sample
 
 RECORD = "dpo.json"
@@ -126,46 +132,45 @@ def train_dpo(
     # linear decay to 0 over the run: the last epochs settle instead of swinging
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: 1 - k / total)
 
+    settings = {"pairs": pairs_path, "base": str(base), "beta": beta, "nll_weight": nll_weight}
+    settings |= {"epochs": epochs, "lr": lr, "batch_size": batch_size, "heldout": heldout}
+    settings |= {"seed": seed}
+    resume = Resume(out_dir, settings)
+
+    def learn(idx: list[int]) -> dict:
+        pol = sequence_logps(policy, [x for j in idx for x in train[j]]).view(-1, 2)
+        loss, m = dpo_loss(pol[:, 0], pol[:, 1], *ref_train[idx].unbind(-1), beta)
+        lens = torch.tensor([float(train[j][0].response_len) for j in idx])
+        nll = -(pol[:, 0] / lens).mean()  # the chosen responses', per token
+        total_loss = loss + nll_weight * nll if nll_weight else loss
+        optimizer.zero_grad(set_to_none=True)
+        total_loss.backward()
+        metrics = {f"dpo/{k}": float(n) / float(d) for k, (n, d) in m.items()}
+        metrics |= {"dpo/loss": float(loss.detach()), "dpo/chosen_nll": float(nll.detach())}
+        return metrics | {"dpo/lr": schedule.get_last_lr()[0]}
+
     tracker = Tracker(cfg, "dpo")
-    if track:
-        tracker.start_run(f"dpo {out_dir.name}", run_tags(cfg, "dpo", pairs=pairs_path))
-        tracker.log_params({"dpo.beta": beta, "dpo.epochs": epochs, "dpo.lr": lr})
-        tracker.log_params({"dpo.nll_weight": nll_weight})
-        tracker.log_params({"dpo.batch_size": batch_size, "dpo.heldout": heldout, "dpo.seed": seed})
-        tracker.log_params({"dpo.pairs": pairs_path, "dpo.train_pairs": len(train)})
+    tags = run_tags(cfg, "dpo", pairs=pairs_path)
+    if start_tracking(tracker, resume, track, f"dpo {out_dir.name}", tags):
+        tracker.log_params({f"dpo.{k}": v for k, v in settings.items()})
+        tracker.log_params({"dpo.train_pairs": len(train), "dpo.heldout_pairs": len(held)})
         tracker.log_dict(table.provenance, "pairs_provenance.json")
+        tracker.log_metrics(_heldout(policy, held, ref_held, beta, batch_size), 0)  # log 2
     with tracker:
-        torch.manual_seed(seed)
-        rng = random.Random(seed)
-        step = 0
-        evaluation = _heldout(policy, held, ref_held, beta, batch_size)
-        tracker.log_metrics(evaluation, 0)
-        for _ in range(epochs):
-            order = list(range(len(train)))
-            rng.shuffle(order)
-            model.train()
-            for i in range(0, len(order), batch_size):
-                idx = order[i : i + batch_size]
-                pol = sequence_logps(policy, [x for j in idx for x in train[j]]).view(-1, 2)
-                loss, m = dpo_loss(pol[:, 0], pol[:, 1], *ref_train[idx].unbind(-1), beta)
-                lens = torch.tensor([float(train[j][0].response_len) for j in idx])
-                nll = -(pol[:, 0] / lens).mean()  # the chosen responses', per token
-                loss = loss + nll_weight * nll if nll_weight else loss
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                schedule.step()
-                step += 1
-                metrics = {f"dpo/{k}": float(n) / float(d) for k, (n, d) in m.items()}
-                metrics["dpo/loss"] = float(loss.detach())
-                metrics["dpo/chosen_nll"] = float(nll.detach())
-                metrics["dpo/lr"] = schedule.get_last_lr()[0]
-                tracker.log_metrics(metrics, step)
-                on_step(step, total, metrics)
-            model.eval()
-            evaluation = _heldout(policy, held, ref_held, beta, batch_size)
-            tracker.log_metrics(evaluation, step)
-            on_step(step, total, evaluation)
+        step, evaluation = fit(
+            model=model,
+            optimizer=optimizer,
+            schedule=schedule,
+            n_train=len(train),
+            batch_size=batch_size,
+            epochs=epochs,
+            seed=seed,
+            learn=learn,
+            evaluate=lambda: _heldout(policy, held, ref_held, beta, batch_size),
+            tracker=tracker,
+            resume=resume,
+            on_step=on_step,
+        )
         record = {
             "base_model": str(base),
             "pairs": pairs_path,
@@ -182,6 +187,7 @@ def train_dpo(
         }
         save_model_dir(model, tokenizer, RECORD, record, out_dir)
         tracker.set_tags({"dpo.out_dir": str(out_dir)})
+    resume.done()
     return DPOResult(
         out_dir,
         record["heldout_accuracy"],

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,7 +27,14 @@ import torch
 from dapo_core.config import Config
 from dapo_core.errors import PipelineError
 from dapo_core.preferences import CalibrationBin, bradley_terry_loss, calibration_curve
-from tasks.preferences.common import check_settings, read_split, save_model_dir
+from tasks.preferences.common import (
+    Resume,
+    check_settings,
+    fit,
+    read_split,
+    save_model_dir,
+    start_tracking,
+)
 
 RECORD = "reward_model.json"  # what the directory was trained from, and how well it ranks
 
@@ -112,52 +118,49 @@ def train_reward_model(
     table, train_rows, held_rows = read_split(cfg, pairs_path, heldout, seed)
     device = configure_torch(cfg.train.cpu_threads)
     base = resolve_model_path(cfg)
+    torch.manual_seed(seed)  # the head's initialisation
     model, tokenizer = _load(base, device)
     max_len = cfg.rollout.max_prompt_len + cfg.rollout.max_response_len
     train = encode(tokenizer, train_rows, max_len)
     held = encode(tokenizer, held_rows, max_len)
     pad = tokenizer.pad_token_id
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    per_epoch = math.ceil(len(train) / batch_size)
-    total = epochs * per_epoch
+    total = epochs * math.ceil(len(train) / batch_size)
     # linear decay to 0 over the run: the last epochs settle instead of swinging
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: 1 - k / total)
+    settings = {"pairs": pairs_path, "base": str(base), "epochs": epochs, "lr": lr}
+    settings |= {"batch_size": batch_size, "heldout": heldout, "seed": seed}
+    resume = Resume(out_dir, settings)
+
+    def learn(idx: list[int]) -> dict:
+        part = [train[j] for j in idx]
+        r = rewards(model, [c for c, _ in part] + [rj for _, rj in part], pad)
+        loss, m = bradley_terry_loss(r[: len(part)], r[len(part) :])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        return {"rm/loss": float(loss.detach()), "rm/pair_accuracy": _ratio(m["pair_accuracy"])}
 
     tracker = Tracker(cfg, "reward_model")
-    if track:
-        tags = run_tags(cfg, "reward_model", pairs=pairs_path, base_model=str(base))
-        tracker.start_run(f"reward model {out_dir.name}", tags)
-        tracker.log_params({"rm.epochs": epochs, "rm.lr": lr, "rm.batch_size": batch_size})
-        tracker.log_params({"rm.heldout": heldout, "rm.seed": seed, "rm.pairs": pairs_path})
+    tags = run_tags(cfg, "reward_model", pairs=pairs_path, base_model=str(base))
+    if start_tracking(tracker, resume, track, f"reward model {out_dir.name}", tags):
+        tracker.log_params({f"rm.{k}": v for k, v in settings.items()})
         tracker.log_params({"rm.train_pairs": len(train), "rm.heldout_pairs": len(held)})
         tracker.log_dict(table.provenance, "pairs_provenance.json")
     with tracker:
-        torch.manual_seed(seed)
-        rng = random.Random(seed)
-        step = 0
-        for _ in range(epochs):
-            order = list(range(len(train)))
-            rng.shuffle(order)
-            model.train()
-            for i in range(0, len(order), batch_size):
-                part = [train[j] for j in order[i : i + batch_size]]
-                r = rewards(model, [c for c, _ in part] + [rj for _, rj in part], pad)
-                loss, m = bradley_terry_loss(r[: len(part)], r[len(part) :])
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                schedule.step()
-                step += 1
-                metrics = {
-                    "rm/loss": float(loss.detach()),
-                    "rm/pair_accuracy": _ratio(m["pair_accuracy"]),
-                }
-                tracker.log_metrics(metrics, step)
-                on_step(step, total, metrics)
-            model.eval()
-            evaluation = _heldout(model, held, pad, batch_size)
-            tracker.log_metrics({k: v for k, v in evaluation.items() if k != "bins"}, step)
-            on_step(step, total, evaluation)
+        step, evaluation = fit(
+            model=model,
+            optimizer=optimizer,
+            schedule=schedule,
+            n_train=len(train),
+            batch_size=batch_size,
+            epochs=epochs,
+            seed=seed,
+            learn=learn,
+            evaluate=lambda: _heldout(model, held, pad, batch_size),
+            tracker=tracker,
+            resume=resume,
+            on_step=on_step,
+        )
         bins, ece = evaluation["bins"], evaluation["rm/heldout_ece"]
         record = {
             "base_model": str(base),
@@ -176,6 +179,7 @@ def train_reward_model(
         tracker.log_figure(_calibration_figure(bins, ece), "calibration.png")
         tracker.log_table([dataclasses.asdict(b) for b in bins], "calibration.json")
         tracker.set_tags({"rm.out_dir": str(out_dir)})
+    resume.done()
     return RewardModelResult(
         out_dir,
         record["heldout_accuracy"],

@@ -68,14 +68,24 @@ def test_training_lowers_the_heldout_loss_and_saves_a_policy(cfg, pairs_file, tm
     assert run["metrics"]["dpo/heldout_loss"] == pytest.approx(r.heldout_loss)
 
 
-def test_an_interrupted_dpo_leaves_no_directory(cfg, pairs_file, tmp_path):
+def test_an_interrupted_dpo_resumes_to_the_uninterrupted_policy(cfg, pairs_file, tmp_path):
+    from safetensors.torch import load_file
+
+    args = dict(epochs=2, lr=3e-3, batch_size=8, track=False)
+    D.train_dpo(cfg, pairs_file, tmp_path / "a", **args)
+
     def stop(step, total, metrics):
-        raise KeyboardInterrupt
+        if step == total - 1 and "dpo/loss" in metrics:
+            raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        D.train_dpo(cfg, pairs_file, tmp_path / "dpo", epochs=1, track=False, on_step=stop)
-    assert not (tmp_path / "dpo").exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".dpo")]
+        D.train_dpo(cfg, pairs_file, tmp_path / "b", on_step=stop, **args)
+    assert not (tmp_path / "b").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+    D.train_dpo(cfg, pairs_file, tmp_path / "b", **args)
+    a, b = (load_file(str(tmp_path / d / "model.safetensors")) for d in "ab")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not (tmp_path / ".b.resume").exists()
 
 
 @pytest.mark.parametrize(

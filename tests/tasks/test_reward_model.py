@@ -2,6 +2,7 @@
 directory, tracked in MLflow; bad input and interrupts leave nothing half-written."""
 
 import pytest
+import torch
 
 from dapo_core.config_loader import resolve
 from dapo_core.errors import PipelineError
@@ -102,13 +103,47 @@ def test_an_interrupted_training_leaves_no_directory_and_a_killed_run(cfg, pairs
     with pytest.raises(KeyboardInterrupt):
         RM.train_reward_model(cfg, pairs_file, out, epochs=1, on_step=stop)
     assert not out.exists()
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".rm")] == []
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri(cfg))
     exp = client.get_experiment_by_name("dapo-reward_model")
     runs = client.search_runs([exp.experiment_id])
     assert [read_run(x.info.run_id, tracking_uri(cfg))["status"] for x in runs] == ["KILLED"]
+
+
+def _weights(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_a_resumed_training_equals_the_uninterrupted_one(cfg, pairs_file, tmp_path):
+    """Interrupted one step before the end (mid-epoch, after a checkpoint at the first epoch's
+    end), then run again: the same weights, bit for bit, and the same MLflow run, FINISHED."""
+    from tasks.tracking.store import read_run, tracking_uri
+
+    args = dict(epochs=2, lr=1e-3, batch_size=8)
+    whole = RM.train_reward_model(cfg, pairs_file, tmp_path / "a", track=False, **args)
+
+    def stop(step, total, metrics):
+        if step == total - 1 and "rm/loss" in metrics:
+            raise KeyboardInterrupt
+
+    out = tmp_path / "b"
+    with pytest.raises(KeyboardInterrupt):
+        RM.train_reward_model(cfg, pairs_file, out, on_step=stop, **args)
+    assert (tmp_path / ".b.resume" / "state.pt").exists() and not out.exists()
+    resumed = RM.train_reward_model(cfg, pairs_file, out, **args)
+    a, b = _weights(tmp_path / "a"), _weights(out)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed.heldout_accuracy == whole.heldout_accuracy
+    assert not (tmp_path / ".b.resume").exists()
+    assert read_run(resumed.run_id, tracking_uri(cfg))["status"] == "FINISHED"
+    with pytest.raises(KeyboardInterrupt):  # other settings over an interrupted run: refused
+        RM.train_reward_model(cfg, pairs_file, tmp_path / "c", on_step=stop, track=False, **args)
+    with pytest.raises(PipelineError, match="other settings"):
+        RM.train_reward_model(cfg, pairs_file, tmp_path / "c", track=False, epochs=3)
 
 
 @pytest.mark.parametrize(

@@ -277,8 +277,11 @@ def estimate(
     return chosen(AdvantageInput(rewards, mask, values=values, token_rewards=token_rewards))
 
 
-def rewards(algo: AlgoConfig, acc: Tensor, lengths: Tensor, max_len: int) -> Tensor:
-    """Responses' rewards (any shape): Eq. 7 plus, under ``algo.overlong_shaping``, Eq. 13."""
+def rewards(
+    algo: AlgoConfig, acc: Tensor, lengths: Tensor, max_len: int, learned: Tensor | None = None
+) -> Tensor:
+    """Responses' rewards (any shape): Eq. 7 (or the ``learned`` reward, a reward model's
+    score) plus, under ``algo.overlong_shaping``, Eq. 13."""
     return shaped_rewards(
         acc,
         lengths,
@@ -286,6 +289,7 @@ def rewards(algo: AlgoConfig, acc: Tensor, lengths: Tensor, max_len: int) -> Ten
         max_len=max_len,
         cache_len=algo.cache_len,
         factor=algo.overlong_penalty_factor,
+        learned=learned,
     )
 
 
@@ -309,11 +313,13 @@ def loss_inputs(
     finished: Tensor,
     token_rewards: Tensor | None = None,
     values: Tensor | None = None,
+    learned: Tensor | None = None,
 ) -> LossInputs:
     """Rewards, advantages and the loss mask of (P, G) responses (correct, length, finished)
     under ``algo``'s switches and ``alg``'s advantage entry (:func:`estimate` for
-    ``token_rewards`` and ``values``)."""
-    r = rewards(algo, acc.flatten(), lengths.flatten(), max_len).view_as(acc)
+    ``token_rewards`` and ``values``); ``learned`` (P, G) replaces the rule's reward."""
+    learned = None if learned is None else learned.flatten()
+    r = rewards(algo, acc.flatten(), lengths.flatten(), max_len, learned).view_as(acc)
     adv, metrics = estimate(alg.advantage, r, lengths, token_rewards, values)
     everything = torch.ones(acc.numel(), 1)
     truncated = ~finished.flatten()

@@ -142,6 +142,13 @@ class RolloutConfig:
     ``policy``, the trained weights as they are; ``auto``, the bf16 copy on CUDA when the policy
     holds fp32 weights, the policy otherwise. The gap between the two is logged per step
     (``train/mismatch_*``) and ``algo.correction`` can correct for it."""
+    reward: Literal["rule", "model"]
+    """What a response is rewarded by: ``rule``, DAPO's Eq. 7 (+1 when the answer equals the
+    ground truth, -1 otherwise); ``model``, the score of the reward model at
+    ``rollout.reward_model`` (RL from a learned reward; the rule's accuracy is still logged as
+    ``train/acc_mean``, so reward hacking shows as the two diverging)."""
+    reward_model: str
+    """The reward model directory (``dapo reward-model train``) for ``rollout.reward: model``."""
 
 
 class AlgoEntry(dict):

@@ -383,6 +383,11 @@ def _check_values(cfg: Config, source: str, where: typing.Callable[[str], str]) 
     need(0 < r.vllm_gpu_memory <= 1, "rollout.vllm_gpu_memory must be in (0, 1]")
     need(r.temperature > 0, "rollout.temperature must be > 0")
     need(
+        r.reward == "rule" or bool(r.reward_model),
+        "rollout.reward=model needs rollout.reward_model: a directory written by "
+        "`dapo reward-model train`",
+    )
+    need(
         t.prompt_batch % t.mini_batch == 0,
         f"train.prompt_batch ({t.prompt_batch}) must be a multiple of train.mini_batch "
         f"({t.mini_batch})",

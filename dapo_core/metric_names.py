@@ -72,8 +72,9 @@ AVG_AT_K_CI_LOW = "eval/avg_at_k_ci_low"
 AVG_AT_K_CI_HIGH = "eval/avg_at_k_ci_high"
 
 CATALOGUE: dict[str, str] = {
-    REWARD_MEAN: "mean shaped reward of every response generated (Eq. 7, + Eq. 13 when on)",
-    ACC_MEAN: "share of every generated response that is correct",
+    REWARD_MEAN: "mean shaped reward of every response generated (Eq. 7, or the reward model's "
+    "score under rollout.reward=model; + Eq. 13 when on)",
+    ACC_MEAN: "share of every generated response that is correct (the rule, whatever the reward)",
     RESPONSE_LEN_MEAN: "mean length of the generated responses (tokens)",
     TRUNCATED_FRAC: "share of responses cut off at rollout.max_response_len",
     SAMPLES_GENERATED: "responses generated this step, dynamic sampling's extra batches included",

@@ -39,9 +39,11 @@ def shaped_rewards(
     max_len: int,
     cache_len: int,
     factor: float,
+    learned: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Eq. 7 reward (+1 correct, -1 wrong) plus, when ``overlong_shaping``, the Eq. 13 penalty."""
-    reward = acc.to(torch.float32) * 2.0 - 1.0
+    """Eq. 7 reward (+1 correct, -1 wrong), or the ``learned`` reward (a reward model's score,
+    in place of the rule), plus, when ``overlong_shaping``, the Eq. 13 penalty."""
+    reward = acc.to(torch.float32) * 2.0 - 1.0 if learned is None else learned.to(torch.float32)
     if not overlong_shaping:
         return reward
     return reward + overlong_penalty(lengths, max_len, cache_len, factor)

@@ -252,3 +252,25 @@ def reward_model_record(path: str | Path) -> dict:
             "`dapo reward-model train`"
         )
     return json.loads(p.read_text())
+
+
+class LearnedReward:
+    """``reward(prompt ids, response ids) -> scores``: a trained reward model scoring the
+    policy's responses during RL (``rollout.reward: model``). It reads the policy's token ids
+    as they are, so its tokenizer must be the policy's."""
+
+    def __init__(self, path: str, tokenizer, device):
+        reward_model_record(path)  # a one-line error for a directory that is not one
+        self.model, own = _load(path, str(device))
+        if own.get_vocab() != tokenizer.get_vocab():
+            raise PipelineError(
+                f"rollout.reward_model {path}: its tokenizer is not the policy's, so it cannot "
+                "read the policy's token ids; train it from this policy (`dapo reward-model "
+                "train` with the same model.name_or_path)"
+            )
+        self.model.eval().requires_grad_(False)
+        self.pad = own.pad_token_id
+
+    @torch.no_grad()
+    def __call__(self, prompt_ids: list[int], responses: list[list[int]]) -> list[float]:
+        return rewards(self.model, [prompt_ids + r for r in responses], self.pad).tolist()

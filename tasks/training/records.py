@@ -30,12 +30,14 @@ class RolloutLog:
     lengths: list[int] = field(default_factory=list)
     finished: list[bool] = field(default_factory=list)
     parsed: list[bool] = field(default_factory=list)  # an answer was found in the response
+    scores: list[float] = field(default_factory=list)  # the reward model's (rollout.reward=model)
 
     def add(self, groups: list[Group]) -> None:
         self.acc += [a for g in groups for a in g.acc]
         self.lengths += [len(r) for g in groups for r in g.response_ids]
         self.finished += [f for g in groups for f in g.finished]
         self.parsed += [extract_answer(t) is not None for g in groups for t in g.texts]
+        self.scores += [s for g in groups if g.scores is not None for s in g.scores]
 
     def group_tensors(self, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(P, G) correctness, answer-found and finished flags of every group generated."""

@@ -32,6 +32,16 @@ def _as_tensors(logprobs: list) -> list[torch.Tensor]:
     return [torch.as_tensor(lp, dtype=torch.float32) for lp in logprobs]
 
 
+def _spread(group: Group) -> list[bool]:
+    """What dynamic sampling reads of a group: its correctness (a group is kept when it holds
+    both values); with a learned reward, whether each score is above the group's lowest (kept
+    when the scores are not all equal: their advantages are not all 0)."""
+    if group.scores is None:
+        return group.acc
+    low = min(group.scores)
+    return [s > low for s in group.scores]
+
+
 class RolloutCollector:
     def __init__(
         self,
@@ -43,8 +53,10 @@ class RolloutCollector:
         rank: int = 0,
         world: int = 1,
         autocast: tuple[str, bool] = ("cpu", False),
+        reward_model: Callable[[list[int], list[list[int]]], list[float]] | None = None,
     ):
         self.cfg, self.tokenizer, self.generator = cfg, tokenizer, generator
+        self.reward_model = reward_model  # scores responses under rollout.reward=model
         self.is_correct = is_correct
         self.rank, self.world = rank, world
         self.autocast = autocast  # (device type, whether to sample under bf16 autocast)
@@ -88,7 +100,7 @@ class RolloutCollector:
             shards = all_gather_objects(groups, self.world)
             groups = [shards[i % self.world][i // self.world] for i in range(n)]
         log.add(groups)
-        return groups, torch.tensor([g.acc for g in groups], dtype=torch.bool)
+        return groups, torch.tensor([_spread(g) for g in groups], dtype=torch.bool)
 
     def _sampled(self, problems: list[Problem], log: RolloutLog, step: int) -> list[Group]:
         """This rank's groups: G responses to each problem, scored."""
@@ -103,6 +115,9 @@ class RolloutCollector:
             sl = slice(i * G, (i + 1) * G)
             acc = [self.is_correct(t, p.answer) for t in out.texts[sl]]
             logprobs = _as_tensors(out.logprobs[sl]) if out.logprobs is not None else None
+            scores = None
+            if self.reward_model is not None:
+                scores = self.reward_model(out.prompt_ids[i], out.response_ids[sl])
             groups.append(
                 Group(
                     p.id,
@@ -114,6 +129,7 @@ class RolloutCollector:
                     out.texts[sl],
                     logprobs,
                     step,
+                    scores,
                 )
             )
         return groups

@@ -27,7 +27,8 @@ def rollout_metrics(rollout: RolloutLog, cfg: Config) -> dict[str, float]:
     acc = torch.tensor(rollout.acc, dtype=torch.bool)
     lengths = torch.tensor(rollout.lengths)
     finished = torch.tensor(rollout.finished, dtype=torch.bool)
-    reward = rewards(cfg.algo, acc, lengths, cfg.rollout.max_response_len)
+    learned = torch.tensor(rollout.scores) if rollout.scores else None
+    reward = rewards(cfg.algo, acc, lengths, cfg.rollout.max_response_len, learned)
     signal = group_signal(*rollout.group_tensors(cfg.rollout.group_size))
     return {
         metric.REWARD_MEAN: reward.mean().item(),

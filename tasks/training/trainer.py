@@ -117,8 +117,21 @@ class DAPOTrainer:
         # Correctness of a response against the answer; the rule-based reward (Eq. 7) by default.
         is_correct = reward_fn or (lambda response, answer: score(response, answer).acc)
         autocast = (self.device.type, self.autocast)
+        learned = None
+        if cfg.rollout.reward == "model":  # RL from a learned reward (issue 27)
+            from tasks.preferences.reward_model import LearnedReward
+
+            learned = LearnedReward(cfg.rollout.reward_model, tokenizer, self.device)
         self.rollouts = RolloutCollector(
-            cfg, tokenizer, generator, problems, is_correct, self.rank, self.world, autocast
+            cfg,
+            tokenizer,
+            generator,
+            problems,
+            is_correct,
+            self.rank,
+            self.world,
+            autocast,
+            learned,
         )
         self.algorithm = alg = algorithm(cfg.algo)  # the entries every update calls
         self.metric_names = alg.metric_names()
@@ -252,7 +265,10 @@ class DAPOTrainer:
         )
         values = up.critic_values(groups, lengths) if self.critic else None
         max_len = self.cfg.rollout.max_response_len
-        inputs = loss_inputs(alg, a, max_len, acc, lengths, finished, kl_rewards, values)
+        learned = torch.tensor([g.scores for g in groups]) if groups and groups[0].scores else None
+        inputs = loss_inputs(
+            alg, a, max_len, acc, lengths, finished, kl_rewards, values, learned=learned
+        )
         samples = []
         for gi, g in enumerate(groups):
             rollout_logps = self._rollout_logps(g, alg.corrects)

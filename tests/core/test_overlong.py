@@ -51,3 +51,15 @@ def test_overlong_filter_mask_switch():
     assert on.sum(dim=1).tolist() == [4, 0, 4]
     off = overlong_filter_mask(mask, truncated, overlong_filtering=False)
     assert torch.equal(off, mask)
+
+
+def test_a_learned_reward_replaces_the_rule_and_keeps_the_length_penalty():
+    acc = torch.tensor([True, False, True])
+    lengths = torch.tensor([5, 5, 9])  # max 10, buffer 4: lengths 7..10 pay up to -1
+    learned = torch.tensor([0.3, -2.0, 1.5])
+    kw = dict(max_len=10, cache_len=4, factor=1.0)
+    off = shaped_rewards(acc, lengths, overlong_shaping=False, learned=learned, **kw)
+    assert torch.equal(off, learned)  # the rule's +1/-1 play no part
+    on = shaped_rewards(acc, lengths, overlong_shaping=True, learned=learned, **kw)
+    # Eq. 13 at |y| = 9: (10 - 4 - 9) / 4 = -0.75
+    assert torch.allclose(on, torch.tensor([0.3, -2.0, 0.75]))

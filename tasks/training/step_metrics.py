@@ -199,20 +199,27 @@ def update_metrics(
 
 class StallWatch:
     """Counts steps in a row whose groups carry no learning signal (not one mixed group, or not
-    one parseable answer): each is warned about, and ``limit`` of them stop the run (0: never)."""
+    one parseable answer; under a learned reward, not one group of unequal scores): each is
+    warned about, and ``limit`` of them stop the run (0: never)."""
 
     def __init__(self, limit: int, group_size: int):
         self.limit, self.group_size = limit, group_size
         self.count = 0
 
     def observe(self, rollout: RolloutLog, step: int) -> None:
-        signal = group_signal(*rollout.group_tensors(self.group_size))
-        why = diagnose(signal, min_mixed=1e-9)  # below any real share: not one mixed group
-        if why is None and signal.parsed_frac > 0:
+        if rollout.scores:  # a learned reward: a group of unequal scores carries signal
+            scores = torch.tensor(rollout.scores).view(-1, self.group_size)
+            spread = bool((scores.max(1).values > scores.min(1).values).any())
+            why = None if spread else "every group's reward-model scores are equal"
+        else:
+            signal = group_signal(*rollout.group_tensors(self.group_size))
+            why = diagnose(signal, min_mixed=1e-9)  # below any real share: not one mixed group
+            if why is None and signal.parsed_frac == 0:
+                why = "no response had a parseable answer"
+        if why is None:
             self.count = 0
             return
         self.count += 1
-        why = why or "no response had a parseable answer"
         log.warning("step %d: nothing to learn from (%d in a row): %s", step, self.count, why)
         if self.limit and self.count >= self.limit:
             raise TrainingStopped(

@@ -106,3 +106,17 @@ def test_a_reward_model_of_another_tokenizer_is_refused(tiny_cfg, reward_dir):
         RM.LearnedReward(reward_dir, tok, "cpu")
     with pytest.raises(PipelineError, match="not a reward model directory"):
         RM.LearnedReward(str(resolve_model_path(tiny_cfg)), tok, "cpu")
+
+
+def test_the_stall_watch_reads_the_scores_under_a_learned_reward():
+    from tasks.training.records import RolloutLog
+    from tasks.training.step_metrics import StallWatch
+
+    wrong = dict(acc=[False] * 4, lengths=[2] * 4, finished=[True] * 4, parsed=[True] * 4)
+    watch = StallWatch(limit=1, group_size=4)
+    watch.observe(RolloutLog(**wrong, scores=[0.1, 0.5, 0.2, 0.1]), step=1)  # all wrong, scored
+    assert watch.count == 0
+    with pytest.raises(Exception, match="scores are equal"):
+        watch.observe(RolloutLog(**wrong, scores=[0.3] * 4), step=2)
+    with pytest.raises(Exception, match="nothing to learn"):
+        StallWatch(limit=1, group_size=4).observe(RolloutLog(**wrong), step=1)  # the rule

@@ -423,6 +423,12 @@ def pairs_show(
         console.print(f"  {c}: {first[c][:200]!r}", highlight=False)
 
 
+PairsOpt = Annotated[
+    str, typer.Option(help="Pairs table (.parquet/.jsonl/.json) or hub dataset id.")
+]
+HeldoutOpt = Annotated[float, typer.Option(help="Share of prompts held out.")]
+TrackOpt = Annotated[bool, typer.Option("--track/--no-track", help="Log to MLflow.")]
+
 rm_app = typer.Typer(help="Reward models trained on preference pairs (Bradley-Terry).")
 app.add_typer(rm_app, name="reward-model")
 
@@ -433,18 +439,16 @@ def reward_model_train(
     params: ParamsOpt = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    pairs: Annotated[
-        str, typer.Option(help="Pairs table (.parquet/.jsonl/.json) or hub dataset id.")
-    ] = "data/pairs/pairs.parquet",
+    pairs: PairsOpt = "data/pairs/pairs.parquet",
     out: Annotated[Path, typer.Option(help="The reward model directory to write.")] = Path(
         "data/models/reward-model"
     ),
     epochs: Annotated[int, typer.Option(help="Passes over the training pairs.")] = 6,
     lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 2e-4,
     batch_size: Annotated[int, typer.Option(help="Pairs per update.")] = 32,
-    heldout: Annotated[float, typer.Option(help="Share of prompts held out.")] = 0.2,
+    heldout: HeldoutOpt = 0.2,
     seed: Annotated[int, typer.Option(help="Split, order and head initialisation.")] = 0,
-    track: Annotated[bool, typer.Option("--track/--no-track", help="Log to MLflow.")] = True,
+    track: TrackOpt = True,
 ) -> None:
     """Train a reward model (the configured policy's transformer with a scalar head) on
     preference pairs with the Bradley-Terry loss; logs held-out pair accuracy and calibration to
@@ -482,9 +486,7 @@ def dpo_train(
     params: ParamsOpt = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    pairs: Annotated[
-        str, typer.Option(help="Pairs table (.parquet/.jsonl/.json) or hub dataset id.")
-    ] = "data/pairs/pairs.parquet",
+    pairs: PairsOpt = "data/pairs/pairs.parquet",
     out: Annotated[Path, typer.Option(help="The policy directory to write.")] = Path(
         "data/models/dpo-policy"
     ),
@@ -495,9 +497,9 @@ def dpo_train(
     epochs: Annotated[int, typer.Option(help="Passes over the training pairs.")] = 3,
     lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-4,
     batch_size: Annotated[int, typer.Option(help="Pairs per update.")] = 16,
-    heldout: Annotated[float, typer.Option(help="Share of prompts held out.")] = 0.2,
+    heldout: HeldoutOpt = 0.2,
     seed: Annotated[int, typer.Option(help="Split and order of the pairs.")] = 0,
-    track: Annotated[bool, typer.Option("--track/--no-track", help="Log to MLflow.")] = True,
+    track: TrackOpt = True,
 ) -> None:
     """Train the configured policy with DPO (offline) against a frozen copy of itself; writes a
     model directory for `dapo evaluate --model DIR`."""

@@ -17,7 +17,6 @@ at all: a staging directory renamed into place.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +24,6 @@ from pathlib import Path
 import torch
 
 from dapo_core.config import Config
-from dapo_core.errors import PipelineError
 from dapo_core.preferences import CalibrationBin, bradley_terry_loss, calibration_curve
 from tasks.preferences.common import (
     Resume,
@@ -35,8 +33,7 @@ from tasks.preferences.common import (
     save_model_dir,
     start_tracking,
 )
-
-RECORD = "reward_model.json"  # what the directory was trained from, and how well it ranks
+from tasks.preferences.scoring import RECORD, load_reward_model, rewards
 
 
 @dataclasses.dataclass
@@ -62,17 +59,6 @@ def encode(tokenizer, rows: list[dict], max_len: int) -> list[tuple[list[int], l
         return tokenizer(text, add_special_tokens=False)["input_ids"][-max_len:]
 
     return [(ids(r["prompt"], r["chosen"]), ids(r["prompt"], r["rejected"])) for r in rows]
-
-
-def rewards(model, seqs: list[list[int]], pad: int) -> torch.Tensor:
-    """(n,) r(x, y) of right-padded sequences: the head at each one's last token."""
-    dev = next(model.parameters()).device
-    width = max(len(s) for s in seqs)
-    ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs], device=dev)
-    attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=dev)
-    hidden = model.model(input_ids=ids, attention_mask=attn).last_hidden_state
-    last = torch.tensor([len(s) - 1 for s in seqs], device=dev)
-    return model.score(hidden[torch.arange(len(seqs), device=dev), last]).squeeze(-1).float()
 
 
 def margins(model, pairs: list[tuple[list[int], list[int]]], pad: int, batch: int) -> torch.Tensor:
@@ -119,7 +105,7 @@ def train_reward_model(
     device = configure_torch(cfg.train.cpu_threads)
     base = resolve_model_path(cfg)
     torch.manual_seed(seed)  # the head's initialisation
-    model, tokenizer = _load(base, device)
+    model, tokenizer = load_reward_model(base, device)
     max_len = cfg.rollout.max_prompt_len + cfg.rollout.max_response_len
     train = encode(tokenizer, train_rows, max_len)
     held = encode(tokenizer, held_rows, max_len)
@@ -209,21 +195,6 @@ def _heldout(model, held, pad: int, batch: int) -> dict:
     }
 
 
-def _load(path: str, device: str):
-    """The starting model's transformer under a fresh one-output head, and its tokenizer."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    from tasks.models.loading import transformers_quietly
-
-    transformers_quietly()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        path, num_labels=1, dtype=torch.float32
-    ).to(device)
-    model.config.pad_token_id = tokenizer.pad_token_id  # transformers reads the last non-pad
-    return model, tokenizer
-
-
 def _calibration_figure(bins: list[CalibrationBin], ece: float):
     import matplotlib
 
@@ -241,36 +212,3 @@ def _calibration_figure(bins: list[CalibrationBin], ece: float):
     ax.legend(loc="upper left")
     fig.tight_layout()
     return fig
-
-
-def reward_model_record(path: str | Path) -> dict:
-    """The record a trained reward model directory carries; a one-line error otherwise."""
-    p = Path(path) / RECORD
-    if not p.exists():
-        raise PipelineError(
-            f"{path} is not a reward model directory (no {RECORD}); train one with "
-            "`dapo reward-model train`"
-        )
-    return json.loads(p.read_text())
-
-
-class LearnedReward:
-    """``reward(prompt ids, response ids) -> scores``: a trained reward model scoring the
-    policy's responses during RL (``rollout.reward: model``). It reads the policy's token ids
-    as they are, so its tokenizer must be the policy's."""
-
-    def __init__(self, path: str, tokenizer, device):
-        reward_model_record(path)  # a one-line error for a directory that is not one
-        self.model, own = _load(path, str(device))
-        if own.get_vocab() != tokenizer.get_vocab():
-            raise PipelineError(
-                f"rollout.reward_model {path}: its tokenizer is not the policy's, so it cannot "
-                "read the policy's token ids; train it from this policy (`dapo reward-model "
-                "train` with the same model.name_or_path)"
-            )
-        self.model.eval().requires_grad_(False)
-        self.pad = own.pad_token_id
-
-    @torch.no_grad()
-    def __call__(self, prompt_ids: list[int], responses: list[list[int]]) -> list[float]:
-        return rewards(self.model, [prompt_ids + r for r in responses], self.pad).tolist()

@@ -119,7 +119,7 @@ class DAPOTrainer:
         autocast = (self.device.type, self.autocast)
         learned = None
         if cfg.rollout.reward == "model":  # RL from a learned reward (issue 27)
-            from tasks.preferences.reward_model import LearnedReward
+            from tasks.preferences.scoring import LearnedReward
 
             learned = LearnedReward(cfg.rollout.reward_model, tokenizer, self.device)
         self.rollouts = RolloutCollector(

@@ -10,6 +10,7 @@ from dapo_core.config_loader import resolve
 from dapo_core.errors import PipelineError
 from tasks.preferences import pairs as P
 from tasks.preferences import reward_model as RM
+from tasks.preferences import scoring as S
 from tasks.training.batches import Group
 from tasks.training.rollouts import _spread
 
@@ -103,9 +104,9 @@ def test_a_reward_model_of_another_tokenizer_is_refused(tiny_cfg, reward_dir):
     _, tok = load_policy(resolve_model_path(tiny_cfg), "float32", "cpu")
     tok.add_tokens(["<another-token>"])
     with pytest.raises(PipelineError, match="tokenizer is not the policy's"):
-        RM.LearnedReward(reward_dir, tok, "cpu")
+        S.LearnedReward(reward_dir, tok, "cpu")
     with pytest.raises(PipelineError, match="not a reward model directory"):
-        RM.LearnedReward(str(resolve_model_path(tiny_cfg)), tok, "cpu")
+        S.LearnedReward(str(resolve_model_path(tiny_cfg)), tok, "cpu")
 
 
 def test_the_stall_watch_reads_the_scores_under_a_learned_reward():

@@ -8,6 +8,7 @@ from dapo_core.config_loader import resolve
 from dapo_core.errors import PipelineError
 from tasks.preferences import pairs as P
 from tasks.preferences import reward_model as RM
+from tasks.preferences import scoring as S
 from tasks.preferences.common import split_by_prompt
 
 
@@ -71,7 +72,7 @@ def test_trains_saves_an_ordinary_directory_and_logs_to_mlflow(cfg, pairs_file, 
     )
     assert r.steps == 2 * -(-r.train_pairs // 8) and steps[-1] == r.steps
     assert r.train_pairs + r.heldout_pairs == len(P.read_pairs(pairs_file).rows)
-    record = RM.reward_model_record(out)
+    record = S.reward_model_record(out)
     assert record["heldout_pairs"] == r.heldout_pairs and record["pairs_provenance"] == {
         "model": {"path": "tiny"}
     }
@@ -84,7 +85,7 @@ def test_trains_saves_an_ordinary_directory_and_logs_to_mlflow(cfg, pairs_file, 
     ids = torch.tensor([pairs[0][0]])
     with torch.no_grad():
         direct = model(input_ids=ids).logits[0, 0]
-        ours = RM.rewards(model, [pairs[0][0]], tok.pad_token_id)[0]
+        ours = S.rewards(model, [pairs[0][0]], tok.pad_token_id)[0]
     assert torch.isclose(direct, ours, atol=1e-5)
     run = read_run(r.run_id, tracking_uri(cfg))
     assert run["status"] == "FINISHED" and run["experiment"].endswith("reward_model")
@@ -174,4 +175,4 @@ def test_refuses_a_directory_with_files_and_too_few_pairs(cfg, tmp_path):
 
 def test_a_directory_without_a_record_is_not_a_reward_model(tmp_path):
     with pytest.raises(PipelineError, match="not a reward model directory"):
-        RM.reward_model_record(tmp_path)
+        S.reward_model_record(tmp_path)

@@ -1,0 +1,79 @@
+"""A reward model's score of a response, for the trainer that fits it (``reward_model.py``) and
+for RL against it (``rollout.reward: model``). Kept apart from the training code so that the RL
+trainer imports only this.
+
+r(x, y) is a one-output sequence-classification head at the last token of the chat prompt
+followed by the response (transformers' ``AutoModelForSequenceClassification``: the directory
+loads in TRL or OpenRLHF as is).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from dapo_core.errors import PipelineError
+
+RECORD = "reward_model.json"  # what the directory was trained from, and how well it ranks
+
+
+def rewards(model, seqs: list[list[int]], pad: int) -> torch.Tensor:
+    """(n,) r(x, y) of right-padded sequences: the head at each one's last token."""
+    dev = next(model.parameters()).device
+    width = max(len(s) for s in seqs)
+    ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs], device=dev)
+    attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=dev)
+    hidden = model.model(input_ids=ids, attention_mask=attn).last_hidden_state
+    last = torch.tensor([len(s) - 1 for s in seqs], device=dev)
+    return model.score(hidden[torch.arange(len(seqs), device=dev), last]).squeeze(-1).float()
+
+
+def load_reward_model(path: str, device: str):
+    """A model directory under a one-output head (a fresh one for a policy, the trained one
+    for a reward model directory), and its tokenizer."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from tasks.models.loading import transformers_quietly
+
+    transformers_quietly()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        path, num_labels=1, dtype=torch.float32
+    ).to(device)
+    model.config.pad_token_id = tokenizer.pad_token_id  # transformers reads the last non-pad
+    return model, tokenizer
+
+
+def reward_model_record(path: str | Path) -> dict:
+    """The record a trained reward model directory carries; a one-line error otherwise."""
+    p = Path(path) / RECORD
+    if not p.exists():
+        raise PipelineError(
+            f"{path} is not a reward model directory (no {RECORD}); train one with "
+            "`dapo reward-model train`"
+        )
+    return json.loads(p.read_text())
+
+
+class LearnedReward:
+    """``reward(prompt ids, response ids) -> scores``: a trained reward model scoring the
+    policy's responses during RL (``rollout.reward: model``). It reads the policy's token ids
+    as they are, so its tokenizer must be the policy's."""
+
+    def __init__(self, path: str, tokenizer, device):
+        reward_model_record(path)  # a one-line error for a directory that is not one
+        self.model, own = load_reward_model(path, str(device))
+        if own.get_vocab() != tokenizer.get_vocab():
+            raise PipelineError(
+                f"rollout.reward_model {path}: its tokenizer is not the policy's, so it cannot "
+                "read the policy's token ids; train it from this policy (`dapo reward-model "
+                "train` with the same model.name_or_path)"
+            )
+        self.model.eval().requires_grad_(False)
+        self.pad = own.pad_token_id
+
+    @torch.no_grad()
+    def __call__(self, prompt_ids: list[int], responses: list[list[int]]) -> list[float]:
+        return rewards(self.model, [prompt_ids + r for r in responses], self.pad).tolist()

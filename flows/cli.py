@@ -393,7 +393,7 @@ def pairs_mine(
     cfg = _load(params, config, set_, None)
 
     def report(done: int, pairs: int) -> None:
-        console.print(f"  {done}/{prompts} prompts sampled, {pairs} pairs", highlight=False)
+        console.print(f"  {done} prompts sampled, {pairs} pairs", highlight=False)
 
     table, path, md5 = mine_to_file(cfg, out, prompts, per_group, seed, report)
     p = table.provenance

@@ -1,11 +1,13 @@
 """Train-step MFU: model FLOPs utilisation of our DAPO gradient update on a random-init Qwen2.
 
-Measured: ``DAPOTrainer._update(samples)``, one gradient update as training runs it (each prompt
-forwarded once and shared by its G samples, response log-probs, DAPO loss, backward, AdamW step)
+Measured: ``PolicyUpdater.update(samples)``, one gradient update as training runs it (forward,
+whole sequences under compiled layers, else each prompt once for its G samples; response
+log-probs, the loss, backward, AdamW step; with a critic, its update too)
 on P prompts x G samples of exactly L response tokens, random ids, advantages +/-1 so that every
-sample carries loss. Two warm-up updates, then the median of ``--steps`` timed ones.
+sample carries loss. One eager update (counted) and two warm-up updates (they compile, under
+``model.compile``), then the median of ``--steps`` timed ones.
 
-FLOPs are counted once by ``torch.utils.flop_counter.FlopCounterMode`` around the first warm-up
+FLOPs are counted once by ``torch.utils.flop_counter.FlopCounterMode`` around the eager
 update (matmuls and attention, forward and backward; the optimizer and elementwise ops are not
 counted). As a check, the analytic estimate is printed (H hidden, V vocabulary, n layers, N
 non-embedding matmul weights):

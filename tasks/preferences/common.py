@@ -25,6 +25,16 @@ def check_settings(command: str, out_dir: Path, checks: list[tuple[str, object, 
             raise PipelineError(f"{name} {value} is out of range; see `dapo {command} -h`")
 
 
+def loop_checks(epochs: int, lr: float, batch_size: int, heldout: float) -> list[tuple]:
+    """The settings both trainers' loops share, as :func:`check_settings` reads them."""
+    return [
+        ("--epochs", epochs, epochs >= 1),
+        ("--lr", lr, lr > 0),
+        ("--batch-size", batch_size, batch_size >= 1),
+        ("--heldout", heldout, 0 < heldout < 1),
+    ]
+
+
 def split_by_prompt(rows: list[dict], heldout: float, seed: int) -> tuple[list[dict], list[dict]]:
     """(train, held-out) rows: a prompt goes to the held-out set when the hash of (seed, prompt)
     falls in the first ``heldout`` of its range, so a prompt's pairs stay together."""

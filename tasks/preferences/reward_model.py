@@ -29,6 +29,7 @@ from tasks.preferences.common import (
     Resume,
     check_settings,
     fit,
+    loop_checks,
     read_split,
     save_model_dir,
     start_tracking,
@@ -94,12 +95,7 @@ def train_reward_model(
     check_settings(
         "reward-model train",
         out_dir,
-        [
-            ("--epochs", epochs, epochs >= 1),
-            ("--lr", lr, lr > 0),
-            ("--batch-size", batch_size, batch_size >= 1),
-            ("--heldout", heldout, 0 < heldout < 1),
-        ],
+        loop_checks(epochs, lr, batch_size, heldout),
     )
     table, train_rows, held_rows = read_split(cfg, pairs_path, heldout, seed)
     device = configure_torch(cfg.train.cpu_threads)

@@ -34,7 +34,7 @@ from tasks.preferences.common import (
     save_model_dir,
     start_tracking,
 )
-from tasks.preferences.scoring import RECORD, load_reward_model, rewards
+from tasks.preferences.scoring import RECORD, load_reward_model, reward_input, rewards
 
 
 @dataclasses.dataclass
@@ -51,13 +51,10 @@ class RewardModelResult:
 
 
 def encode(tokenizer, rows: list[dict], max_len: int) -> list[tuple[list[int], list[int]]]:
-    """Each pair as (chosen ids, rejected ids): the chat prompt followed by the response, cut to
-    the last ``max_len`` tokens (the response's end, where the reward is read, is kept)."""
-    from tasks.models.loading import chat_prompt
+    """Each pair as (chosen ids, rejected ids), as the reward model reads them in RL too."""
 
     def ids(prompt: str, response: str) -> list[int]:
-        text = chat_prompt(tokenizer, prompt) + response
-        return tokenizer(text, add_special_tokens=False)["input_ids"][-max_len:]
+        return reward_input(tokenizer, prompt, response, max_len)
 
     return [(ids(r["prompt"], r["chosen"]), ids(r["prompt"], r["rejected"])) for r in rows]
 

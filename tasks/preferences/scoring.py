@@ -4,7 +4,10 @@ trainer imports only this.
 
 r(x, y) is a one-output sequence-classification head at the last token of the chat prompt
 followed by the response (transformers' ``AutoModelForSequenceClassification``: the directory
-loads in TRL or OpenRLHF as is).
+loads in TRL or OpenRLHF as is). ``reward_input`` is the one way a (prompt, response) becomes the
+model's input, in training and in RL alike: the head must read the same kind of last token in
+both (scored from the sampler's ids, which end in EOS, the reward model trained on texts ranked
+the policy's groups at chance).
 """
 
 from __future__ import annotations
@@ -17,6 +20,16 @@ import torch
 from dapo_core.errors import PipelineError
 
 RECORD = "reward_model.json"  # what the directory was trained from, and how well it ranks
+
+
+def reward_input(tokenizer, prompt: str, response: str, max_len: int) -> list[int]:
+    """The ids the reward model reads: the chat prompt followed by the response text (as
+    decoded, without special tokens), cut to the last ``max_len`` tokens (the response's end,
+    where the reward is read, is kept)."""
+    from tasks.models.loading import chat_prompt
+
+    text = chat_prompt(tokenizer, prompt) + response
+    return tokenizer(text, add_special_tokens=False)["input_ids"][-max_len:]
 
 
 def rewards(model, seqs: list[list[int]], pad: int) -> torch.Tensor:
@@ -58,22 +71,24 @@ def reward_model_record(path: str | Path) -> dict:
 
 
 class LearnedReward:
-    """``reward(prompt ids, response ids) -> scores``: a trained reward model scoring the
-    policy's responses during RL (``rollout.reward: model``). It reads the policy's token ids
-    as they are, so its tokenizer must be the policy's."""
+    """``reward(problem prompt, response texts) -> scores``: a trained reward model scoring the
+    policy's responses during RL (``rollout.reward: model``), read as in its training
+    (``reward_input``). Its tokenizer must be the policy's: a reward model is a judge of the
+    responses of the policy it was trained from."""
 
-    def __init__(self, path: str, tokenizer, device):
+    def __init__(self, path: str, tokenizer, device, max_len: int):
         reward_model_record(path)  # a one-line error for a directory that is not one
         self.model, own = load_reward_model(path, str(device))
         if own.get_vocab() != tokenizer.get_vocab():
             raise PipelineError(
-                f"rollout.reward_model {path}: its tokenizer is not the policy's, so it cannot "
-                "read the policy's token ids; train it from this policy (`dapo reward-model "
-                "train` with the same model.name_or_path)"
+                f"rollout.reward_model {path}: its tokenizer is not the policy's, so it was "
+                "trained on another model's responses; train it from this policy (`dapo "
+                "reward-model train` with the same model.name_or_path)"
             )
         self.model.eval().requires_grad_(False)
-        self.pad = own.pad_token_id
+        self.tokenizer, self.max_len = own, max_len
 
     @torch.no_grad()
-    def __call__(self, prompt_ids: list[int], responses: list[list[int]]) -> list[float]:
-        return rewards(self.model, [prompt_ids + r for r in responses], self.pad).tolist()
+    def __call__(self, prompt: str, responses: list[str]) -> list[float]:
+        seqs = [reward_input(self.tokenizer, prompt, r, self.max_len) for r in responses]
+        return rewards(self.model, seqs, self.tokenizer.pad_token_id).tolist()

@@ -232,7 +232,7 @@ class HFGenerator:
                 input_ids=tokens[:, None],
                 attention_mask=attn[:, :length],
                 position_ids=positions,
-                past_key_values=cache,
+                cache=cache,
                 use_cache=True,
             )
             return out.logits[:, -1]
@@ -293,8 +293,8 @@ class HFGenerator:
         )
         # The G samples share the prompt's keys and values, copied once into buffers that hold
         # the whole rollout.
-        keys = [layer.keys.repeat_interleave(n, dim=0) for layer in out.past_key_values.layers]
-        values = [layer.values.repeat_interleave(n, dim=0) for layer in out.past_key_values.layers]
+        keys = [layer.keys.repeat_interleave(n, dim=0) for layer in out.cache.layers]
+        values = [layer.values.repeat_interleave(n, dim=0) for layer in out.cache.layers]
         logits = out.logits[:, -1].repeat_interleave(n, dim=0)  # (P*n, V)
         decoder = self._decoder(keys, values, attn.repeat_interleave(n, dim=0), max_new_tokens)
         can_compact = self.compact and hasattr(decoder, "keep")

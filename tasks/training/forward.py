@@ -131,13 +131,13 @@ class PolicyForward:
         R = resp_ids.shape[1]
         if R == 1:
             return states
-        cache = prefix.past_key_values
+        cache = prefix.cache
         cache.batch_select_indices(sel)  # differentiable gather: one copy per sample
         hidden = decoder(
             input_ids=resp_ids[:, :-1],
             attention_mask=torch.cat([prompt_attn[sel], mask[:, :-1].long()], dim=1),
             position_ids=prompt_attn.sum(-1)[sel, None] + torch.arange(R - 1, device=dev),
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
         ).last_hidden_state  # (b, R - 1, H)
         return torch.cat([states, hidden], dim=1)

@@ -53,7 +53,7 @@ class RolloutCollector:
         rank: int = 0,
         world: int = 1,
         autocast: tuple[str, bool] = ("cpu", False),
-        reward_model: Callable[[list[int], list[list[int]]], list[float]] | None = None,
+        reward_model: Callable[[str, list[str]], list[float]] | None = None,
     ):
         self.cfg, self.tokenizer, self.generator = cfg, tokenizer, generator
         self.reward_model = reward_model  # scores responses under rollout.reward=model
@@ -117,7 +117,7 @@ class RolloutCollector:
             logprobs = _as_tensors(out.logprobs[sl]) if out.logprobs is not None else None
             scores = None
             if self.reward_model is not None:
-                scores = self.reward_model(out.prompt_ids[i], out.response_ids[sl])
+                scores = self.reward_model(p.prompt, out.texts[sl])
             groups.append(
                 Group(
                     p.id,

@@ -121,7 +121,10 @@ class DAPOTrainer:
         if cfg.rollout.reward == "model":  # RL from a learned reward (issue 27)
             from tasks.preferences.scoring import LearnedReward
 
-            learned = LearnedReward(cfg.rollout.reward_model, tokenizer, self.device)
+            r = cfg.rollout
+            learned = LearnedReward(
+                r.reward_model, tokenizer, self.device, r.max_prompt_len + r.max_response_len
+            )
         self.rollouts = RolloutCollector(
             cfg,
             tokenizer,

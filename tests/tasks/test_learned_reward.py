@@ -12,6 +12,7 @@ from tasks.preferences import pairs as P
 from tasks.preferences import reward_model as RM
 from tasks.preferences import scoring as S
 from tasks.training.batches import Group
+from tasks.training.records import RolloutLog
 from tasks.training.rollouts import _spread
 
 
@@ -50,7 +51,7 @@ def test_the_scores_drive_the_advantages_and_dynamic_sampling(tiny_cfg, reward_d
     model, tok = load_policy(resolve_model_path(cfg), "float32", "cpu")
     t = DAPOTrainer(cfg, model, tok, None, splits(cfg).train)
     assert t.rollouts.reward_model is not None
-    scores = t.rollouts.reward_model([5, 6, 7], [[8, 9], [10], [11, 12, 13], [14]])
+    scores = t.rollouts.reward_model("1 + 2", ["Answer: 3", "Answer: 4", "3", "no idea"])
     assert len(scores) == 4 and len(set(scores)) > 1
     # every response correct by the rule: Eq. 7 gives no signal, the learned scores do
     g = Group(
@@ -104,9 +105,39 @@ def test_a_reward_model_of_another_tokenizer_is_refused(tiny_cfg, reward_dir):
     _, tok = load_policy(resolve_model_path(tiny_cfg), "float32", "cpu")
     tok.add_tokens(["<another-token>"])
     with pytest.raises(PipelineError, match="tokenizer is not the policy's"):
-        S.LearnedReward(reward_dir, tok, "cpu")
+        S.LearnedReward(reward_dir, tok, "cpu", 64)
     with pytest.raises(PipelineError, match="not a reward model directory"):
-        S.LearnedReward(str(resolve_model_path(tiny_cfg)), tok, "cpu")
+        S.LearnedReward(str(resolve_model_path(tiny_cfg)), tok, "cpu", 64)
+
+
+def test_rl_scores_a_response_as_the_reward_model_was_trained_and_evaluated(tiny_cfg, reward_dir):
+    """The sampler's ids end in EOS, the pairs' texts do not: scored from the ids, the head read
+    a last token it never saw in training and ranked the policy's groups at chance. RL must
+    read each response exactly as the trainer's held-out pairs are read."""
+    from tasks.data.splits import splits
+    from tasks.models.loading import load_policy
+    from tasks.models.resolve import resolve_model_path
+    from tasks.training.run import make_generator
+    from tasks.training.trainer import DAPOTrainer
+
+    cfg = resolve(
+        tiny_cfg.to_dict(),
+        overrides=["rollout.reward=model", f"rollout.reward_model={reward_dir}"],
+    )
+    path = resolve_model_path(cfg)
+    model, tok = load_policy(path, "float32", "cpu")
+    problems = splits(cfg).train[:2]
+    t = DAPOTrainer(cfg, model, tok, make_generator(cfg, model, tok, path), problems)
+    groups = t.rollouts._sampled(problems, RolloutLog(), step=1)
+    rm, rm_tok = S.load_reward_model(reward_dir, "cpu")
+    max_len = cfg.rollout.max_prompt_len + cfg.rollout.max_response_len
+    for p, g in zip(problems, groups, strict=True):
+        assert any(r[-1] == tok.eos_token_id for r in g.response_ids)  # the case that broke
+        rows = [{"prompt": p.prompt, "chosen": y, "rejected": y} for y in g.texts]
+        trained_as = S.rewards(
+            rm, [c for c, _ in RM.encode(rm_tok, rows, max_len)], tok.pad_token_id
+        )
+        assert g.scores == pytest.approx(trained_as.tolist(), abs=1e-5)
 
 
 def test_the_stall_watch_reads_the_scores_under_a_learned_reward():

@@ -37,6 +37,8 @@ DROPPED_GROUPS = "train/dropped_groups"
 # -- the training batch --------------------------------------------------------------------------
 BATCH_ACC_MEAN = "train/batch_acc_mean"
 ADV_ABS_MEAN = "train/adv_abs_mean"
+ADV_VAR = "train/adv_var"
+TOKENS_TRAINED = "train/tokens_trained"
 LONG_WEIGHT_SHARE = "train/long_weight_share"
 # -- the updates -------------------------------------------------------------------------------
 ENTROPY = "train/entropy"
@@ -70,6 +72,7 @@ ENTROPY_DELTA = "probe/entropy_delta"
 AVG_AT_K = "eval/avg_at_k"
 AVG_AT_K_CI_LOW = "eval/avg_at_k_ci_low"
 AVG_AT_K_CI_HIGH = "eval/avg_at_k_ci_high"
+VAL_AVG_AT_K = "val/avg_at_k"
 
 CATALOGUE: dict[str, str] = {
     REWARD_MEAN: "mean shaped reward of every response generated (Eq. 7, or the reward model's "
@@ -92,6 +95,8 @@ CATALOGUE: dict[str, str] = {
     DROPPED_GROUPS: "kept groups dropped beyond the carry cap (one batch's worth)",
     BATCH_ACC_MEAN: "share of the training batch's responses that are correct",
     ADV_ABS_MEAN: "mean |advantage| of the training batch's responses",
+    ADV_VAR: "variance of the training batch's response advantages (each its token mean)",
+    TOKENS_TRAINED: "response tokens the step's loss is computed on",
     LONG_WEIGHT_SHARE: "loss weight on the longer half of the responses (token- vs sample-level)",
     ENTROPY: "mean token entropy of the policy over the updates' tokens (nats)",
     GRAD_NORM: "gradient norm before clipping, mean over the step's updates",

@@ -36,7 +36,7 @@ from dapo_core.ablation import (
 )
 from dapo_core.config import ConfigError
 from dapo_core.errors import PipelineError, TrainingInterrupted
-from flows.report import mlflow_link, report_ablation, report_pipeline
+from flows.report import mlflow_link, report_ablation, report_comparison, report_pipeline
 from flows.signals import exit_at_once
 
 VARIANTS_HELP = (
@@ -925,6 +925,54 @@ def ablate(
         with _server():
             table = ablate_flow(**args)
     report_ablation(table)
+
+
+@app.command("compare")
+@user_errors
+def compare(
+    params: ParamsOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    methods: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--methods",
+            help="Methods, comma-separated or repeated (default: ppo_rm,dpo,grpo,dapo): PPO "
+            "against a reward model trained on mined pairs, offline DPO on those pairs, GRPO "
+            "and DAPO on the rule-based reward.",
+        ),
+    ] = None,
+    seeds: Annotated[
+        list[str] | None,
+        typer.Option("--seeds", help="Seeds, e.g. --seeds 0,1,2,3,4 (default: train.seed)."),
+    ] = None,
+    eval_set: EvalSetOpt = None,
+    run_name: RunNameOpt = None,
+    curate: CurateOpt = True,
+) -> None:
+    """Compare PPO against a learned reward, DPO, GRPO and DAPO from the same warm start over
+    seeds: stability (seed spread, collapsed runs), update variance (gradient norm,
+    advantages) and sample efficiency (held-out avg@k against responses generated and tokens
+    trained on), under one MLflow parent run."""
+    _orchestration_env()
+    from flows.compare import check_methods, compare_flow, method_configs, split_methods_overrides
+
+    names = check_methods(_split(methods))
+    seed_list = _seeds(seeds)
+    base, tuned = split_methods_overrides(set_ or [])
+    cfg = _load(params, config, base)
+    for s in seed_list or [cfg.train.seed]:  # every method's config, checked before anything
+        method_configs(cfg, tuned, s)
+    with _server():
+        table = compare_flow(
+            **_flow_args(params, config, set_),
+            methods=names,
+            seeds=seed_list,
+            eval_set=eval_set,
+            run_name=run_name,
+            curate=curate,
+        )
+    report_comparison(table)
 
 
 def _default_workers(cpu_threads: int) -> int:

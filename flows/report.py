@@ -145,3 +145,22 @@ def _change(delta: float, low: float, high: float, distinguishable: bool) -> str
         return f"{delta:+.0e} [{low:+.0e}, {high:+.0e}]" + ("" if distinguishable else " ~0")
     n = _decimals(high - low)
     return f"{delta:+.{n}f} [{low:+.{n}f}, {high:+.{n}f}]" + ("" if distinguishable else " ~0")
+
+
+def report_comparison(table: Any, out: Console | None = None) -> None:
+    """The method comparison in 80 columns (``table.attrs['terminal']``), what its columns mean,
+    and where the full table, the curves and the MLflow runs are."""
+    out = out or Console()
+    warm = table.attrs["warm"]
+    out.print(table.attrs["terminal"], highlight=False, soft_wrap=True)
+    out.print(
+        f"warm start avg@k {warm['avg_at_k']:.3f}; 95% CI over seeds; sd: seed standard "
+        "deviation; coll: runs below half the warm start; gnCV: gradient-norm sd/mean over "
+        "steps; advVar: advantage variance per step; resp: responses generated; min: wall time",
+        highlight=False,
+    )
+    out.print(
+        f"table, curves (sample_efficiency.png) and records in {table.attrs['dir']}; "
+        f"{mlflow_link(table.attrs.get('run_id'), None)}",
+        highlight=False,
+    )

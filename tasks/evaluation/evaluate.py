@@ -41,6 +41,11 @@ class EvalResult:
     samples: list[dict[str, object]]
     scoring: dict[str, str]  # eval/answer_format and eval/equivalence: how answers were judged
 
+    @property
+    def as_validation(self) -> dict[str, float]:
+        """The metrics as a training run logs its validation: ``val/avg_at_k`` and so on."""
+        return {"val/" + k.split("/", 1)[-1]: v for k, v in self.metrics.items()}
+
 
 def evaluate_model(
     cfg: Config, model_path: str | None = None, eval_set: str | None = None, progress: bool = True

@@ -132,15 +132,18 @@ class Resume:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def start_tracking(tracker, resume: Resume, track: bool, name: str, tags: dict) -> bool:
-    """Attach to the interrupted attempt's MLflow run, or start one (recorded for a later
-    attempt); True when a new run was started (its parameters are to be logged)."""
+def start_tracking(
+    tracker, resume: Resume, track: bool, name: str, tags: dict, parent_run_id: str | None = None
+) -> bool:
+    """Attach to the interrupted attempt's MLflow run, or start one (nested under
+    ``parent_run_id`` when given; recorded for a later attempt); True when a new run was started
+    (its parameters are to be logged)."""
     if not track:
         return False
     old = resume.run_id()
     if old and tracker.resume_run(old):
         return False
-    resume.record_run(tracker.start_run(name, tags))
+    resume.record_run(tracker.start_run(name, tags, parent_run_id))
     return True
 
 

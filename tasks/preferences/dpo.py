@@ -92,8 +92,14 @@ def train_dpo(
     seed: int = 0,
     track: bool = True,
     on_step: Callable[[int, int, dict], None] = lambda step, total, metrics: None,
+    kind: str = "dpo",
+    parent_run_id: str | None = None,
+    validate: bool = False,
 ) -> DPOResult:
-    """``dapo dpo train``: see the module docstring."""
+    """``dapo dpo train``: see the module docstring. ``kind`` names the MLflow experiment;
+    ``parent_run_id`` nests the run under a sweep's (``dapo compare``); ``validate`` samples the
+    validation split after each epoch, as RL training does every ``eval.every_n_steps``
+    (``val/avg_at_k`` and the rest)."""
     from tasks.models.loading import load_policy
     from tasks.models.resolve import resolve_model_path
     from tasks.runtime import configure_torch
@@ -143,13 +149,23 @@ def train_dpo(
         total_loss = loss + nll_weight * nll if nll_weight else loss
         optimizer.zero_grad(set_to_none=True)
         total_loss.backward()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
         metrics = {f"dpo/{k}": float(n) / float(d) for k, (n, d) in m.items()}
         metrics |= {"dpo/loss": float(loss.detach()), "dpo/chosen_nll": float(nll.detach())}
+        metrics |= {
+            "dpo/grad_norm": float(torch.nn.utils.get_total_norm(grads)),
+            "dpo/tokens_trained": float(sum(x.response_len for j in idx for x in train[j])),
+        }
         return metrics | {"dpo/lr": schedule.get_last_lr()[0]}
 
-    tracker = Tracker(cfg, "dpo")
+    sample_validation = _validation(cfg, model, tokenizer, base) if validate else dict
+
+    def evaluate() -> dict:
+        return _heldout(policy, held, ref_held, beta, batch_size) | sample_validation()
+
+    tracker = Tracker(cfg, kind)
     tags = run_tags(cfg, "dpo", pairs=pairs_path)
-    if start_tracking(tracker, resume, track, f"dpo {out_dir.name}", tags):
+    if start_tracking(tracker, resume, track, f"dpo {out_dir.name}", tags, parent_run_id):
         tracker.log_params({f"dpo.{k}": v for k, v in settings.items()})
         tracker.log_params({"dpo.train_pairs": len(train), "dpo.heldout_pairs": len(held)})
         tracker.log_dict(table.provenance, "pairs_provenance.json")
@@ -164,7 +180,7 @@ def train_dpo(
             epochs=epochs,
             seed=seed,
             learn=learn,
-            evaluate=lambda: _heldout(policy, held, ref_held, beta, batch_size),
+            evaluate=evaluate,
             tracker=tracker,
             resume=resume,
             on_step=on_step,
@@ -195,6 +211,24 @@ def train_dpo(
         step,
         tracker.run_id,
     )
+
+
+def _validation(cfg: Config, model, tokenizer, base) -> Callable[[], dict]:
+    """``() -> val/... metrics`` of the policy as it is now, sampled on the validation split as
+    RL training's validation does (``tasks.evaluation.evaluate.evaluate_policy``)."""
+    from tasks.data.splits import splits
+    from tasks.evaluation.evaluate import evaluate_policy
+    from tasks.training.run import make_generator
+
+    problems = splits(cfg).val
+    generator = make_generator(cfg, model, tokenizer, base)
+
+    def sample() -> dict:
+        if hasattr(generator, "sync_weights"):  # a sampling copy or an inference engine
+            generator.sync_weights(model)
+        return evaluate_policy(generator, tokenizer, problems, cfg, progress=False).as_validation
+
+    return sample
 
 
 def _reference_logps(ref, pairs: list[tuple[Sample, Sample]], batch: int) -> torch.Tensor:

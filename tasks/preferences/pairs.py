@@ -274,10 +274,12 @@ def mine_to_file(
     per_group: int = 1,
     seed: int = 0,
     on_batch: Callable[[int, int], None] = lambda done, pairs: None,
+    dvc: bool = True,
 ) -> tuple[PairTable, Path, str | None]:
     """``dapo pairs mine``: the run's policy samples G responses to ``prompts`` training
     problems; the pairs are written to ``out`` and tracked by DVC (``dvc add``, inside the
-    project). Returns the table, its path and its DVC md5 (None outside a DVC repository)."""
+    project; ``dvc=False``: a sweep's own pairs, inside its run directory). Returns the table,
+    its path and its DVC md5 (None outside a DVC repository or untracked)."""
     from tasks.data.splits import splits
     from tasks.data.version import dvc_add
     from tasks.models.build import model_dir_digest
@@ -310,4 +312,4 @@ def mine_to_file(
     train = splits(cfg).train
     table = mine(cfg, generate, train, prompts, per_group, seed, model_record, on_batch)
     written = write_pairs(table, out)
-    return table, written, dvc_add(written)
+    return table, written, dvc_add(written) if dvc else None

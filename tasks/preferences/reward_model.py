@@ -81,8 +81,11 @@ def train_reward_model(
     seed: int = 0,
     track: bool = True,
     on_step: Callable[[int, int, dict], None] = lambda step, total, metrics: None,
+    kind: str = "reward_model",
+    parent_run_id: str | None = None,
 ) -> RewardModelResult:
-    """``dapo reward-model train``: see the module docstring."""
+    """``dapo reward-model train``: see the module docstring. ``kind`` names the MLflow
+    experiment; ``parent_run_id`` nests the run under a sweep's (``dapo compare``)."""
     from tasks.models.resolve import resolve_model_path
     from tasks.runtime import configure_torch
     from tasks.tracking.provenance import run_tags
@@ -119,9 +122,10 @@ def train_reward_model(
         loss.backward()
         return {"rm/loss": float(loss.detach()), "rm/pair_accuracy": _ratio(m["pair_accuracy"])}
 
-    tracker = Tracker(cfg, "reward_model")
+    tracker = Tracker(cfg, kind)
     tags = run_tags(cfg, "reward_model", pairs=pairs_path, base_model=str(base))
-    if start_tracking(tracker, resume, track, f"reward model {out_dir.name}", tags):
+    name = f"reward model {out_dir.name}"
+    if start_tracking(tracker, resume, track, name, tags, parent_run_id):
         tracker.log_params({f"rm.{k}": v for k, v in settings.items()})
         tracker.log_params({"rm.train_pairs": len(train), "rm.heldout_pairs": len(held)})
         tracker.log_dict(table.provenance, "pairs_provenance.json")

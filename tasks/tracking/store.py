@@ -23,7 +23,7 @@ from typing import Any
 from dapo_core.config import Config
 from tasks.params import REPO_ROOT
 
-KINDS = ("train", "evaluate", "pipeline", "ablate", "reward_model", "dpo")
+KINDS = ("train", "evaluate", "pipeline", "ablate", "reward_model", "dpo", "compare")
 STORE_DIR = REPO_ROOT / "mlflow"
 MAX_PARAM_LEN = 6000  # MLflow's limit on a param value
 

@@ -86,7 +86,7 @@ class TrainingMonitor:
         r = evaluate_policy(
             trainer.sampler(), trainer.tokenizer, self.problems, self.cfg, progress=False
         )
-        metrics = {"val/" + k.split("/", 1)[-1]: v for k, v in r.metrics.items()}
+        metrics = r.as_validation
         metrics[metric.VAL_TIME] = time.perf_counter() - t0
         self.tracker.log_metrics(metrics, step)
         self.run_dir.append_validation(step, metrics)

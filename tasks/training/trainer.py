@@ -300,10 +300,13 @@ class DAPOTrainer:
             value_metrics = explained_variance(values, inputs.returns, learnt)
         metrics = reduce_metrics([inputs.metrics, kl_metrics, value_metrics])
         stats = {f"train/{k}": float(v) for k, v in metrics.items()}
+        per_response = torch.tensor([s.advantage for s in samples])
         stats |= {
             metric.BATCH_ACC_MEAN: acc.float().mean().item(),
             # per response (its token mean), as before per-token advantages
-            metric.ADV_ABS_MEAN: torch.tensor([abs(s.advantage) for s in samples]).mean().item(),
+            metric.ADV_ABS_MEAN: per_response.abs().mean().item(),
+            metric.ADV_VAR: per_response.var().item() if len(samples) > 1 else 0.0,
+            metric.TOKENS_TRAINED: float(sum(carrying)),
             metric.LONG_WEIGHT_SHARE: long_weight_share(carrying, weights=weights),
         }
         return samples, stats

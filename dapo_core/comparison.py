@@ -1,0 +1,91 @@
+"""The statistics of the method comparison (``dapo compare``): what several seeds of each method
+say about its stability, the variance of its updates and its sample efficiency.
+
+The claims this tests are the ones texts on RL from preferences end with ("DPO: high sample
+efficiency, low variance"; "GRPO: more stable than PPO, no critic"; "PPO: high variance,
+sensitive to reward noise"). Each is read here as a number with its spread over seeds:
+
+- stability: the seed standard deviation of the final held-out avg@k, and how many runs
+  collapsed (ended below ``COLLAPSE_SHARE`` of the warm start's avg@k);
+- variance: the coefficient of variation of the gradient norm over a run's steps (sd / mean: the
+  losses differ in scale between methods, so a raw variance would compare their units), and the
+  mean over steps of the variance of the batch's advantages;
+- sample efficiency: held-out avg@k against responses generated and against tokens trained on,
+  as curves whose points are averaged over seeds (``mean_curve``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dapo_core.metrics import bootstrap_ci
+
+COLLAPSE_SHARE = 0.5
+"""A run collapsed when its final held-out avg@k is below this share of the warm start's."""
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A mean over seeds, the seeds' standard deviation and a percentile-bootstrap CI of the mean
+    over seeds (NaN where one seed cannot give them)."""
+
+    mean: float
+    sd: float
+    low: float
+    high: float
+    n: int
+
+
+def seed_spread(values: Sequence[float], n_boot: int = 2000, seed: int = 0) -> Spread:
+    x = np.asarray([v for v in values if np.isfinite(v)], dtype=np.float64)
+    if x.size == 0:
+        return Spread(float("nan"), float("nan"), float("nan"), float("nan"), 0)
+    if x.size == 1:
+        return Spread(float(x[0]), float("nan"), float("nan"), float("nan"), 1)
+    low, high = bootstrap_ci(x, n_boot, seed=seed)
+    return Spread(float(x.mean()), float(x.std(ddof=1)), low, high, int(x.size))
+
+
+def collapsed(final: float, start: float, share: float = COLLAPSE_SHARE) -> bool:
+    """Whether a run ended below ``share`` of the warm start's held-out avg@k."""
+    return bool(final < share * start)
+
+
+def coefficient_of_variation(values: Sequence[float]) -> float:
+    """sd / mean over a run's steps (sample sd); NaN for fewer than two finite values or a mean
+    of zero."""
+    x = np.asarray([v for v in values if np.isfinite(v)], dtype=np.float64)
+    if x.size < 2 or x.mean() == 0:
+        return float("nan")
+    return float(x.std(ddof=1) / abs(x.mean()))
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One point of a method's curve: the seeds' mean x, mean avg@k and its CI over seeds."""
+
+    x: float
+    y: float
+    low: float
+    high: float
+
+
+def mean_curve(curves: Sequence[Sequence[tuple[float, float]]]) -> list[CurvePoint]:
+    """The seeds' (x, y) curves averaged point by point: the i-th point of each (the same
+    validation, e.g. after step 20), up to the shortest curve. x is averaged too (responses
+    generated differ between seeds under dynamic sampling)."""
+    n = min((len(c) for c in curves), default=0)
+    points = []
+    for i in range(n):
+        xs = [c[i][0] for c in curves]
+        s = seed_spread([c[i][1] for c in curves])
+        points.append(CurvePoint(float(np.mean(xs)), s.mean, s.low, s.high))
+    return points
+
+
+def cumulative(values: Sequence[float]) -> list[float]:
+    """Running totals (responses generated, tokens trained on) of per-step counts."""
+    return [float(v) for v in np.cumsum(np.asarray(values, dtype=np.float64))]

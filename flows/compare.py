@@ -209,7 +209,13 @@ def _preferences(
     rm = None
     if "ppo_rm" in names:
         rm = train_reward_model(
-            cfg, str(pairs), rm_dir, seed=seed, kind="compare", parent_run_id=parent_id
+            cfg,
+            str(pairs),
+            rm_dir,
+            seed=seed,
+            extra_tags={"variant": "reward_model", "method": "reward_model"},
+            kind="compare",
+            parent_run_id=parent_id,
         )
         log.info("compare: seed %d: reward model held-out accuracy %.3f", seed, rm.heldout_accuracy)
     prefs = {
@@ -282,6 +288,7 @@ def _rl(method, seed, configs, prefs, run_dir, warm, eval_set, parent_id, progre
         variant=method,
         parent_run_id=parent_id,
         progress=progress,
+        extra_tags={"method": method},
     )
     evaluated = evaluate_task.with_options(task_run_name=f"evaluate {label}")(
         cfg,
@@ -316,6 +323,7 @@ def _dpo(cfg, seed, prefs, run_dir, warm, eval_set, parent_id):
             model_dir,
             seed=seed,
             on_step=on_step,
+            extra_tags={"variant": "dpo", "method": "dpo"},
             kind="compare",
             parent_run_id=parent_id,
             validate=True,

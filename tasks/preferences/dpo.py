@@ -92,11 +92,13 @@ def train_dpo(
     seed: int = 0,
     track: bool = True,
     on_step: Callable[[int, int, dict], None] = lambda step, total, metrics: None,
+    extra_tags: dict[str, str] | None = None,
     kind: str = "dpo",
     parent_run_id: str | None = None,
     validate: bool = False,
 ) -> DPOResult:
-    """``dapo dpo train``: see the module docstring. ``kind`` names the MLflow experiment;
+    """``dapo dpo train``: see the module docstring. ``extra_tags`` go on the MLflow run,
+    ``kind`` names its experiment;
     ``parent_run_id`` nests the run under a sweep's (``dapo compare``); ``validate`` samples the
     validation split after each epoch, as RL training does every ``eval.every_n_steps``
     (``val/avg_at_k`` and the rest)."""
@@ -164,7 +166,7 @@ def train_dpo(
         return _heldout(policy, held, ref_held, beta, batch_size) | sample_validation()
 
     tracker = Tracker(cfg, kind)
-    tags = run_tags(cfg, "dpo", pairs=pairs_path)
+    tags = run_tags(cfg, "dpo", pairs=pairs_path) | (extra_tags or {})
     if start_tracking(tracker, resume, track, f"dpo {out_dir.name}", tags, parent_run_id):
         tracker.log_params({f"dpo.{k}": v for k, v in settings.items()})
         tracker.log_params({"dpo.train_pairs": len(train), "dpo.heldout_pairs": len(held)})

@@ -81,11 +81,13 @@ def train_reward_model(
     seed: int = 0,
     track: bool = True,
     on_step: Callable[[int, int, dict], None] = lambda step, total, metrics: None,
+    extra_tags: dict[str, str] | None = None,
     kind: str = "reward_model",
     parent_run_id: str | None = None,
 ) -> RewardModelResult:
-    """``dapo reward-model train``: see the module docstring. ``kind`` names the MLflow
-    experiment; ``parent_run_id`` nests the run under a sweep's (``dapo compare``)."""
+    """``dapo reward-model train``: see the module docstring. ``extra_tags`` go on the
+    MLflow run, ``kind`` names its experiment; ``parent_run_id`` nests the run under a
+    sweep's (``dapo compare``)."""
     from tasks.models.resolve import resolve_model_path
     from tasks.runtime import configure_torch
     from tasks.tracking.provenance import run_tags
@@ -123,7 +125,9 @@ def train_reward_model(
         return {"rm/loss": float(loss.detach()), "rm/pair_accuracy": _ratio(m["pair_accuracy"])}
 
     tracker = Tracker(cfg, kind)
-    tags = run_tags(cfg, "reward_model", pairs=pairs_path, base_model=str(base))
+    tags = run_tags(cfg, "reward_model", pairs=pairs_path, base_model=str(base)) | (
+        extra_tags or {}
+    )
     name = f"reward model {out_dir.name}"
     if start_tracking(tracker, resume, track, name, tags, parent_run_id):
         tracker.log_params({f"rm.{k}": v for k, v in settings.items()})

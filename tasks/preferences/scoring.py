@@ -50,11 +50,16 @@ def load_reward_model(path: str, device: str):
 
     from tasks.models.loading import transformers_quietly
 
-    transformers_quietly()
+    hf = transformers_quietly()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        path, num_labels=1, dtype=torch.float32
-    ).to(device)
+    level = hf.logging.get_verbosity()
+    hf.logging.set_verbosity_error()  # a policy's new head is expected: no "MISSING" report
+    try:  # (a load that fails still raises)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            path, num_labels=1, dtype=torch.float32
+        ).to(device)
+    finally:
+        hf.logging.set_verbosity(level)
     model.config.pad_token_id = tokenizer.pad_token_id  # transformers reads the last non-pad
     return model, tokenizer
 

@@ -1,0 +1,132 @@
+"""``dapo compare``: every method over seeds under one MLflow parent, the table and curves
+written, a second call resumes from the records, an interrupt leaves the parent KILLED, and a
+wrong method is one line before anything runs."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dapo_core.errors import TrainingInterrupted
+from dapo_core.reward import Score
+from tasks.tracking import store
+
+
+def write_params(cfg, path) -> str:
+    path.write_text(json.dumps(cfg.to_dict()))
+    return str(path)
+
+
+def _length_parity(response: str, answer: str) -> Score:
+    """A stand-in for the rule when mining pairs: the session's tiny policy is never right, so
+    its groups would give no pairs; response lengths differ, so these groups are mixed."""
+    right = len(response) % 2 == 1
+    return Score(1.0 if right else -1.0, right, None)
+
+
+@pytest.fixture(scope="module")
+def compared(flows_env, flow_cfg, tmp_path_factory):
+    from flows.compare import compare_flow
+    from tasks.preferences import pairs
+
+    params = write_params(flow_cfg, tmp_path_factory.mktemp("compare") / "params.json")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pairs, "score", _length_parity)
+        table = compare_flow(params=params, seeds=[0, 1], run_name="compare-test", progress=False)
+    return params, table
+
+
+def _children(cfg, parent_id):
+    return store.search_runs(cfg, "compare", f"tags.mlflow.parentRunId = '{parent_id}'")
+
+
+def test_every_method_and_seed_is_trained_evaluated_and_tabled(compared):
+    from flows.compare import METHODS
+
+    _, table = compared
+    assert list(table["method"]) == list(METHODS) and (table["runs"] == "2/2").all()
+    assert table["avg_at_k"].between(0, 1).all() and table["ci_low"].notna().all()
+    by = table.set_index("method")
+    assert math.isnan(by.loc["dpo", "advantage_var"])  # DPO has no advantages
+    assert by.loc["ppo_rm", "advantage_var"] > 0  # (the tiny policy's rule-based groups, all
+    # wrong, give GRPO zero advantages and DAPO's dynamic sampling no batch)
+    assert (by.loc[["ppo_rm", "dpo"], "tokens"] > 0).all() and (table["wall_min"] > 0).all()
+    root = Path(table.attrs["dir"])
+    for name in ("comparison.csv", "comparison.txt", "sample_efficiency.png", "records.jsonl"):
+        assert (root / name).stat().st_size > 0
+    assert max(len(line) for line in table.attrs["terminal"].splitlines()) <= 80
+
+
+def test_the_methods_that_learn_from_preferences_pay_for_the_mined_responses(compared):
+    _, table = compared
+    root = Path(table.attrs["dir"])
+    records = [json.loads(line) for line in (root / "records.jsonl").read_text().splitlines()]
+    for r in records:
+        mined = json.loads((root / f"seed{r['seed']}" / "preferences.json").read_text())
+        first_x = r["curve"][0][0]
+        assert first_x == (mined["responses"] if r["method"] in ("ppo_rm", "dpo") else 0), r
+        assert len(r["curve"]) > 1  # validated during training
+    dpo = [r for r in records if r["method"] == "dpo"]
+    assert all(r["responses"] == r["curve"][0][0] for r in dpo)  # nothing generated in training
+
+
+def test_the_runs_nest_under_one_parent_in_mlflow(compared, flow_cfg):
+    from flows.compare import METHODS
+
+    _, table = compared
+    (parent,) = [r for r in store.search_runs(flow_cfg, "compare") if r["name"] == "compare-test"]
+    assert parent["run_id"] == table.attrs["run_id"] and parent["status"] == "FINISHED"
+    assert "warm_start/avg_at_k" in parent["metrics"]
+    children = _children(flow_cfg, parent["run_id"])
+    got = sorted((c["tags"]["method"], c["tags"]["seed"]) for c in children)
+    assert got == sorted((m, str(s)) for m in (*METHODS, "reward_model") for s in (0, 1))
+    assert all(c["status"] == "FINISHED" for c in children)
+    for c in children:
+        if c["tags"]["method"] in METHODS:
+            assert "eval/avg_at_k" in c["metrics"], c["tags"]["method"]
+        if c["tags"]["method"] == "ppo_rm":  # against the learned reward, KL in the reward
+            assert "model" in c["params"]["rollout.reward"]
+            assert "k1" in c["params"]["algo.kl.name"] and "reward" in c["params"]["algo.kl.where"]
+
+
+def test_the_same_command_again_resumes_from_the_records(compared, flow_cfg):
+    from flows.compare import compare_flow
+
+    params, table = compared
+    before = len(_children(flow_cfg, table.attrs["run_id"]))
+    again = compare_flow(params=params, seeds=[0, 1], run_name="compare-test", progress=False)
+    pd.testing.assert_frame_equal(again, table)
+    assert len(_children(flow_cfg, table.attrs["run_id"])) == before  # nothing retrained
+
+
+def test_an_interrupt_ends_the_parent_killed_and_says_how_to_resume(
+    flows_env, flow_cfg, tmp_path, monkeypatch
+):
+    import flows.compare as compare
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare, "_method", stop)
+    params = write_params(flow_cfg, tmp_path / "params.json")
+    with pytest.raises(TrainingInterrupted, match="--run-name compare-stop"):
+        compare.compare_flow(
+            params=params, methods=["dapo"], run_name="compare-stop", progress=False
+        )
+    (parent,) = [r for r in store.search_runs(flow_cfg, "compare") if r["name"] == "compare-stop"]
+    assert parent["status"] == "KILLED"
+
+
+def test_an_unknown_method_is_one_line_before_anything_runs(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), HF_HUB_OFFLINE="1")
+    cmd = [sys.executable, "-m", "flows.cli", "compare", "--methods", "dpo,ppo", "--seeds", "0"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "unknown method(s) ppo; choose from" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "prefect" / "prefect.db").exists()  # nothing ran

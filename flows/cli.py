@@ -500,10 +500,20 @@ def dpo_train(
     heldout: HeldoutOpt = 0.2,
     seed: Annotated[int, typer.Option(help="Split and order of the pairs.")] = 0,
     track: TrackOpt = True,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            help="Iterative DPO: after the first round (on --pairs), each round mines new "
+            "pairs from the policy the round before wrote and trains it against itself."
+        ),
+    ] = 1,
+    prompts: Annotated[
+        int, typer.Option(help="Training problems each later round samples its pairs from.")
+    ] = 800,
 ) -> None:
-    """Train the configured policy with DPO (offline) against a frozen copy of itself; writes a
-    model directory for `dapo evaluate --model DIR`."""
-    from tasks.preferences.dpo import train_dpo
+    """Train the configured policy with DPO (offline) against a frozen copy of itself, or
+    iteratively (--rounds N); writes a model directory for `dapo evaluate --model DIR`."""
+    from tasks.preferences.dpo import train_iterative_dpo
 
     _working()
     cfg = _load(params, config, set_, None)
@@ -516,18 +526,24 @@ def dpo_train(
                 highlight=False,
             )
 
-    r = train_dpo(
+    def said(round_: int, what: str) -> None:
+        console.print(f"round {round_}/{rounds}: {what}", highlight=False)
+
+    r = train_iterative_dpo(
         cfg,
         pairs,
         out,
-        beta,
-        nll_weight,
-        epochs,
-        lr,
-        batch_size,
-        heldout,
-        seed,
-        track,
+        rounds,
+        prompts,
+        seed=seed,
+        track=track,
+        on_round=said,
+        beta=beta,
+        nll_weight=nll_weight,
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+        heldout=heldout,
         on_step=report,
     )
     console.print(

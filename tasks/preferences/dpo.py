@@ -20,6 +20,7 @@ that ``dapo evaluate --model DIR`` scores like any other.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -253,3 +254,76 @@ def _heldout(policy, held, ref_held: torch.Tensor, beta: float, batch: int) -> d
         "dpo/heldout_accuracy": float(m["pair_accuracy"][0] / m["pair_accuracy"][1]),
         "dpo/heldout_margin": float(m["reward_margin"][0] / m["reward_margin"][1]),
     }
+
+
+def train_iterative_dpo(
+    cfg: Config,
+    pairs_path: str,
+    out_dir: str | Path,
+    rounds: int,
+    prompts: int = 800,
+    per_group: int = 4,
+    seed: int = 0,
+    track: bool = True,
+    on_round: Callable[[int, str], None] = lambda round_, said: None,
+    **dpo_args,
+) -> DPOResult:
+    """Iterative DPO (Xu et al. 2023; Pang et al. 2024's iterative RPO): round 1 trains on
+    ``pairs_path``; each later round mines new pairs from the policy the round before wrote (on
+    ``prompts`` training problems, ``tasks.preferences.pairs``) and trains it against a frozen
+    copy of itself, so the pairs and the reference follow the policy. ``dpo_args`` go to every
+    round's ``train_dpo``.
+
+    The rounds' pairs and policies are kept in ``.<out>.rounds/`` beside ``out_dir``: the same
+    command after an interruption redoes only the unfinished round (itself resumed from its
+    checkpoint); the last round's policy becomes ``out_dir`` (its record says how many rounds
+    and from which model) and the rest is then removed."""
+    import shutil
+
+    from tasks.preferences.pairs import mine_to_file
+
+    out_dir = Path(out_dir)
+    check_settings("dpo train", out_dir, [("--rounds", rounds, rounds >= 1)])
+    if rounds == 1:
+        return train_dpo(cfg, pairs_path, out_dir, seed=seed, track=track, **dpo_args)
+    work = out_dir.with_name(f".{out_dir.name}.rounds")
+    policy, result = None, None
+    for r in range(1, rounds + 1):
+        round_cfg = _with_policy(cfg, policy)
+        pairs = pairs_path
+        if r > 1:
+            pairs = str(work / f"pairs{r}.parquet")
+            if not Path(pairs).exists():
+                table, _, _ = mine_to_file(
+                    round_cfg, pairs, prompts, per_group, seed + r, dvc=False
+                )
+                on_round(r, f"mined {len(table.rows)} pairs from the round {r - 1} policy")
+        model_dir = work / f"round{r}"  # the MLflow run is "dpo round<r>"
+        if (model_dir / RECORD).exists():  # finished before an interruption
+            record = json.loads((model_dir / RECORD).read_text())
+            result = DPOResult(
+                model_dir, record["heldout_accuracy"], record["heldout_loss"], 0, 0, 0
+            )
+        else:
+            result = train_dpo(round_cfg, pairs, model_dir, seed=seed, track=track, **dpo_args)
+        on_round(r, f"held-out implicit-reward accuracy {result.heldout_accuracy:.3f}")
+        policy = str(model_dir)
+    record = json.loads((Path(policy) / RECORD).read_text())
+    # the last round's base and pairs were the round before's, in the directory removed below
+    record |= {"rounds": rounds, "base_model": str(cfg.model.name_or_path), "pairs": pairs_path}
+    (Path(policy) / RECORD).write_text(json.dumps(record, indent=2))
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists():  # empty: check_settings refused one with files
+        out_dir.rmdir()
+    shutil.move(policy, out_dir)
+    shutil.rmtree(work, ignore_errors=True)
+    return dataclasses.replace(result, out_dir=out_dir)
+
+
+def _with_policy(cfg: Config, policy: str | None) -> Config:
+    """``cfg`` with ``policy`` (a model directory) as the model, or ``cfg`` itself."""
+    if policy is None:
+        return cfg
+    from dapo_core.config_loader import resolve
+
+    return resolve(cfg.to_dict(), overrides=[f"model.name_or_path={policy}"])

@@ -1,7 +1,9 @@
 """Offline DPO: log 2 at the start (the policy is its reference), the held-out loss falls with
 training, the policy is saved as a model directory; bad input and interrupts leave nothing."""
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -95,4 +97,61 @@ def test_an_interrupted_dpo_resumes_to_the_uninterrupted_policy(cfg, pairs_file,
 def test_bad_settings_are_one_line_errors(cfg, pairs_file, tmp_path, kwargs, message):
     with pytest.raises(PipelineError, match=message):
         D.train_dpo(cfg, pairs_file, tmp_path / "dpo", track=False, **kwargs)
+    assert not (tmp_path / "dpo").exists()
+
+
+def _length_parity(response: str, answer: str):
+    """The rule for mining in these tests: the tiny policy is never right, so its groups would
+    give no pairs; its responses' lengths differ, so these groups are mixed."""
+    from dapo_core.reward import Score
+
+    right = len(response) % 2 == 1
+    return Score(1.0 if right else -1.0, right, None)
+
+
+def test_iterative_dpo_mines_each_round_from_the_policy_before(
+    cfg, pairs_file, tmp_path, monkeypatch
+):
+    from safetensors.torch import load_file
+
+    monkeypatch.setattr(P, "score", _length_parity)
+    mined_from = []
+    mine = P.mine_to_file
+
+    def spy(round_cfg, *args, **kwargs):
+        mined_from.append(round_cfg.model.name_or_path)
+        return mine(round_cfg, *args, **kwargs)
+
+    monkeypatch.setattr(P, "mine_to_file", spy)
+    args = dict(epochs=1, lr=3e-3, batch_size=8, track=False, prompts=40)
+    said = []
+    r = D.train_iterative_dpo(
+        cfg, pairs_file, tmp_path / "a", 3, on_round=lambda n, s: said.append(n), **args
+    )
+    assert r.out_dir == tmp_path / "a" and (tmp_path / "a" / "model.safetensors").exists()
+    assert [Path(m).name for m in mined_from] == ["round1", "round2"]  # the policy before
+    assert said == [1, 2, 2, 3, 3]  # round 1 trained; rounds 2 and 3 mined, then trained
+    record = json.loads((tmp_path / "a" / D.RECORD).read_text())
+    assert record["rounds"] == 3 and record["base_model"] == cfg.model.name_or_path
+    assert not (tmp_path / ".a.rounds").exists()  # the rounds' work is removed
+    one = D.train_iterative_dpo(cfg, pairs_file, tmp_path / "one", 1, **args)
+    a, b = (load_file(str(d / "model.safetensors")) for d in (r.out_dir, one.out_dir))
+    assert any(not torch.equal(a[k], b[k]) for k in a)  # the later rounds trained it further
+
+    def stop(step, total, metrics):  # in the second round's training
+        if len(mined_from) == 3 and "dpo/loss" in metrics:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        D.train_iterative_dpo(cfg, pairs_file, tmp_path / "b", 3, on_step=stop, **args)
+    assert not (tmp_path / "b").exists() and (tmp_path / ".b.rounds" / "round1").exists()
+    D.train_iterative_dpo(cfg, pairs_file, tmp_path / "b", 3, **args)
+    assert len(mined_from) == 4  # round 2's pairs were kept; round 3 mined once
+    b = load_file(str(tmp_path / "b" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)  # resumed to the uninterrupted policy
+
+
+def test_iterative_dpo_refuses_zero_rounds(cfg, pairs_file, tmp_path):
+    with pytest.raises(PipelineError, match="--rounds 0 is out of range"):
+        D.train_iterative_dpo(cfg, pairs_file, tmp_path / "dpo", 0, track=False)
     assert not (tmp_path / "dpo").exists()

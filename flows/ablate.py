@@ -309,18 +309,21 @@ def stop_runs(name: str, pool: str) -> Stopped | None:
         return None
 
 
-def children_view(parent_id: str | None) -> dict[str, Any]:
+def children_view(
+    parent_id: str | None, by: str = "variant", metrics: Sequence[str] | None = None
+) -> dict[str, Any]:
     """The MLflow runs table for a sweep: its child runs only, one row each, with the columns a
-    reader compares (variant, seed, avg@k and each switch's signal)."""
-    metrics = [metric.AVG_AT_K, *sorted({s.metric for s in SIGNALS}), metric.ENTROPY_DELTA]
+    reader compares (the ``by`` tag, seed, avg@k and, by default, each switch's signal)."""
+    if metrics is None:
+        metrics = [metric.AVG_AT_K, *sorted({s.metric for s in SIGNALS}), metric.ENTROPY_DELTA]
     return {
         "searchFilter": f"tags.mlflow.parentRunId = '{parent_id}'",
         # one row per variant, its seeds averaged and expandable (MLflow's "Group by")
         "groupBy": {
             "aggregateFunction": "average",
-            "groupByKeys": [{"mode": "tag", "groupByData": "variant"}],
+            "groupByKeys": [{"mode": "tag", "groupByData": by}],
         },
-        "selectedColumns": [f"tags.`{t}`" for t in ("variant", "seed")]
+        "selectedColumns": [f"tags.`{t}`" for t in (by, "seed")]
         + [f"metrics.`{m}`" for m in metrics],
     }
 

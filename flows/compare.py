@@ -25,6 +25,7 @@ from its last checkpoint).
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -34,10 +35,12 @@ from prefect import flow
 from prefect.exceptions import TerminationSignal
 from prefect.states import Cancelled
 
+from dapo_core import metric_names as metric
 from dapo_core.ablation import apply_variant, split_sweep_overrides
 from dapo_core.config import Config, ConfigError
 from dapo_core.config_loader import resolve
 from dapo_core.errors import TrainingInterrupted
+from flows.ablate import children_view
 from flows.pipeline import default_run_name, load_config, run_dir_for
 from tasks.data.task import curate_task
 from tasks.evaluation.comparison import (
@@ -62,6 +65,7 @@ PPO_RM_KL = ["algo.kl.name=k1", "algo.kl.where=reward", "algo.kl.beta=0.1"]
 config sets a KL: without it, PPO against this task's reward model trades accuracy for the
 learned reward within 20 steps (README, "Preferences")."""
 MINE_PROMPTS, MINE_PER_GROUP = 800, 4  # `dapo pairs mine`'s defaults
+VIEW_METRICS = [metric.AVG_AT_K, metric.ACC_MEAN, metric.REWARD_MEAN, metric.GRAD_NORM]
 
 
 def check_methods(methods: list[str] | None) -> list[str]:
@@ -155,8 +159,13 @@ def compare_flow(
             parent.end("FAILED")
         raise
     table = _report(parent, root, records, names, warm, cfg.eval.n_samples)
+    view = parent.save_runs_view(
+        re.sub(r"[^A-Za-z0-9_-]", "-", name),
+        f"compare {name}",
+        children_view(parent.run_id, by="method", metrics=VIEW_METRICS),
+    )
     parent.end("FINISHED" if all(r.status == "ok" for r in records) else "FAILED")
-    table.attrs |= {"dir": str(root), "run_id": parent.run_id, "warm": warm}
+    table.attrs |= {"dir": str(root), "run_id": parent.run_id, "warm": warm, "mlflow_view": view}
     return table
 
 

@@ -164,3 +164,5 @@ def report_comparison(table: Any, out: Console | None = None) -> None:
         f"{mlflow_link(table.attrs.get('run_id'), None)}",
         highlight=False,
     )
+    if table.attrs.get("mlflow_view"):
+        out.print(f"every run side by side in MLflow: {table.attrs['mlflow_view']}")

@@ -82,6 +82,7 @@ def test_the_runs_nest_under_one_parent_in_mlflow(compared, flow_cfg):
     (parent,) = [r for r in store.search_runs(flow_cfg, "compare") if r["name"] == "compare-test"]
     assert parent["run_id"] == table.attrs["run_id"] and parent["status"] == "FINISHED"
     assert "warm_start/avg_at_k" in parent["metrics"]
+    assert "viewStateShareKey=compare-test" in table.attrs["mlflow_view"]  # runs grouped by method
     children = _children(flow_cfg, parent["run_id"])
     got = sorted((c["tags"]["method"], c["tags"]["seed"]) for c in children)
     assert got == sorted((m, str(s)) for m in (*METHODS, "reward_model") for s in (0, 1))

@@ -149,8 +149,9 @@ def compare_flow(
     except (KeyboardInterrupt, TerminationSignal, TrainingInterrupted) as e:
         with deferred_signals():
             parent.end("KILLED")
+        why = f" ({e})" if str(e) else ""  # a training run says where it stopped
         message = (
-            f"comparison {name} stopped with {len(records)} runs finished ({e}); to resume, run "
+            f"comparison {name} stopped with {len(records)} runs finished{why}; to resume, run "
             f"the same command with --run-name {name}"
         )
         return Cancelled(message=message, data=TrainingInterrupted(message))
@@ -223,6 +224,7 @@ def _preferences(
             rm_dir,
             seed=seed,
             extra_tags={"variant": "reward_model", "method": "reward_model"},
+            run_name=f"reward model seed{seed}",
             kind="compare",
             parent_run_id=parent_id,
         )
@@ -333,6 +335,7 @@ def _dpo(cfg, seed, prefs, run_dir, warm, eval_set, parent_id):
             seed=seed,
             on_step=on_step,
             extra_tags={"variant": "dpo", "method": "dpo"},
+            run_name=f"dpo seed{seed}",
             kind="compare",
             parent_run_id=parent_id,
             validate=True,

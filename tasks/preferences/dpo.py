@@ -94,12 +94,13 @@ def train_dpo(
     track: bool = True,
     on_step: Callable[[int, int, dict], None] = lambda step, total, metrics: None,
     extra_tags: dict[str, str] | None = None,
+    run_name: str | None = None,
     kind: str = "dpo",
     parent_run_id: str | None = None,
     validate: bool = False,
 ) -> DPOResult:
-    """``dapo dpo train``: see the module docstring. ``extra_tags`` go on the MLflow run,
-    ``kind`` names its experiment;
+    """``dapo dpo train``: see the module docstring. ``extra_tags`` go on the MLflow run
+    (named ``run_name``, by default after the output), ``kind`` names its experiment;
     ``parent_run_id`` nests the run under a sweep's (``dapo compare``); ``validate`` samples the
     validation split after each epoch, as RL training does every ``eval.every_n_steps``
     (``val/avg_at_k`` and the rest)."""
@@ -168,7 +169,8 @@ def train_dpo(
 
     tracker = Tracker(cfg, kind)
     tags = run_tags(cfg, "dpo", pairs=pairs_path) | (extra_tags or {})
-    if start_tracking(tracker, resume, track, f"dpo {out_dir.name}", tags, parent_run_id):
+    name = run_name or f"dpo {out_dir.name}"
+    if start_tracking(tracker, resume, track, name, tags, parent_run_id):
         tracker.log_params({f"dpo.{k}": v for k, v in settings.items()})
         tracker.log_params({"dpo.train_pairs": len(train), "dpo.heldout_pairs": len(held)})
         tracker.log_dict(table.provenance, "pairs_provenance.json")

@@ -82,12 +82,13 @@ def train_reward_model(
     track: bool = True,
     on_step: Callable[[int, int, dict], None] = lambda step, total, metrics: None,
     extra_tags: dict[str, str] | None = None,
+    run_name: str | None = None,
     kind: str = "reward_model",
     parent_run_id: str | None = None,
 ) -> RewardModelResult:
     """``dapo reward-model train``: see the module docstring. ``extra_tags`` go on the
-    MLflow run, ``kind`` names its experiment; ``parent_run_id`` nests the run under a
-    sweep's (``dapo compare``)."""
+    MLflow run (named ``run_name``, by default after the output), ``kind`` names its
+    experiment; ``parent_run_id`` nests the run under a sweep's (``dapo compare``)."""
     from tasks.models.resolve import resolve_model_path
     from tasks.runtime import configure_torch
     from tasks.tracking.provenance import run_tags
@@ -128,7 +129,7 @@ def train_reward_model(
     tags = run_tags(cfg, "reward_model", pairs=pairs_path, base_model=str(base)) | (
         extra_tags or {}
     )
-    name = f"reward model {out_dir.name}"
+    name = run_name or f"reward model {out_dir.name}"
     if start_tracking(tracker, resume, track, name, tags, parent_run_id):
         tracker.log_params({f"rm.{k}": v for k, v in settings.items()})
         tracker.log_params({"rm.train_pairs": len(train), "rm.heldout_pairs": len(held)})

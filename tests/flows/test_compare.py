@@ -87,6 +87,8 @@ def test_the_runs_nest_under_one_parent_in_mlflow(compared, flow_cfg):
     got = sorted((c["tags"]["method"], c["tags"]["seed"]) for c in children)
     assert got == sorted((m, str(s)) for m in (*METHODS, "reward_model") for s in (0, 1))
     assert all(c["status"] == "FINISHED" for c in children)
+    names = {c["name"] for c in children}
+    assert {"dpo seed1", "reward model seed1", "ppo_rm seed1", "dapo seed0"} <= names
     for c in children:
         if c["tags"]["method"] in METHODS:
             assert "eval/avg_at_k" in c["metrics"], c["tags"]["method"]

@@ -25,7 +25,6 @@ from tasks.evaluation.task import EvalSummary, evaluate_task
 from tasks.orchestration import cancelled_when_interrupted
 from tasks.params import load_params, repo_path
 from tasks.rundir import RunDir
-from tasks.tracking.store import open_store_in_background, tracking_uri
 from tasks.training.distributed import shutdown_distributed
 from tasks.training.preflight import PreflightResult, preflight_task
 from tasks.training.run import TrainResult, run_training
@@ -88,8 +87,6 @@ def train_flow(
     cfg = load_config(params, config, overrides, variant)
     name = run_name or (Path(run_dir).name if run_dir else default_run_name("train"))
     target = run_dir or str(run_dir_for(cfg, name))
-    if track:  # MLflow opens its store while the preflight samples
-        open_store_in_background(tracking_uri(cfg))
     with RunDir(target).writer():  # the one writer, across the task's retries too
         return train_task(
             cfg,

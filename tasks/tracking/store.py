@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -35,40 +34,6 @@ def tracking_uri(cfg: Config | None = None) -> str:
     if cfg is not None and cfg.tracking.tracking_uri:
         return cfg.tracking.tracking_uri
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{STORE_DIR / 'mlflow.db'}"
-
-
-_opening: dict[str, threading.Thread] = {}
-
-
-def open_store_in_background(uri: str) -> None:
-    """Start opening the tracking store of ``uri`` in a thread: importing MLflow, connecting and
-    checking the schema take seconds that a command can spend on other work (the preflight); the
-    store is cached by MLflow per URI, so the run's first call finds it open
-    (:func:`wait_for_store`). A failure here is left to that first call to report."""
-    if uri in _opening:
-        return
-
-    def open_() -> None:
-        try:
-            from mlflow import MlflowClient
-
-            db = sqlite_path(uri)
-            if db is not None:
-                db.parent.mkdir(parents=True, exist_ok=True)
-            MlflowClient(tracking_uri=uri)
-        except Exception:  # noqa: BLE001, S110 - the tracker's own call says what went wrong
-            pass
-
-    _opening[uri] = thread = threading.Thread(target=open_, name="mlflow-store", daemon=True)
-    thread.start()
-
-
-def wait_for_store(uri: str) -> None:
-    """Wait for :func:`open_store_in_background` of ``uri`` to finish, if one was started: two
-    threads building the same store at once would each pay for it."""
-    thread = _opening.get(uri)
-    if thread is not None:
-        thread.join()
 
 
 def sqlite_path(uri: str) -> Path | None:

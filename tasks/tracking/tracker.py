@@ -36,7 +36,6 @@ from tasks.tracking.store import (
     sqlite_path,
     tracking_uri,
     ui_url,
-    wait_for_store,
 )
 
 log = logging.getLogger(__name__)
@@ -123,7 +122,6 @@ class Tracker:
         if self._client is None:
             from mlflow import MlflowClient
 
-            wait_for_store(self.uri)
             db = sqlite_path(self.uri)
             if db is not None:
                 db.parent.mkdir(parents=True, exist_ok=True)

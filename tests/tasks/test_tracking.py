@@ -422,32 +422,3 @@ def test_ui_addresses_open_the_training_view(tiny_cfg, store):
         "/experiments/7/runs/abc/model-metrics",
     )
     assert Tracker(tiny_cfg, "train", uri=store).run_url() is None  # no run started
-
-
-def test_a_store_opened_in_the_background_is_the_one_the_run_uses(tiny_cfg, tmp_path):
-    """The store opens while the command does other work; the tracker waits for it, then finds
-    it in MLflow's per-URI cache (one store, not two built at once)."""
-    from mlflow.tracking._tracking_service.utils import _get_store
-
-    uri = f"sqlite:///{tmp_path}/sub/mlflow.db"  # a directory that does not exist yet
-    tracking_store.open_store_in_background(uri)
-    tracking_store.wait_for_store(uri)
-    assert (tmp_path / "sub" / "mlflow.db").exists()
-    opened = _get_store(uri)
-    t = Tracker(resolve(tiny_cfg.to_dict(), overrides=[f"tracking.tracking_uri={uri}"]), "train")
-    assert t.start_run("bg") is not None and t.client._tracking_client.store is opened
-    t.end()
-
-
-def test_a_store_that_cannot_open_in_the_background_is_reported_by_the_run(
-    tiny_cfg, tmp_path, caplog
-):
-    blocker = tmp_path / "file"
-    blocker.write_text("not a directory")
-    uri = f"sqlite:///{blocker}/mlflow.db"
-    tracking_store.open_store_in_background(uri)  # fails in its thread, silently
-    tracking_store.wait_for_store(uri)
-    t = Tracker(resolve(tiny_cfg.to_dict(), overrides=[f"tracking.tracking_uri={uri}"]), "train")
-    with caplog.at_level(logging.WARNING):
-        assert t.start_run("bg") is None  # the guard's one warning; training would go on
-    assert "MLflow tracking failed while creating a run" in caplog.text

@@ -989,6 +989,11 @@ def compare(
             curate=curate,
         )
     report_comparison(table)
+    if table.attrs["failed"]:  # the others are in the table; the command still fails
+        raise PipelineError(
+            f"{len(table.attrs['failed'])} run(s) failed, first {table.attrs['failed'][0]}; "
+            f"fix it and run the same command with --run-name {Path(table.attrs['dir']).name}"
+        )
 
 
 def _default_workers(cpu_threads: int) -> int:

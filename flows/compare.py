@@ -168,6 +168,9 @@ def compare_flow(
     )
     parent.end("FINISHED" if all(r.status == "ok" for r in records) else "FAILED")
     table.attrs |= {"dir": str(root), "run_id": parent.run_id, "warm": warm, "mlflow_view": view}
+    table.attrs["failed"] = [
+        f"{r.method} seed {r.seed} ({r.status})" for r in records if r.status != "ok"
+    ]
     return table
 
 

@@ -133,3 +133,27 @@ def test_an_unknown_method_is_one_line_before_anything_runs(tmp_path):
     assert out.returncode == 2 and "unknown method(s) ppo; choose from" in out.stderr
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "prefect" / "prefect.db").exists()  # nothing ran
+
+
+def test_a_failed_run_is_in_the_table_and_fails_the_parent_the_others_go_on(
+    flows_env, flow_cfg, tmp_path, monkeypatch
+):
+    import flows.compare as compare
+
+    real = compare._rl
+
+    def broken_grpo(method, *args, **kwargs):
+        if method == "grpo":
+            raise RuntimeError("out of memory")
+        return real(method, *args, **kwargs)
+
+    monkeypatch.setattr(compare, "_rl", broken_grpo)
+    params = write_params(flow_cfg, tmp_path / "params.json")
+    table = compare.compare_flow(
+        params=params, methods=["grpo", "dapo"], run_name="compare-fail", progress=False
+    )
+    assert list(table["runs"]) == ["0/1", "1/1"]
+    assert table.attrs["failed"] == ["grpo seed 0 (failed: RuntimeError: out of memory)"]
+    (parent,) = [r for r in store.search_runs(flow_cfg, "compare") if r["name"] == "compare-fail"]
+    assert parent["status"] == "FAILED"
+    assert not (Path(table.attrs["dir"]) / "grpo" / "seed0" / "record.json").exists()  # redone

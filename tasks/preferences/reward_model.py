@@ -52,11 +52,13 @@ class RewardModelResult:
 
 def encode(tokenizer, rows: list[dict], max_len: int) -> list[tuple[list[int], list[int]]]:
     """Each pair as (chosen ids, rejected ids), as the reward model reads them in RL too."""
-
-    def ids(prompt: str, response: str) -> list[int]:
-        return reward_input(tokenizer, prompt, response, max_len)
-
-    return [(ids(r["prompt"], r["chosen"]), ids(r["prompt"], r["rejected"])) for r in rows]
+    return [
+        tuple(
+            reward_input(tokenizer, r["prompt"], r[side], max_len)
+            for side in ("chosen", "rejected")
+        )
+        for r in rows
+    ]
 
 
 def margins(model, pairs: list[tuple[list[int], list[int]]], pad: int, batch: int) -> torch.Tensor:

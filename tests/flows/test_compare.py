@@ -17,11 +17,6 @@ from dapo_core.reward import Score
 from tasks.tracking import store
 
 
-def write_params(cfg, path) -> str:
-    path.write_text(json.dumps(cfg.to_dict()))
-    return str(path)
-
-
 def _length_parity(response: str, answer: str) -> Score:
     """A stand-in for the rule when mining pairs: the session's tiny policy is never right, so
     its groups would give no pairs; response lengths differ, so these groups are mixed."""
@@ -30,11 +25,11 @@ def _length_parity(response: str, answer: str) -> Score:
 
 
 @pytest.fixture(scope="module")
-def compared(flows_env, flow_cfg, tmp_path_factory):
+def compared(flows_env, flow_params):
     from flows.compare import compare_flow
     from tasks.preferences import pairs
 
-    params = write_params(flow_cfg, tmp_path_factory.mktemp("compare") / "params.json")
+    params = flow_params
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(pairs, "score", _length_parity)
         table = compare_flow(params=params, seeds=[0, 1], run_name="compare-test", progress=False)
@@ -108,7 +103,7 @@ def test_the_same_command_again_resumes_from_the_records(compared, flow_cfg):
 
 
 def test_an_interrupt_ends_the_parent_killed_and_says_how_to_resume(
-    flows_env, flow_cfg, tmp_path, monkeypatch
+    flows_env, flow_cfg, flow_params, monkeypatch
 ):
     import flows.compare as compare
 
@@ -116,7 +111,7 @@ def test_an_interrupt_ends_the_parent_killed_and_says_how_to_resume(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(compare, "_method", stop)
-    params = write_params(flow_cfg, tmp_path / "params.json")
+    params = flow_params
     with pytest.raises(TrainingInterrupted, match="--run-name compare-stop"):
         compare.compare_flow(
             params=params, methods=["dapo"], run_name="compare-stop", progress=False
@@ -136,7 +131,7 @@ def test_an_unknown_method_is_one_line_before_anything_runs(tmp_path):
 
 
 def test_a_failed_run_is_in_the_table_and_fails_the_parent_the_others_go_on(
-    flows_env, flow_cfg, tmp_path, monkeypatch
+    flows_env, flow_cfg, flow_params, monkeypatch
 ):
     import flows.compare as compare
 
@@ -148,7 +143,7 @@ def test_a_failed_run_is_in_the_table_and_fails_the_parent_the_others_go_on(
         return real(method, *args, **kwargs)
 
     monkeypatch.setattr(compare, "_rl", broken_grpo)
-    params = write_params(flow_cfg, tmp_path / "params.json")
+    params = flow_params
     table = compare.compare_flow(
         params=params, methods=["grpo", "dapo"], run_name="compare-fail", progress=False
     )

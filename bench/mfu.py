@@ -57,6 +57,7 @@ from bench.common import positive_int, sync
 from dapo_core.ablation import apply_variant
 from dapo_core.problem import Problem
 from tasks.params import load_params
+from tasks.runtime import configure_torch
 from tasks.training.batches import sample_padding_fraction
 from tasks.training.compiled import MODES, whole_sequences
 from tasks.training.trainer import DAPOTrainer, Sample
@@ -213,6 +214,7 @@ def measure(
     steps: int,
     warmup: int = 2,
     profile: bool = False,
+    trace: str | None = None,
     compile_: str = "auto",
     variant: str = "dapo",
 ) -> dict:
@@ -255,8 +257,8 @@ def measure(
         sync(device)
         times.append(time.perf_counter() - t0)
     split = time_split(trainer, samples, steps)
-    if profile:
-        print_profile(trainer, samples)
+    if profile or trace:
+        print_profile(trainer, samples, trace=trace)
     median, flops = statistics.median(times), counter.get_total_flops()
     tokens = passes * prompt_len + len(samples) * (L if whole else L - 1)
     return {
@@ -276,6 +278,8 @@ def measure(
         "warmup_s": warmup_s,
         "applied": all(o.applied and o.tokens == len(samples) * L for o in outs),
         "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
+        # cudaFree of cached blocks to satisfy an allocation: each synchronises the device
+        "alloc_retries": torch.cuda.memory_stats(device).get("num_alloc_retries", 0) if cuda else 0,
     }
 
 
@@ -314,8 +318,11 @@ def time_split(trainer: DAPOTrainer, samples: list[Sample], steps: int) -> dict[
     return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
 
 
-def print_profile(trainer: DAPOTrainer, samples: list[Sample], rows: int = 25) -> None:
-    """The kernels of one update by device time (self time on CPU), from torch.profiler."""
+def print_profile(
+    trainer: DAPOTrainer, samples: list[Sample], rows: int = 25, trace: str | None = None
+) -> None:
+    """The kernels of one update by device time (self time on CPU), from torch.profiler; with
+    ``trace``, its timeline as a Chrome trace (chrome://tracing, Perfetto) at that path."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = trainer.device.type == "cuda"
@@ -323,6 +330,8 @@ def print_profile(trainer: DAPOTrainer, samples: list[Sample], rows: int = 25) -
     with profile(activities=activities) as prof:
         one_update(trainer, samples)
         sync(trainer.device)
+    if trace:
+        prof.export_chrome_trace(trace)
     key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60))
 
@@ -370,7 +379,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--profile", action="store_true", help="print the top kernels of one update (profiler)"
     )
+    ap.add_argument("--trace", help="write one profiled update's timeline (Chrome trace JSON) here")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch's host threads, as train.cpu_threads sets them in training (0: one per core)",
+    )
     a = ap.parse_args(argv)
+    configure_torch(a.threads)
     device = torch.device("cuda" if cuda else "cpu")
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     model = build_model(a.shape, device, dtype=a.weights and getattr(torch, a.weights))
@@ -392,6 +409,7 @@ def main(argv: list[str] | None = None) -> None:
         a.micro_batch_tokens,
         a.steps,
         profile=a.profile,
+        trace=a.trace,
         compile_=a.compile,
         variant=a.variant,
     )
@@ -413,7 +431,10 @@ def main(argv: list[str] | None = None) -> None:
     print("  analytic terms: " + ", ".join(f"{k} {_flop(v)}" for k, v in an.items()))
     print(f"tokens/s: {r['tokens_per_s']:.0f} fed, {r['loss_tokens_per_s']:.0f} trained (loss)")
     if r["peak_mem_gib"] is not None:
-        print(f"peak GPU memory: {r['peak_mem_gib']:.2f} GiB")
+        print(
+            f"peak GPU memory: {r['peak_mem_gib']:.2f} GiB "
+            f"({r['alloc_retries']} allocator retries, each a device sync)"
+        )
     if not r["applied"]:
         print("WARNING: an update was skipped (non-finite) or trained fewer tokens than expected")
     print(f"achieved: {r['tflops']:.4g} TFLOP/s counted, {r['model_tflops']:.4g} model TFLOP/s")

@@ -66,21 +66,29 @@ def token_logprobs(
 
 def _chunk_stats(logits: torch.Tensor, targets: torch.Tensor, scale: float):
     """(c, V) logits -> (c,) logsumexp, target log-probs and entropies of softmax(scale * logits),
-    in float32 at least, whatever the logits' dtype."""
+    in float32 at least, whatever the logits' dtype.
+
+    Written as two sums under one row maximum, S0 = sum e and S1 = sum e z with e = exp(z - max),
+    so that lse = max + log S0 and entropy = lse - S1 / S0: a compiler fuses both sums into one
+    pass over the logits (the entropy as sum(exp(z - lse) z) would need lse first: one more)."""
     z = logits.to(torch.promote_types(logits.dtype, torch.float32)) * scale
-    lse = torch.logsumexp(z, dim=-1)
+    top = z.amax(dim=-1, keepdim=True)
+    e = torch.exp(z - top)
+    s0, s1 = e.sum(-1), (e * z).sum(-1)
+    lse = top.squeeze(-1) + torch.log(s0)
     logp = z.gather(-1, targets[:, None]).squeeze(-1) - lse
-    entropy = lse - (torch.exp(z - lse[:, None]) * z).sum(-1)
-    return lse, logp, entropy
+    return lse, logp, lse - s1 / s0
 
 
 def _chunk_grad_logits(
     logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor, scale: float
 ) -> torch.Tensor:
     """d loss / d logits for log p(target) = scale * z_t - lse: scale * g * (onehot - softmax),
-    in the logits' dtype."""
+    in the logits' dtype. The one-hot is a comparison with the column index (elementwise, so it
+    fuses into the same pass), not a scatter into a (c, V) buffer of zeros."""
     p = torch.exp(logits.to(lse.dtype) * scale - lse[:, None])
-    onehot = torch.zeros_like(p).scatter_(-1, targets[:, None], 1.0)
+    columns = torch.arange(logits.shape[-1], device=logits.device)
+    onehot = (columns[None, :] == targets[:, None]).to(p.dtype)
     return ((onehot - p) * (grad[:, None] * scale)).to(logits.dtype)
 
 
@@ -94,7 +102,10 @@ def _fused(device: torch.device) -> tuple:
         return _chunk_stats, _chunk_grad_logits
     if "cuda" not in _kernels:
         _kernels["cuda"] = tuple(
-            torch.compile(f, dynamic=True) for f in (_chunk_stats, _chunk_grad_logits)
+            # dynamic=None: the row count (the last chunk's differs) turns symbolic on the
+            # second shape, while the vocabulary stays a constant the reduction is tuned for.
+            torch.compile(f, dynamic=None)
+            for f in (_chunk_stats, _chunk_grad_logits)
         )
     return _kernels["cuda"]
 
@@ -134,7 +145,7 @@ class _LinearLogProbs(torch.autograd.Function):
         for s in range(0, h.shape[0], ctx.chunk):
             e = min(h.shape[0], s + ctx.chunk)
             d = grad_logits(h[s:e] @ w.T, targets[s:e], lse[s:e], grad_logp[s:e], ctx.scale)
-            grad_h[s:e] = d @ w
+            torch.mm(d, w, out=grad_h[s:e])  # straight into its rows: no copy
             grad_w.addmm_(d.T, h[s:e])
         h_dtype, w_dtype = ctx.dtypes
         return grad_h.to(h_dtype), grad_w.to(w_dtype), None, None, None

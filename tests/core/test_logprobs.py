@@ -92,3 +92,63 @@ def test_fused_linear_head_empty_selection():
         torch.zeros(0, 4), torch.zeros(5, 4), torch.zeros(0, dtype=torch.long)
     )
     assert lp.shape == ent.shape == (0,)
+
+
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+    ),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_chunk_kernels_equal_the_log_softmax_on_wide_bf16_logits(device):
+    """The fused head's two kernels, compiled as CUDA runs them, on bf16 logits of a wide
+    vocabulary with large values (the one-pass entropy needs its max shift): lse, log-probs and
+    entropies against float64 log-softmax, and d logits against (onehot - softmax) * g, for two
+    row counts (the last chunk's differs, which turns the rows symbolic)."""
+    from dapo_core.logprobs import _chunk_grad_logits, _chunk_stats
+
+    stats, grad_logits = (
+        torch.compile(f, dynamic=None) for f in (_chunk_stats, _chunk_grad_logits)
+    )
+    g = torch.Generator().manual_seed(3)
+    for rows in (64, 37):
+        z = (torch.randn(rows, 5000, generator=g) * 30).to(device, torch.bfloat16)
+        targets = torch.randint(0, 5000, (rows,), generator=g).to(device)
+        coef = torch.randn(rows, generator=g).to(device)
+        lse, logp, ent = stats(z, targets, 0.7)
+        exact = z.double() * 0.7
+        ref = torch.log_softmax(exact, -1)
+        torch.testing.assert_close(lse, torch.logsumexp(exact, -1).float(), rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(
+            logp, ref.gather(-1, targets[:, None])[:, 0].float(), rtol=1e-5, atol=1e-4
+        )
+        torch.testing.assert_close(ent, -(ref.exp() * ref).sum(-1).float(), rtol=1e-4, atol=1e-4)
+        d = grad_logits(z, targets, lse, coef, 0.7)
+        onehot = torch.nn.functional.one_hot(targets, 5000).double()
+        want = (onehot - ref.exp()) * (coef.double()[:, None] * 0.7)
+        assert d.dtype == torch.bfloat16
+        torch.testing.assert_close(d.double(), want, rtol=1e-2, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_linear_head_on_cuda_matches_float64():
+    """The whole fused head on CUDA (compiled kernels, several chunks and a ragged last one):
+    log-probs, entropies and both gradients against float64 on the host."""
+    g = torch.Generator().manual_seed(4)
+    h0 = torch.randn(300, 64, generator=g) / 4
+    w0 = torch.randn(3000, 64, generator=g) / 4
+    targets = torch.randint(0, 3000, (300,), generator=g)
+    coef = torch.randn(300, generator=g)
+    h1, w1 = h0.double().requires_grad_(), w0.double().requires_grad_()
+    ref_lp, ref_ent = _reference(h1, w1, targets, 0.7)
+    (ref_lp * coef.double()).sum().backward()
+    h2, w2 = h0.cuda().requires_grad_(), w0.cuda().requires_grad_()
+    lp, ent = linear_logprobs(h2, w2, targets.cuda(), temperature=0.7, chunk=128)
+    (lp * coef.cuda()).sum().backward()
+    torch.testing.assert_close(lp.cpu(), ref_lp.float(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ent.cpu(), ref_ent.float(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(h2.grad.cpu(), h1.grad.float(), rtol=1e-3, atol=1e-4)
+    torch.testing.assert_close(w2.grad.cpu(), w1.grad.float(), rtol=1e-3, atol=1e-4)

@@ -83,6 +83,21 @@ def test_step_alone_moves_the_gradients_and_frees_the_bf16_ones():
     assert torch.equal(opt.master[0].detach(), torch.full((8,), -0.75))
 
 
+def test_master_grads_are_the_bf16_gradients_in_float32_and_skip_parameters_without_one():
+    """Several shapes cast in one copy: each float32 gradient equals its bf16 one exactly (a
+    widening cast), keeps its shape, and a parameter without a gradient gets none."""
+    shapes = [(3, 5), (7,), (2, 2, 2)]
+    params = [torch.nn.Parameter(torch.zeros(s, dtype=torch.bfloat16)) for s in shapes]
+    opt = MasterWeights(params, lambda ts: torch.optim.SGD(ts, lr=0.1))
+    grads = [torch.randn(s).bfloat16() for s in shapes]
+    params[0].grad, params[2].grad = grads[0], grads[2]
+    masters = opt.master_grads()
+    assert masters[1].grad is None and all(p.grad is None for p in params)
+    for k in (0, 2):
+        assert masters[k].grad.shape == shapes[k] and masters[k].grad.dtype == torch.float32
+        assert torch.equal(masters[k].grad, grads[k].float())
+
+
 def test_a_master_weights_checkpoint_into_a_plain_optimizer_is_a_clear_error():
     import pytest
 

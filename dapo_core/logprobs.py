@@ -112,23 +112,26 @@ def _fused(device: torch.device) -> tuple:
 
 class _LinearLogProbs(torch.autograd.Function):
     """Log-probs and entropies of ``targets`` under softmax(scale * hidden @ weight^T), chunk by
-    chunk, saving only each row's logsumexp: backward recomputes a chunk's logits (one matrix
-    product) and forms d logits in one pass. The (rows x V) logits never exist in full, and no
+    chunk, saving each row's logsumexp; backward forms d logits in one pass per chunk, from the
+    chunk's logits kept by the forward (``keep``) or recomputed (one matrix product). No
     float32 copy of a chunk's logits is kept. Under autocast the products run in its dtype, as
-    the model's head would."""
+    the model's head would; a kept chunk is bit for bit the one a recompute would produce."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, scale: float, chunk: int):
+    def forward(ctx, hidden, weight, targets, scale: float, chunk: int, keep: bool):
         dev = hidden.device
         dt = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else None
         h, w = (hidden.to(dt), weight.to(dt)) if dt else (hidden, weight)
         stats, _ = _fused(dev)
         n, acc = h.shape[0], torch.promote_types(h.dtype, torch.float32)
         lse, logp, entropy = (torch.empty(n, device=dev, dtype=acc) for _ in range(3))
+        ctx.kept = []  # each chunk's logits, freed one by one as backward uses them
         with torch.autocast(dev.type, enabled=False):
             for s in range(0, n, chunk):
                 e = min(n, s + chunk)
-                lse[s:e], logp[s:e], entropy[s:e] = stats(h[s:e] @ w.T, targets[s:e], scale)
+                z = h[s:e] @ w.T
+                lse[s:e], logp[s:e], entropy[s:e] = stats(z, targets[s:e], scale)
+                ctx.kept.append(z if keep else None)
         ctx.save_for_backward(h, w, targets, lse)
         ctx.scale, ctx.chunk, ctx.dtypes = scale, chunk, (hidden.dtype, weight.dtype)
         logp, entropy = logp.float(), entropy.float()  # as token_logprobs returns them
@@ -142,13 +145,16 @@ class _LinearLogProbs(torch.autograd.Function):
         grad_h = torch.empty_like(h)
         grad_w = torch.zeros_like(w)  # accumulated in place by each chunk's product
         grad_logp = grad_logp.to(lse.dtype)
-        for s in range(0, h.shape[0], ctx.chunk):
+        for i, s in enumerate(range(0, h.shape[0], ctx.chunk)):
             e = min(h.shape[0], s + ctx.chunk)
-            d = grad_logits(h[s:e] @ w.T, targets[s:e], lse[s:e], grad_logp[s:e], ctx.scale)
+            z, ctx.kept[i] = ctx.kept[i], None
+            z = h[s:e] @ w.T if z is None else z
+            d = grad_logits(z, targets[s:e], lse[s:e], grad_logp[s:e], ctx.scale)
+            del z
             torch.mm(d, w, out=grad_h[s:e])  # straight into its rows: no copy
             grad_w.addmm_(d.T, h[s:e])
         h_dtype, w_dtype = ctx.dtypes
-        return grad_h.to(h_dtype), grad_w.to(w_dtype), None, None, None
+        return grad_h.to(h_dtype), grad_w.to(w_dtype), None, None, None, None
 
 
 def linear_logprobs(
@@ -157,10 +163,16 @@ def linear_logprobs(
     targets: torch.Tensor,
     temperature: float = 1.0,
     chunk: int = 4096,
+    keep_logits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`token_logprobs` for a bias-free linear head given by its ``weight`` (V, H), fused:
-    log-probs (differentiable, also in ``weight``) and entropies (detached)."""
+    log-probs (differentiable, also in ``weight``) and entropies (detached). ``keep_logits``:
+    hold every chunk's logits (rows x V in the product's dtype) until backward instead of
+    recomputing them there: one matrix product less per chunk, for that much memory."""
     if hidden.shape[0] == 0:
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return empty, empty
-    return _LinearLogProbs.apply(hidden, weight, targets, 1.0 / temperature, chunk)
+    keep = (
+        keep_logits and torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    )
+    return _LinearLogProbs.apply(hidden, weight, targets, 1.0 / temperature, chunk, keep)

@@ -22,6 +22,10 @@ LOGITS_BUDGET = 2**26  # logits per chunk (256 MB in fp32): ~440 rows of a 151k 
 # The fused head keeps no float32 copy of a chunk: 512 MB of bf16 logits, ~1,770 rows of 151k.
 FUSED_LOGITS_BUDGET = 2**28
 FUSED_HEAD = True  # on CUDA, a plain linear head runs fused (bench.mfu --head switches it)
+# The fused head keeps a micro-batch's logits for backward (instead of recomputing them) when
+# they take at most this share of the GPU memory not in use: one matrix product less per chunk,
+# the logits' memory more (rows x V x 2 bytes in bf16: 8.5 GB for 28k rows of a 151k vocabulary).
+KEEP_LOGITS_SHARE = 0.25
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -77,8 +81,11 @@ class PolicyForward:
         )
         if self._fusable(head):
             chunk = max(256, FUSED_LOGITS_BUDGET // self.vocab_size)
+            keep = self._room_for_logits(
+                len(targets), 2 if self.autocast else head.weight.element_size()
+            )
             logp_flat, ent_flat = linear_logprobs(
-                hidden, head.weight, targets, self.temperature, chunk
+                hidden, head.weight, targets, self.temperature, chunk, keep_logits=keep
             )
         else:
             chunk = max(256, LOGITS_BUDGET // self.vocab_size)
@@ -88,6 +95,16 @@ class PolicyForward:
         ent = torch.zeros(len(batch), R, device=dev)
         ent[rows, cols] = ent_flat
         return logp, ent, mask.float()
+
+    def _room_for_logits(self, rows: int, itemsize: int) -> bool:
+        """Whether ``rows`` x V logits fit in ``KEEP_LOGITS_SHARE`` of the GPU memory free now
+        (the driver's free memory plus what torch's allocator holds unused). The choice moves
+        speed and memory only: kept logits are bit for bit the ones backward would recompute."""
+        if not torch.is_grad_enabled() or self.device.type != "cuda":
+            return False
+        free, _ = torch.cuda.mem_get_info(self.device)
+        unused = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        return rows * self.vocab_size * itemsize <= KEEP_LOGITS_SHARE * (free + unused)
 
     def _fusable(self, head: torch.nn.Module) -> bool:
         """On CUDA, a bias-free linear head whose weight is whole (not a ZeRO-3 partition, which

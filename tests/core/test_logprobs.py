@@ -134,7 +134,8 @@ def test_compiled_chunk_kernels_equal_the_log_softmax_on_wide_bf16_logits(device
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_fused_linear_head_on_cuda_matches_float64():
+@pytest.mark.parametrize("keep", [False, True])
+def test_fused_linear_head_on_cuda_matches_float64(keep):
     """The whole fused head on CUDA (compiled kernels, several chunks and a ragged last one):
     log-probs, entropies and both gradients against float64 on the host."""
     g = torch.Generator().manual_seed(4)
@@ -146,9 +147,31 @@ def test_fused_linear_head_on_cuda_matches_float64():
     ref_lp, ref_ent = _reference(h1, w1, targets, 0.7)
     (ref_lp * coef.double()).sum().backward()
     h2, w2 = h0.cuda().requires_grad_(), w0.cuda().requires_grad_()
-    lp, ent = linear_logprobs(h2, w2, targets.cuda(), temperature=0.7, chunk=128)
+    lp, ent = linear_logprobs(h2, w2, targets.cuda(), 0.7, chunk=128, keep_logits=keep)
     (lp * coef.cuda()).sum().backward()
     torch.testing.assert_close(lp.cpu(), ref_lp.float(), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(ent.cpu(), ref_ent.float(), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(h2.grad.cpu(), h1.grad.float(), rtol=1e-3, atol=1e-4)
     torch.testing.assert_close(w2.grad.cpu(), w1.grad.float(), rtol=1e-3, atol=1e-4)
+
+
+def test_kept_logits_give_the_recomputed_gradients_bit_for_bit_and_are_freed():
+    """keep_logits holds each chunk's logits for backward instead of recomputing them: the same
+    products, so the same gradients exactly; backward drops each chunk once used; without
+    gradients nothing is kept."""
+    g = torch.Generator().manual_seed(5)
+    h0, w0 = torch.randn(23, 8, generator=g), torch.randn(40, 8, generator=g)
+    targets, coef = torch.randint(0, 40, (23,), generator=g), torch.randn(23, generator=g)
+    grads = []
+    for keep in (False, True):
+        h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+        lp, _ = linear_logprobs(h, w, targets, 0.7, chunk=5, keep_logits=keep)
+        kept = lp.grad_fn.kept
+        assert [z is not None for z in kept] == [keep] * 5  # 23 rows in chunks of 5
+        (lp * coef).sum().backward()
+        assert kept == [None] * 5
+        grads.append((h.grad, w.grad))
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+    with torch.no_grad():
+        lp, _ = linear_logprobs(h0, w0, targets, chunk=5, keep_logits=True)
+    assert lp.grad_fn is None

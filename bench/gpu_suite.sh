@@ -42,15 +42,16 @@ for part in $parts; do
         run eval 60 python3 -m bench.generation --model smollm2-135m --shapes 200x8x96 --sides \
             --top-p 0.7 --repeats 3
         ;;
-    update)  # the MFU table: before (eager, chunked head), now (model.compile auto), each preset
-        mfu="python3 -m bench.mfu --steps 3 --micro-batch-tokens 32768"
+    update)  # the MFU table: before (eager, chunked head), now (as `dapo train` runs), each preset
+        mfu="python3 -m bench.mfu --steps 5 --micro-batch-tokens 32768"
         run mfu_eager 50 $mfu --compile none --head chunked
-        run mfu 70 $mfu --profile
-        for v in gspo cispo ppo; do run "mfu_$v" 70 $mfu --variant $v; done
+        run mfu 80 $mfu --trace "$out/trace.json"
+        gzip -f "$out/trace.json" && run gaps 30 python3 -m bench.gaps "$out/trace.json.gz"
+        for v in gspo cispo ppo; do run "mfu_$v" 60 $mfu --variant $v; done
         long="python3 -m bench.mfu --steps 2 -P 1 -G 16 --prompt-len 512"
-        run long_8k 80 $long -L 8192 --micro-batch-tokens 32768
-        run long_20k 80 $long -L 20480 --micro-batch-tokens 32768
-        run long_1.5b 100 $long -L 8192 --micro-batch-tokens 16384 --shape qwen2.5-1.5b
+        run long_8k 70 $long -L 8192 --micro-batch-tokens 32768
+        run long_20k 70 $long -L 20480 --micro-batch-tokens 32768
+        run long_1.5b 90 $long -L 8192 --micro-batch-tokens 16384 --shape qwen2.5-1.5b
         ;;
     rl_step)  # ours against TRL (needs trl, datasets, dill, multiprocess in .whl)
         run rl_step 170 python3 -m bench.rl_step --model qwen2.5-0.5b --shapes 8x8x512 --rounds 1 \

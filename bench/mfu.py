@@ -234,14 +234,16 @@ def measure(
     passes = sum(len({tuple(s.input_ids[: s.prompt_len]) for s in b}) for b in batches)
     passes = len(samples) if whole else passes
     recomputed = sum(len(b) * L for b in batches if len(b) * L > chunk)
-    if cuda and tasks.training.forward.FUSED_HEAD:  # backward recomputes every row's logits
-        recomputed = len(samples) * L
-    analytic = analytic_flops(config, prompt_len, L, passes, len(samples), recomputed, whole)
+    if cuda and tasks.training.forward.FUSED_HEAD:  # backward recomputes every row's logits...
+        recomputed = len(samples) * L  # ...unless the forward kept them (known after it ran)
     counter = FlopCounterMode(display=False, custom_mapping=ATTENTION_FLOPS)
     # Counted eagerly (the compiled update does the same arithmetic; the counter is a dispatch
     # mode that compiled graphs would bypass); the compiled warm-ups compile.
     with torch.compiler.set_stance("force_eager"), counter:
         outs = [one_update(trainer, samples)]  # the first warm-up update, counted
+    if trainer.updater.forward.logits_kept:  # the fused head kept its logits: no recompute
+        recomputed = 0
+    analytic = analytic_flops(config, prompt_len, L, passes, len(samples), recomputed, whole)
     sync(device)
     t0 = time.perf_counter()
     outs += [one_update(trainer, samples) for _ in range(warmup)]

@@ -67,6 +67,7 @@ class PolicyForward:
         self.device = next(model.parameters()).device
         # From the config: under ZeRO-3 a weight's shape is empty outside a gather.
         self.vocab_size = model.config.vocab_size
+        self.logits_kept = False  # the last fused head with gradients kept its logits (bench.mfu)
 
     def __call__(self, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(b, R) response log-probs (differentiable), (b, R) entropies, (b, R) response mask."""
@@ -84,6 +85,8 @@ class PolicyForward:
             keep = self._room_for_logits(
                 len(targets), 2 if self.autocast else head.weight.element_size()
             )
+            if torch.is_grad_enabled():
+                self.logits_kept = keep
             logp_flat, ent_flat = linear_logprobs(
                 hidden, head.weight, targets, self.temperature, chunk, keep_logits=keep
             )

@@ -149,6 +149,11 @@ class RolloutConfig:
     ``train/acc_mean``, so reward hacking shows as the two diverging)."""
     reward_model: str
     """The reward model directory (``dapo reward-model train``) for ``rollout.reward: model``."""
+    max_staleness: int
+    """With ``train.rollout_ranks`` >= 1, how many updates older than the trained policy a batch's
+    sampler may be: batch k is sampled by the policy after step k - s, so generation of the next
+    s batches overlaps training (0: synchronous, 1: one-step-off). Stale samples are reweighted
+    by ``algo.correction`` (``token_tis`` unless set). Ignored without rollout ranks."""
 
 
 class AlgoEntry(dict):
@@ -277,8 +282,13 @@ class TrainConfig:
     zero_stage: int
     """DeepSpeed ZeRO stage (1, 2 or 3) when launched on several ranks; ignored on one process."""
     cpu_threads: int
-    """torch threads on CPU (0 = torch's default). Tiny models run fastest on 1 thread when the
-    cores are shared: OpenMP threads that compete with another process stall each other."""
+    """torch threads for host ops (0 = torch's default), on a GPU too. Tiny models run fastest on
+    1 thread when the cores are shared: OpenMP threads that compete with another process stall
+    each other."""
+    rollout_ranks: int
+    """Processes that only generate (0: the trainer generates between its updates). 1: a
+    rollout process on this machine, started by the trainer, samples the next batches while the
+    trainer updates (``rollout.max_staleness``), with the weights sent to it after each step."""
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ def from_dict(
         inner = [o for k, o in (origins or {}).items() if k.startswith(f"{key}.")]
         return (origins or {}).get(key, inner[-1] if inner else source)
 
-    raw = _backfill(migrate_flat_algo(raw))
+    raw = stale_correction(_backfill(migrate_flat_algo(raw)), origins or {})
     cfg = _build(Config, raw, prefix="", where=where)
     _check_values(cfg, source, where)
     return cfg
@@ -64,7 +64,25 @@ ADDED_KEYS: dict[tuple[str, str], Any] = {
     ("tiny", "seed"): 0,  # builds before it used a run's seed; 0 is what sweeps built with
     ("eval", "answer_format"): "dapo",  # the Answer line, else the last box
     ("algo", "critic"): {"name": "none"},  # no critic (none existed)
+    ("train", "rollout_ranks"): 0,  # the trainer generated its own batches
+    ("rollout", "max_staleness"): 0,
 }
+
+
+def stale_correction(raw: Mapping[str, Any], origins: Mapping[str, str]) -> Mapping[str, Any]:
+    """With rollout ranks and ``rollout.max_staleness`` > 0, ``algo.correction`` becomes
+    ``token_tis`` unless an overlay or ``-S`` set it: batches sampled by a policy s updates old
+    are reweighted token by token by pi_old / pi_rollout, truncated at 2 (AReaL's decoupled
+    objective; verl's asynchronous trainer likewise). A copy when it changes anything."""
+    train, rollout = raw.get("train", {}), raw.get("rollout", {})
+    algo = raw.get("algo", {})
+    chosen = any(k == "algo.correction" or k.startswith("algo.correction.") for k in origins)
+    stale = train.get("rollout_ranks", 0) and rollout.get("max_staleness", 0)
+    if not stale or chosen or algo.get("correction", {}).get("name") != "none":
+        return raw
+    out = json.loads(json.dumps(raw))
+    out["algo"]["correction"] = {"name": "token_tis"}
+    return out
 
 
 # The flat keys of ``algo`` before the algorithm entries (issue 24), and the entries that ran then.
@@ -322,6 +340,8 @@ AT_LEAST: dict[str, float] = {
             "train.max_stalled_steps",
             "train.preflight_prompts",
             "train.cpu_threads",
+            "train.rollout_ranks",
+            "rollout.max_staleness",
             "eval.every_n_steps",
             "tracking.log_samples",
         ],
@@ -393,6 +413,15 @@ def _check_values(cfg: Config, source: str, where: typing.Callable[[str], str]) 
         f"({t.mini_batch})",
     )
     need(t.zero_stage in (1, 2, 3), "train.zero_stage must be 1, 2 or 3")
+    need(
+        t.rollout_ranks <= 1,
+        "train.rollout_ranks must be 0 or 1: one rollout process on the trainer's machine",
+    )
+    need(
+        t.rollout_ranks == 0 or r.backend == "hf",
+        "train.rollout_ranks=1 runs the hf sampler in its process; with rollout.backend=vllm "
+        "set train.rollout_ranks=0",
+    )
     need(0 < d.decontam_threshold <= 1, "data.decontam_threshold must be in (0, 1]")
     need(0 <= t.preflight_min_mixed <= 1, "train.preflight_min_mixed must be in [0, 1]")
     probe = cfg.tracking.switch_probe

@@ -58,6 +58,9 @@ CLIP_HIGH_OLD_PROB = train("clip_high_old_prob")
 STEP_TIME = "perf/step_time_s"
 GEN_TIME = "perf/gen_time_s"
 TRAIN_TIME = "perf/train_time_s"
+ROLLOUT_WAIT = "perf/rollout_wait_s"
+STALENESS_MEAN = "rollout/staleness_mean"
+STALENESS_MAX = "rollout/staleness_max"
 TOKENS_PER_S = "perf/tokens_per_s"
 PADDING_FRAC = "perf/padding_frac"
 PROBE_TIME = "perf/probe_time_s"
@@ -113,6 +116,9 @@ CATALOGUE: dict[str, str] = {
     STEP_TIME: "wall time of the step (s)",
     GEN_TIME: "time spent generating (s)",
     TRAIN_TIME: "time spent on loss inputs and updates (s)",
+    ROLLOUT_WAIT: "time the trainer waited for the rollout process's batch (s; rollout ranks)",
+    STALENESS_MEAN: "updates between the batch's sampling policy and the trained one, group mean",
+    STALENESS_MAX: "the same, the batch's largest (carried groups can be older)",
     TOKENS_PER_S: "generated plus trained tokens per second of the step",
     PADDING_FRAC: "share of padding in this rank's micro-batches",
     PROBE_TIME: "time the switch probe added to the step (s)",

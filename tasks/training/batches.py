@@ -59,6 +59,7 @@ class Group:
     logprobs: list[torch.Tensor] | None = None  # the sampler's, per response token (float32)
     step: int | None = None  # the training step whose rollout sampled it (carried groups: earlier)
     scores: list[float] | None = None  # a reward model's (rollout.reward=model), per response
+    version: int | None = None  # the policy that sampled it: the weights after this many steps
 
 
 @dataclass

@@ -28,9 +28,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dapo_core.errors import PipelineError
+from dapo_core.sampling import BatchStats
 from tasks.rundir import RunDir, checkpoint_step, seal_files
+from tasks.training.async_rollouts import Batch
 from tasks.training.batches import Group
 from tasks.training.distributed import all_gather_objects, barrier
+from tasks.training.records import RolloutLog
 from tasks.training.trainer import DAPOTrainer
 
 TRAINER_STATE = "trainer.pt"
@@ -162,13 +165,15 @@ def plain_trainer_state(state: dict[str, Any]) -> dict[str, Any]:
         "has_gauss": int(has_gauss),
         "cached_gaussian": float(gauss),
     }
-    groups = [(int(born), _plain_group(g)) for born, g in state["buffer"]["groups"]]
-    return {
+    out = {
         **state,
         "format": STATE_FORMAT,
         "rng": {**state["rng"], "numpy": numpy_rng},
-        "buffer": {**state["buffer"], "groups": groups},
+        "buffer": _plain_buffer(state["buffer"]),
     }
+    if "in_flight" in state:  # a rollout process's batches sampled ahead (async_rollouts.py)
+        out["in_flight"] = [_plain_batch(b) for b in state["in_flight"]]
+    return out
 
 
 def restore_trainer_state(state: dict[str, Any]) -> dict[str, Any]:
@@ -178,12 +183,46 @@ def restore_trainer_state(state: dict[str, Any]) -> dict[str, Any]:
     rng = state["rng"]["numpy"]
     keys = rng["keys"].numpy().astype(np.uint32)
     numpy_rng = (rng["name"], keys, rng["pos"], rng["has_gauss"], rng["cached_gaussian"])
-    groups = [(born, Group(**fields)) for born, fields in state["buffer"]["groups"]]
-    return {
+    out = {
         **state,
         "rng": {**state["rng"], "numpy": numpy_rng},
-        "buffer": {**state["buffer"], "groups": groups},
+        "buffer": _restored_buffer(state["buffer"]),
     }
+    if "in_flight" in state:
+        out["in_flight"] = [_restored_batch(b) for b in state["in_flight"]]
+    return out
+
+
+def _plain_buffer(buffer: dict[str, Any]) -> dict[str, Any]:
+    return {**buffer, "groups": [(int(born), _plain_group(g)) for born, g in buffer["groups"]]}
+
+
+def _restored_buffer(buffer: dict[str, Any]) -> dict[str, Any]:
+    return {**buffer, "groups": [(born, Group(**fields)) for born, fields in buffer["groups"]]}
+
+
+def _plain_batch(batch: Batch) -> dict[str, Any]:
+    """A batch in flight as plain data: its groups, statistics and log as dicts of fields."""
+    return {
+        "index": batch.index,
+        "version": batch.version,
+        "groups": [_plain_group(g) for g in batch.groups],
+        "stats": dataclasses.asdict(batch.stats),
+        "log": dataclasses.asdict(batch.log),
+        "state": {**batch.state, "buffer": _plain_buffer(batch.state["buffer"])},
+    }
+
+
+def _restored_batch(plain: dict[str, Any]) -> Batch:
+    state = plain["state"]
+    return Batch(
+        plain["index"],
+        plain["version"],
+        [Group(**fields) for fields in plain["groups"]],
+        BatchStats(**plain["stats"]),
+        RolloutLog(**plain["log"]),
+        {**state, "buffer": _restored_buffer(state["buffer"])},
+    )
 
 
 def _plain_group(group: Group) -> dict[str, Any]:

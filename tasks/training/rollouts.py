@@ -62,6 +62,7 @@ class RolloutCollector:
         self.autocast = autocast  # (device type, whether to sample under bf16 autocast)
         self.stream = ProblemStream(problems, cfg.train.seed)
         self.buffer = GroupAccumulator()
+        self.version = None  # the sampling policy's version when not the step's (a rollout process)
 
     def sampler(self, policy) -> Generator:
         """The generator, holding the policy's current weights: an inference engine (vLLM) or a
@@ -130,6 +131,7 @@ class RolloutCollector:
                     logprobs,
                     step,
                     scores,
+                    step if self.version is None else self.version,
                 )
             )
         return groups

@@ -28,6 +28,7 @@ from tasks.rollout.vllm_backend import VLLMGenerator
 from tasks.rundir import ResumePoint, RunDir
 from tasks.runtime import configure_torch
 from tasks.training import checkpoint, probe
+from tasks.training.async_rollouts import RolloutSpec
 from tasks.training.distributed import (
     all_gather_objects,
     all_ranks_true,
@@ -137,10 +138,13 @@ def run_training(
         run_dir.refuse_unless(resume)
         barrier(world)  # every rank has checked before rank 0 writes
         trainer, start = _start(cfg, run_dir, device, (rank, world), sink, problems)
-        end = cfg.train.steps if max_steps is None else trainer.step + max_steps
-        _steps(trainer, run_dir, min(end, cfg.train.steps), progress, on_step)
-        checkpoint.save_checkpoint(trainer, run_dir)
-        _save_final(trainer, run_dir)
+        try:
+            end = cfg.train.steps if max_steps is None else trainer.step + max_steps
+            _steps(trainer, run_dir, min(end, cfg.train.steps), progress, on_step)
+            checkpoint.save_checkpoint(trainer, run_dir)
+            _save_final(trainer, run_dir)
+        finally:
+            trainer.close()  # the rollout process, if any, ends with the run whatever ended it
         history = run_dir.read_metrics() if rank == 0 else []
     return TrainResult(run_dir, trainer.step, history, time.perf_counter() - t0, start)
 
@@ -183,7 +187,8 @@ def _start(
     generator = make_generator(cfg, model, tokenizer, model_path)
     record = recording_sink(run_dir, start.logged_through, sink)
     train = problems if problems is not None else splits(cfg).train  # read once per task
-    trainer = DAPOTrainer(cfg, model, tokenizer, generator, train, record)
+    spec = RolloutSpec(cfg, model_path, weights_dtype(cfg, world), device, train)
+    trainer = DAPOTrainer(cfg, model, tokenizer, generator, train, record, rollout_spec=spec)
     if start.checkpoint:
         checkpoint.load_checkpoint(trainer, start.checkpoint)
     return trainer, start

@@ -42,12 +42,13 @@ from dapo_core import metric_names as metric
 from dapo_core.algorithm import algorithm, loss_inputs, response_mask, response_weights
 from dapo_core.algos import explained_variance, reduce_metrics
 from dapo_core.config import AlgoConfig, Config
-from dapo_core.errors import TrainingStopped
+from dapo_core.errors import PipelineError, TrainingStopped
 from dapo_core.loss import long_weight_share
 from dapo_core.problem import Problem
 from dapo_core.reward import score
 from tasks.rollout.generators import Generator
 from tasks.training import probe
+from tasks.training.async_rollouts import AsyncRollouts, RolloutSpec
 from tasks.training.batches import Group, Sample
 from tasks.training.compiled import compile_decoder
 from tasks.training.critic import Critic, OptimizerFactory, value_model
@@ -105,6 +106,7 @@ class DAPOTrainer:
         optimizer: torch.optim.Optimizer | None = None,
         reward_fn: Callable[[str, str], bool] | None = None,
         critic_optimizer: OptimizerFactory | None = None,
+        rollout_spec: RolloutSpec | None = None,
     ):
         self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
         self.step = 0
@@ -136,6 +138,8 @@ class DAPOTrainer:
             autocast,
             learned,
         )
+        # train.rollout_ranks: a rollout process samples the next batches (async_rollouts.py)
+        self.async_rollouts = self._async_rollouts(rollout_spec)
         self.algorithm = alg = algorithm(cfg.algo)  # the entries every update calls
         self.metric_names = alg.metric_names()
         # pi_ref: copied now, from the run's starting model, before DeepSpeed partitions it
@@ -188,6 +192,26 @@ class DAPOTrainer:
         # the cyclic garbage collector, whose full passes over it cost most of a tiny step.
         gc.freeze()
 
+    def _async_rollouts(self, spec: RolloutSpec | None) -> AsyncRollouts | None:
+        if not self.cfg.train.rollout_ranks:
+            return None
+        if self.world > 1:
+            raise PipelineError(
+                "train.rollout_ranks=1 runs one rollout process beside one trainer; with "
+                f"{self.world} training ranks set train.rollout_ranks=0"
+            )
+        if spec is None:
+            raise PipelineError(
+                "train.rollout_ranks=1 needs the policy's path for its rollout process: train "
+                "through run_training (dapo train), or set train.rollout_ranks=0"
+            )
+        return AsyncRollouts(spec, self.rollouts.state_dict())
+
+    def close(self) -> None:
+        """Stop the rollout process, if any (every exit of a run calls it)."""
+        if self.async_rollouts:
+            self.async_rollouts.close()
+
     def _adamw(self, model, cfg: Config):
         """AdamW over the trainable parameters; through float32 master weights when they are
         bf16 on one process (``tasks.training.precision``; DeepSpeed's bf16 mode does that
@@ -207,8 +231,8 @@ class DAPOTrainer:
         cfg = self.cfg
         t0 = time.perf_counter()
         seed_everything(cfg.train.seed * 1_000_003 + self.step)
-        groups, ds, log = self.rollouts.collect(self.model, self.step)
-        metrics = {**dynamic_sampling_metrics(ds), **rollout_metrics(log, cfg)}
+        groups, ds, log, overlap = self._collect()
+        metrics = {**dynamic_sampling_metrics(ds), **rollout_metrics(log, cfg), **overlap}
         lr = cfg.train.lr * self.lr_at(self.step)
         self.engine.set_lr(lr)
         t_train = time.perf_counter()
@@ -219,6 +243,8 @@ class DAPOTrainer:
             if self.critic:
                 self.updater.critic_updates(samples, updates, self.lr_at(self.step))
         self.step += 1
+        if self.async_rollouts:  # the weights after this step, for the batch s steps ahead
+            self.async_rollouts.publish(self.model, self.step)
         self.bad_steps = 0 if all(u.applied for u in updates) else self.bad_steps + 1
         metrics.update(update_metrics(updates, lr, self.metric_names))
         metrics.update(self._perf(log, updates, t0, t_train))
@@ -231,6 +257,22 @@ class DAPOTrainer:
             )
         self.stall.observe(log, self.step)
         return StepResult(metrics, self._sample_rows(groups))
+
+    def _collect(self) -> tuple[list[Group], Any, RolloutLog, dict[str, float]]:
+        """The step's groups, dynamic-sampling statistics and rollout log: sampled now, or by
+        the rollout process (then with how stale they are and how long the trainer waited)."""
+        if not self.async_rollouts:
+            return (*self.rollouts.collect(self.model, self.step), {})
+        batch, waited = self.async_rollouts.collect(self.model, self.step)
+        # over the groups trained on (carried ones can be older); with none, the batch's own
+        stale = [self.step - g.version for g in batch.groups if g.version is not None]
+        stale = stale or [self.step - batch.version]
+        overlap = {
+            metric.ROLLOUT_WAIT: waited,
+            metric.STALENESS_MEAN: sum(stale) / len(stale),
+            metric.STALENESS_MAX: float(max(stale)),
+        }
+        return batch.groups, batch.stats, batch.log, overlap
 
     @staticmethod
     def _perf(
@@ -348,7 +390,8 @@ class DAPOTrainer:
             "bad_steps": self.bad_steps,
             "stalled_steps": self.stall.count,
             "world": self.world,
-            **self.rollouts.state_dict(),  # the problem stream and the carried groups
+            # the problem stream and the carried groups (and the batches in flight)
+            **(self.async_rollouts or self.rollouts).state_dict(),
             "rng": {
                 "python": random.getstate(),
                 "numpy": np.random.get_state(),
@@ -359,7 +402,7 @@ class DAPOTrainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.bad_steps = state["step"], state["bad_steps"]
         self.stall.count = state.get("stalled_steps", 0)  # absent in older checkpoints
-        self.rollouts.load_state_dict(state)
+        (self.async_rollouts or self.rollouts).load_state_dict(state)
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
         torch.set_rng_state(state["rng"]["torch"])

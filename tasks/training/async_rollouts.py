@@ -1,0 +1,279 @@
+"""Rollouts that overlap training: a rollout process samples the next batches while the trainer
+updates (``train.rollout_ranks: 1``, ``rollout.max_staleness: s``).
+
+Batch k is always sampled by the policy after step max(k - s, start): a fixed lag, not "whatever
+weights are newest", so a run does not depend on which process was faster, and s = 0 is the
+synchronous step bit for bit (the rollout process seeds each batch as the trainer does). With
+s >= 1, while the trainer updates on batch k the rollout process samples batch k + 1 (one-step-off,
+verl's pipeline) up to k + s.
+
+Weights travel through s + 1 shared-memory slots (``torch.multiprocessing``): after step t the
+trainer writes version t + 1 into slot (t + 1) mod (s + 1) and asks for batch t + 1 + s. That slot
+last held version t - s, which only batch t (now trained on) needed, so nothing waits for the
+rollout process to finish reading it. Batches come back through a queue with the rollout side's
+state after each one (the problem stream and the groups carried by dynamic sampling), so that a
+checkpoint holds the batches still in flight and the state after them: a resumed run continues
+exactly as the uninterrupted one.
+
+The rollout process is this module's ``_serve``: it loads the policy the trainer loaded, with the
+same drop-in kernels (``tasks.training.kernels``), and builds the same sampler. It ends on a stop
+message, when the trainer's process is gone, or on Ctrl-C (quietly: the trainer reports).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from dapo_core.config import Config
+from dapo_core.errors import PipelineError
+from dapo_core.problem import Problem
+from dapo_core.sampling import BatchStats
+from tasks.training.batches import Group
+from tasks.training.records import RolloutLog
+
+POLL_S = 0.5  # how often a waiting side checks that the other is still alive
+
+
+@dataclass
+class RolloutSpec:
+    """What the rollout process needs to build the trainer's sampler (all picklable)."""
+
+    cfg: Config
+    model_path: str
+    dtype: str  # the trainer's weights dtype (``weights_dtype``)
+    device: str
+    problems: list[Problem]
+    is_correct: Any = None  # a picklable (response, answer) -> bool; None: the rule-based reward
+
+
+@dataclass
+class Batch:
+    """One batch as the rollout process sampled it, and its state after it."""
+
+    index: int  # the training step it is for
+    version: int  # the policy version that sampled it: the weights after that many steps
+    groups: list[Group]
+    stats: BatchStats
+    log: RolloutLog
+    state: dict  # the rollout side's state after this batch (stream, carried groups)
+
+
+def version_for(index: int, staleness: int, start: int) -> int:
+    """The policy version that samples batch ``index``: ``staleness`` updates behind it, never
+    before the version the rollout process started from."""
+    return max(index - staleness, start)
+
+
+class AsyncRollouts:
+    """The trainer's side: ``collect(policy, step)`` returns batch ``step`` (waiting for it if
+    the rollout process is behind), ``publish(policy, version)`` sends the weights after a step.
+    ``state_dict`` / ``load_state_dict`` hold the in-flight batches (exact resume)."""
+
+    def __init__(self, spec: RolloutSpec, state: dict):
+        self.spec, self.cfg = spec, spec.cfg
+        self.s = spec.cfg.rollout.max_staleness
+        self.state = state  # the rollout side's state before the first batch not yet received
+        self.ready: dict[int, Batch] = {}  # received (or restored), not yet trained on
+        self.requested = 0  # batches below this one were asked for (or restored)
+        self.consumed = 0  # batches below this one were trained on
+        self.start = 0  # the first version the rollout process samples from
+        self.proc = None
+        self.wait_s = 0.0  # the trainer's wait for the last batch
+
+    # -- the trainer's calls ---------------------------------------------------------------------
+
+    def collect(self, policy, step: int) -> tuple[Batch, float]:
+        """Batch ``step`` and the seconds the trainer waited for it."""
+        if self.proc is None:
+            self._launch(policy, step)
+        t0 = time.perf_counter()
+        while step not in self.ready:
+            self._receive()
+        batch = self.ready.pop(step)
+        self.consumed = step + 1
+        self.wait_s = time.perf_counter() - t0
+        return batch, self.wait_s
+
+    def publish(self, policy, version: int) -> None:
+        """The weights after ``version`` steps into their slot, and the batch that waits for
+        them asked for (none past ``train.steps``)."""
+        if self.proc is None:
+            return
+        self._write(policy, version)
+        self._request_through(version + self.s)
+
+    def state_dict(self) -> dict:
+        """The rollout side's state after the last batch received, and every batch received but
+        not trained on; waits for the ones asked for (they were sampled from versions that no
+        checkpoint keeps)."""
+        if self.proc is not None:
+            while any(i not in self.ready for i in range(self.consumed, self.requested)):
+                self._receive()
+        return {**self.state, "in_flight": sorted(self.ready.values(), key=lambda b: b.index)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state = {"stream": state["stream"], "buffer": state["buffer"]}
+        self.ready = {b.index: b for b in state.get("in_flight", [])}
+
+    def close(self) -> None:
+        """Stop the rollout process (within seconds; killed if it does not answer)."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(Exception):
+            self.requests.put(("stop",))
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
+
+    # -- the rollout process -------------------------------------------------------------------
+
+    def _launch(self, policy, step: int) -> None:
+        """Start the rollout process at training step ``step``: restored batches are trained on
+        first; new ones are sampled from this step's weights onwards."""
+        ctx = mp.get_context("spawn")
+        self.slots = [_shared_copy(policy) for _ in range(self.s + 1)]
+        self.requests, self.results = ctx.Queue(), ctx.Queue()
+        self.start = self.consumed = step
+        self.requested = max([b.index + 1 for b in self.ready.values()], default=step)
+        self.proc = ctx.Process(
+            target=_serve,
+            args=(self.spec, self.slots, self.requests, self.results),
+            name="dapo-rollout",
+            daemon=True,
+        )
+        self.proc.start()
+        self.requests.put(("state", self.state))
+        self._write(policy, step)
+        self._request_through(step + self.s)
+
+    def _write(self, policy, version: int) -> None:
+        slot = self.slots[version % (self.s + 1)]
+        with torch.no_grad():
+            for name, t in policy.state_dict().items():
+                slot["weights"][name].copy_(t)
+        slot["version"].fill_(version)
+
+    def _request_through(self, last: int) -> None:
+        for index in range(self.requested, min(last, self.cfg.train.steps - 1) + 1):
+            version = version_for(index, self.s, self.start)
+            self.requests.put(("batch", index, version))
+            self.requested = index + 1
+
+    def _receive(self) -> None:
+        """One message from the rollout process; its error as this process's."""
+        while True:
+            try:
+                msg = self.results.get(timeout=POLL_S)
+                break
+            except queue.Empty:
+                if not self.proc.is_alive():
+                    raise PipelineError(
+                        f"the rollout process ended (exit code {self.proc.exitcode}) without "
+                        "sending its batch: see its message above, or set train.rollout_ranks=0"
+                    ) from None
+        if msg[0] == "error":
+            self.close()
+            raise msg[1] if isinstance(msg[1], Exception) else PipelineError(msg[1])
+        batch: Batch = msg[1]
+        self.ready[batch.index] = batch
+        self.state = batch.state
+
+
+def _shared_copy(policy) -> dict:
+    """A slot: the policy's state on the host in shared memory, and the version it holds."""
+    weights = {
+        k: v.detach().to("cpu", copy=True).share_memory_() for k, v in policy.state_dict().items()
+    }
+    return {"weights": weights, "version": torch.full((), -1, dtype=torch.long).share_memory_()}
+
+
+def _serve(spec: RolloutSpec, slots: list[dict], requests, results) -> None:
+    """The rollout process: build the sampler, then answer requests until told to stop or the
+    trainer's process is gone."""
+    try:
+        sampler = _Sampler(spec, slots)
+        while True:
+            try:
+                msg = requests.get(timeout=POLL_S)
+            except queue.Empty:
+                if not mp.parent_process().is_alive():
+                    return  # the trainer died without stopping us: do not linger
+                continue
+            if msg[0] == "stop":
+                return
+            if msg[0] == "state":
+                sampler.collector.load_state_dict(msg[1])
+                continue
+            results.put(("batch", sampler.batch(*msg[1:])))
+    except KeyboardInterrupt:
+        return  # Ctrl-C reaches the whole process group: the trainer reports it
+    except Exception as e:  # noqa: BLE001 - handed to the trainer, which raises it
+        try:
+            results.put(("error", e))
+        except Exception:  # noqa: BLE001 - an unpicklable error: its text
+            results.put(("error", f"rollout process: {traceback.format_exc(limit=3)}"))
+
+
+class _Sampler:
+    """The rollout process's policy copy, sampler and rollout state."""
+
+    def __init__(self, spec: RolloutSpec, slots: list[dict]):
+        from dapo_core.reward import score
+        from tasks.models.loading import load_policy
+        from tasks.runtime import configure_torch
+        from tasks.training.kernels import install_rms_norm, use_cpu_sdpa
+        from tasks.training.rollouts import RolloutCollector
+        from tasks.training.run import make_generator
+
+        cfg = spec.cfg
+        configure_torch(cfg.train.cpu_threads)
+        self.cfg, self.slots, self.loaded = cfg, slots, None
+        self.model, tokenizer = load_policy(spec.model_path, spec.dtype, spec.device)
+        install_rms_norm(self.model)  # the trainer's sampler runs these drop-ins too
+        use_cpu_sdpa(self.model)
+        generator = make_generator(cfg, self.model, tokenizer, spec.model_path)
+        is_correct = spec.is_correct or (lambda response, answer: score(response, answer).acc)
+        device = torch.device(spec.device)
+        bf16 = device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16")
+        learned = None
+        if cfg.rollout.reward == "model":
+            from tasks.preferences.scoring import LearnedReward
+
+            r = cfg.rollout
+            learned = LearnedReward(
+                r.reward_model, tokenizer, device, r.max_prompt_len + r.max_response_len
+            )
+        self.collector = RolloutCollector(
+            cfg, tokenizer, generator, spec.problems, is_correct, 0, 1, (device.type, bf16), learned
+        )
+
+    def batch(self, index: int, version: int) -> Batch:
+        from tasks.training.trainer import seed_everything
+
+        if version != self.loaded:
+            self._load(version)
+        seed_everything(self.cfg.train.seed * 1_000_003 + index)  # as the trainer's step does
+        self.collector.version = version
+        groups, stats, log = self.collector.collect(self.model, index)
+        return Batch(index, version, groups, stats, log, self.collector.state_dict())
+
+    def _load(self, version: int) -> None:
+        slot = self.slots[version % len(self.slots)]
+        if int(slot["version"]) != version:  # the trainer writes a slot before asking for it
+            raise PipelineError(
+                f"rollout process: slot holds version {int(slot['version'])}, not {version}"
+            )
+        with torch.no_grad():
+            for name, t in self.model.state_dict().items():
+                t.copy_(slot["weights"][name])
+        self.loaded = version

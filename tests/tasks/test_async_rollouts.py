@@ -1,0 +1,76 @@
+"""Rollouts in a rollout process (train.rollout_ranks=1), s batches ahead of training."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dapo_core.config_loader import resolve
+from tasks.rundir import RunDir
+from tasks.training.async_rollouts import version_for
+from tasks.training.run import run_training
+
+
+def strip(history):  # timings differ between runs; everything else must match exactly
+    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in history]
+
+
+def _weights(run: RunDir):
+    return load_file(str(run.final / "model.safetensors"))
+
+
+def test_batch_k_is_sampled_s_updates_behind_never_before_the_start():
+    assert [version_for(k, 1, 0) for k in range(4)] == [0, 0, 1, 2]
+    assert [version_for(k, 0, 0) for k in range(3)] == [0, 1, 2]
+    assert [version_for(k, 2, 5) for k in range(5, 9)] == [5, 5, 5, 6]
+
+
+def test_stale_batches_are_corrected_by_token_tis_unless_the_user_chose(tiny_cfg):
+    base = tiny_cfg.to_dict()
+    assert resolve(base, overrides=["train.rollout_ranks=1"]).algo.correction.name == "token_tis"
+    chosen = ["train.rollout_ranks=1", "algo.correction.name=none"]
+    assert resolve(base, overrides=chosen).algo.correction.name == "none"
+    sync = ["train.rollout_ranks=1", "rollout.max_staleness=0"]
+    assert resolve(base, overrides=sync).algo.correction.name == "none"
+    assert resolve(base).algo.correction.name == "none"  # no rollout process: nothing stale
+
+
+@pytest.mark.slow
+def test_staleness_0_in_a_rollout_process_is_the_synchronous_run_bit_for_bit(tiny_cfg, tmp_path):
+    """The rollout process samples batch k from the weights after step k, seeded as the
+    trainer's step: the same metrics and final weights as sampling in the trainer."""
+    base = tiny_cfg.to_dict()
+    sync = resolve(base, overrides=["train.steps=3"])
+    proc = resolve(
+        base, overrides=["train.steps=3", "train.rollout_ranks=1", "rollout.max_staleness=0"]
+    )
+    a = run_training(sync, RunDir(tmp_path / "sync"), progress=False)
+    b = run_training(proc, RunDir(tmp_path / "proc"), progress=False)
+    staleness = [r.pop("rollout/staleness_max") for r in b.history]
+    for r in b.history:
+        r.pop("rollout/staleness_mean")
+    assert staleness == [0.0, 0.0, 0.0]
+    assert strip(a.history) == strip(b.history)
+    wa, wb = _weights(a.run_dir), _weights(b.run_dir)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.slow
+def test_one_step_off_resumes_exactly_with_its_batches_in_flight(tiny_cfg, tmp_path):
+    """s = 1: batch k comes from the weights after step k - 1 (staleness 1 from step 1 on); a
+    run cut after 2 steps checkpoints the batch already sampled for step 2 and continues as
+    the uninterrupted run, metric for metric and weight for weight."""
+    over = ["train.steps=4", "train.rollout_ranks=1", "rollout.max_staleness=1"]
+    # every group trained on: the overlong penalty's spread of rewards moves the weights
+    over += ["algo.dynamic_sampling=false"]
+    cfg = resolve(tiny_cfg.to_dict(), overrides=over)
+    assert cfg.algo.correction.name == "token_tis"
+    full = run_training(cfg, RunDir(tmp_path / "full"), progress=False)
+    assert [r["rollout/staleness_mean"] for r in full.history] == [0.0, 1.0, 1.0, 1.0]
+    assert all(r["train/grad_norm"] > 0 for r in full.history)
+    assert all("train/is_weight_mean" in r for r in full.history)  # stale tokens reweighted
+    first = run_training(cfg, RunDir(tmp_path / "cut"), progress=False, max_steps=2)
+    assert first.steps == 2
+    rest = run_training(cfg, RunDir(tmp_path / "cut"), resume=True, progress=False)
+    assert strip(rest.history) == strip(full.history)
+    wa, wb = _weights(full.run_dir), _weights(rest.run_dir)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -23,6 +23,8 @@ message, when the trainer's process is gone, or on Ctrl-C (quietly: the trainer 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import pickle
 import queue
 import time
 import traceback
@@ -141,7 +143,7 @@ class AsyncRollouts:
         """Start the rollout process at training step ``step``: restored batches are trained on
         first; new ones are sampled from this step's weights onwards."""
         ctx = mp.get_context("spawn")
-        self.slots = [_shared_copy(policy) for _ in range(self.s + 1)]
+        self.slots = _slots(policy, self.s + 1)
         self.requests, self.results = ctx.Queue(), ctx.Queue()
         self.start = self.consumed = step
         self.requested = max([b.index + 1 for b in self.ready.values()], default=step)
@@ -184,9 +186,47 @@ class AsyncRollouts:
         if msg[0] == "error":
             self.close()
             raise msg[1] if isinstance(msg[1], Exception) else PipelineError(msg[1])
-        batch: Batch = msg[1]
+        batch = _unpacked(msg[1])
         self.ready[batch.index] = batch
         self.state = batch.state
+
+
+def _packed(batch: Batch) -> bytes:
+    """A batch as bytes, its groups' log-probs as numpy arrays. Hundreds of small tensors cost
+    ~0.1 ms each to pickle (and a queue would give each a shared-memory segment of its own):
+    longer than sampling the embedded model's batch. The rollout side's own groups (the carried
+    ones are in its state) are left as they are."""
+    return pickle.dumps(_converted(batch, lambda t: t.numpy()))
+
+
+def _unpacked(data: bytes) -> Batch:
+    return _converted(pickle.loads(data), torch.from_numpy)
+
+
+def _converted(batch: Batch, convert) -> Batch:
+    """The batch with every group's log-probs converted (groups copied, not changed)."""
+
+    def group(g: Group) -> Group:
+        lps = None if g.logprobs is None else [convert(t) for t in g.logprobs]
+        return dataclasses.replace(g, logprobs=lps)
+
+    buffer = batch.state["buffer"]
+    carried = [(born, group(g)) for born, g in buffer["groups"]]
+    state = {**batch.state, "buffer": {**buffer, "groups": carried}}
+    return dataclasses.replace(batch, groups=[group(g) for g in batch.groups], state=state)
+
+
+def _slots(policy, n: int) -> list[dict]:
+    """``n`` weight slots in shared memory; a one-line error when the host has too little."""
+    try:
+        return [_shared_copy(policy) for _ in range(n)]
+    except RuntimeError as e:
+        size = sum(t.numel() * t.element_size() for t in policy.state_dict().values())
+        raise PipelineError(
+            f"the rollout process's {n} weight slots need {n * size / 2**20:.0f} MiB of shared "
+            f"memory (/dev/shm) and could not get it ({str(e).splitlines()[0]}): enlarge it "
+            "(docker run --shm-size), lower rollout.max_staleness, or set train.rollout_ranks=0"
+        ) from None
 
 
 def _shared_copy(policy) -> dict:
@@ -199,29 +239,35 @@ def _shared_copy(policy) -> dict:
 
 def _serve(spec: RolloutSpec, slots: list[dict], requests, results) -> None:
     """The rollout process: build the sampler, then answer requests until told to stop or the
-    trainer's process is gone."""
+    trainer's process is gone. An error goes to the trainer, which raises it."""
     try:
         sampler = _Sampler(spec, slots)
-        while True:
-            try:
-                msg = requests.get(timeout=POLL_S)
-            except queue.Empty:
-                if not mp.parent_process().is_alive():
-                    return  # the trainer died without stopping us: do not linger
-                continue
-            if msg[0] == "stop":
-                return
-            if msg[0] == "state":
-                sampler.collector.load_state_dict(msg[1])
-                continue
-            results.put(("batch", sampler.batch(*msg[1:])))
+        while _serving(sampler, requests, results):
+            pass
     except KeyboardInterrupt:
-        return  # Ctrl-C reaches the whole process group: the trainer reports it
+        pass  # Ctrl-C reaches the whole process group: the trainer reports it
     except Exception as e:  # noqa: BLE001 - handed to the trainer, which raises it
         try:
             results.put(("error", e))
         except Exception:  # noqa: BLE001 - an unpicklable error: its text
             results.put(("error", f"rollout process: {traceback.format_exc(limit=3)}"))
+        return  # the error is flushed to the trainer before this process ends
+    results.cancel_join_thread()  # batches nobody will read: do not wait to flush them
+
+
+def _serving(sampler: _Sampler, requests, results) -> bool:
+    """Answer one request; False when it is time to stop."""
+    try:
+        msg = requests.get(timeout=POLL_S)
+    except queue.Empty:
+        return mp.parent_process().is_alive()  # the trainer died without stopping us
+    if msg[0] == "stop":
+        return False
+    if msg[0] == "state":
+        sampler.collector.load_state_dict(msg[1])
+    else:
+        results.put(("batch", _packed(sampler.batch(*msg[1:]))))
+    return True
 
 
 class _Sampler:

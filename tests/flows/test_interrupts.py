@@ -156,3 +156,17 @@ def test_a_flow_run_keeps_the_watchdog_on_prefects_handler():
         assert signal.getsignal(signal.SIGTERM) is prefects
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,to", [("INT", "group"), ("TERM", "process")])
+def test_a_signal_ends_the_rollout_process_with_the_trainer(setting, sig, to):
+    """train.rollout_ranks=1: Ctrl-C to the group (which the rollout process is in) or SIGTERM
+    to the trainer alone: the command ends as without one, and no rollout process is left."""
+    scratch, model, uri, params = setting
+    extra = params + ["-S", "train.rollout_ranks=1"]
+    out = run_trial(Trial("train", "training", sig, to), scratch, model, uri, extra)
+    assert out.exit_code == 130 and out.last_line.startswith("interrupted:"), out
+    assert out.seconds < 10, out
+    assert not out.traceback and not out.left, out
+    assert out.mlflow and set(out.mlflow) == {"KILLED"}, out

@@ -251,7 +251,8 @@ def _serve(spec: RolloutSpec, slots: list[dict], requests, results) -> None:
             results.put(("error", e))
         except Exception:  # noqa: BLE001 - an unpicklable error: its text
             results.put(("error", f"rollout process: {traceback.format_exc(limit=3)}"))
-        return  # the error is flushed to the trainer before this process ends
+        if mp.parent_process().is_alive():
+            return  # the error is flushed to the trainer before this process ends
     results.cancel_join_thread()  # batches nobody will read: do not wait to flush them
 
 
@@ -261,6 +262,8 @@ def _serving(sampler: _Sampler, requests, results) -> bool:
         msg = requests.get(timeout=POLL_S)
     except queue.Empty:
         return mp.parent_process().is_alive()  # the trainer died without stopping us
+    except (EOFError, OSError):
+        return False  # the trainer's end of the queue is gone
     if msg[0] == "stop":
         return False
     if msg[0] == "state":

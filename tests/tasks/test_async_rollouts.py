@@ -1,5 +1,14 @@
 """Rollouts in a rollout process (train.rollout_ranks=1), s batches ahead of training."""
 
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -74,3 +83,63 @@ def test_one_step_off_resumes_exactly_with_its_batches_in_flight(tiny_cfg, tmp_p
     assert strip(rest.history) == strip(full.history)
     wa, wb = _weights(full.run_dir), _weights(rest.run_dir)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+@pytest.mark.slow
+def test_a_killed_trainer_leaves_no_rollout_process(tiny_cfg, tmp_path):
+    """SIGKILL gives the trainer no chance to stop its rollout process: the rollout process
+    sees its parent gone and ends by itself, within seconds."""
+    over = ["train.steps=500", "train.rollout_ranks=1", "train.checkpoint_every=0"]
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps(resolve(tiny_cfg.to_dict(), overrides=over).to_dict()))
+    run = tmp_path / "run"
+    worker = Path(__file__).with_name("async_worker.py")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    proc = subprocess.Popen(
+        [sys.executable, str(worker), str(params), str(run)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
+            time.sleep(0.2)
+        children = _children(proc.pid)
+        assert children, "no rollout process"
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 15
+        while any(Path(f"/proc/{c}").exists() and _alive(c) for c in children):
+            assert time.monotonic() < deadline, f"left running: {children}"
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for c in _children(proc.pid):
+            with contextlib.suppress(OSError):
+                os.kill(c, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for a parent that is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -12,7 +12,9 @@ Each section compares against a baseline measured in the same run and prints its
 7. rollout decode with finished sequences dropped from the batch, against decoding the whole
    batch to the end, on the chain task's model (``bench.compaction``);
 8. start-up: ``dapo train`` to its first step with a temporary Prefect server and with the
-   project's running one (``bench.startup``).
+   project's running one (``bench.startup``);
+9. rollouts that overlap training (``train.rollout_ranks=1``) against the synchronous step:
+   steps per minute, waits and held-out avg@8 (``bench.async``).
 
 ``--quick`` runs fewer repeats (for a smoke check, not for figures to quote).
 """
@@ -35,6 +37,7 @@ QUICK_ARGS = {
     "packing": ["--trials", "3"],
     "compaction": ["--repeats", "1", "-P", "8"],
     "startup": ["--trials", "1"],
+    "async": ["--steps", "5", "--settings", "sync,s1"],
 }
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import random
 
+import numpy as np
 import torch
 
 
@@ -27,3 +29,10 @@ def quiet_transformers() -> None:
     from transformers.utils import logging
 
     logging.disable_progress_bar()
+
+
+def seed_everything(seed: int) -> None:
+    """Python's, numpy's and torch's generators, as a training step (or its rollout) starts."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

@@ -37,9 +37,15 @@ import torch.multiprocessing as mp
 from dapo_core.config import Config
 from dapo_core.errors import PipelineError
 from dapo_core.problem import Problem
+from dapo_core.reward import score
 from dapo_core.sampling import BatchStats
+from tasks.models.loading import load_policy
+from tasks.rollout.factory import make_generator
+from tasks.runtime import configure_torch, seed_everything
 from tasks.training.batches import Group
+from tasks.training.kernels import install_rms_norm, use_cpu_sdpa
 from tasks.training.records import RolloutLog
+from tasks.training.rollouts import RolloutCollector
 
 POLL_S = 0.5  # how often a waiting side checks that the other is still alive
 
@@ -277,13 +283,6 @@ class _Sampler:
     """The rollout process's policy copy, sampler and rollout state."""
 
     def __init__(self, spec: RolloutSpec, slots: list[dict]):
-        from dapo_core.reward import score
-        from tasks.models.loading import load_policy
-        from tasks.runtime import configure_torch
-        from tasks.training.kernels import install_rms_norm, use_cpu_sdpa
-        from tasks.training.rollouts import RolloutCollector
-        from tasks.training.run import make_generator
-
         cfg = spec.cfg
         configure_torch(cfg.train.cpu_threads)
         self.cfg, self.slots, self.loaded = cfg, slots, None
@@ -307,8 +306,6 @@ class _Sampler:
         )
 
     def batch(self, index: int, version: int) -> Batch:
-        from tasks.training.trainer import seed_everything
-
         if version != self.loaded:
             self._load(version)
         seed_everything(self.cfg.train.seed * 1_000_003 + index)  # as the trainer's step does

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dapo_core.config import Config
@@ -23,8 +22,7 @@ from dapo_core.problem import Problem
 from tasks.data.splits import splits
 from tasks.models.loading import load_policy
 from tasks.models.resolve import resolve_model_path
-from tasks.rollout.generators import HFGenerator
-from tasks.rollout.vllm_backend import VLLMGenerator
+from tasks.rollout.factory import make_generator, rollout_dtype  # noqa: F401 - their old home
 from tasks.rundir import ResumePoint, RunDir
 from tasks.runtime import configure_torch
 from tasks.training import checkpoint, probe
@@ -33,7 +31,6 @@ from tasks.training.distributed import (
     all_gather_objects,
     all_ranks_true,
     barrier,
-    env_world_size,
     init_distributed,
 )
 from tasks.training.trainer import DAPOTrainer, MetricsSink, StepResult
@@ -52,39 +49,6 @@ class TrainResult:
     @property
     def final_model(self) -> Path:
         return self.run_dir.final
-
-
-def make_generator(cfg: Config, model, tokenizer, model_path: str):
-    if cfg.rollout.backend == "vllm":
-        return VLLMGenerator(
-            model_path,
-            tokenizer,
-            cfg.rollout.max_prompt_len,
-            cfg.rollout.max_prompt_len + cfg.rollout.max_response_len,
-            gpu_memory=cfg.rollout.vllm_gpu_memory,
-        )
-    dtype = rollout_dtype(cfg, model)
-    if dtype is None:
-        return HFGenerator(model, tokenizer, cfg.rollout.max_prompt_len)
-    return HFGenerator.with_weights(model, tokenizer, cfg.rollout.max_prompt_len, dtype)
-
-
-def rollout_dtype(cfg: Config, model) -> torch.dtype | None:
-    """The dtype of the sampler's own copy of the weights (``rollout.weights``), or None to
-    sample from the policy itself: under ZeRO-3 on several ranks the policy's weights exist only
-    in shards."""
-    weights, current = cfg.rollout.weights, next(model.parameters()).dtype
-    sharded = cfg.train.zero_stage == 3 and env_world_size() > 1
-    if weights == "bfloat16" and sharded:
-        log.warning("rollout.weights=bfloat16 is ignored under ZeRO-3: sampling from the policy")
-    if weights == "policy" or sharded or current == torch.bfloat16:
-        return None
-    # auto: not under DeepSpeed either, whose bf16 mode casts the policy itself to bf16 later.
-    if weights == "auto" and (
-        model.device.type != "cuda" or current != torch.float32 or env_world_size() > 1
-    ):
-        return None
-    return torch.bfloat16
 
 
 def weights_dtype(cfg: Config, world: int) -> str:

@@ -47,6 +47,7 @@ from dapo_core.loss import long_weight_share
 from dapo_core.problem import Problem
 from dapo_core.reward import score
 from tasks.rollout.generators import Generator
+from tasks.runtime import seed_everything
 from tasks.training import probe
 from tasks.training.async_rollouts import AsyncRollouts, RolloutSpec
 from tasks.training.batches import Group, Sample
@@ -69,12 +70,6 @@ from tasks.training.updater import PolicyUpdater
 
 MetricsSink = Callable[[dict[str, float], int], None]
 Learned = tuple[list[Sample], dict[str, float], list[UpdateResult]]
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def warmup_lambda(warmup_steps: int) -> Callable[[int], float]:

@@ -3,6 +3,7 @@ wait, and held-out avg@8 after the same number of steps.
 
     python -m bench.async                              # embedded default, 50 steps, 1 seed
     python -m bench.async --seeds 5 --settings sync,s1,s2 -S rollout.max_response_len=32
+    python -m bench.async -c configs/chain.yaml --steps 30   # a preset (-c as dapo train's)
 
 Settings: ``sync`` (the trainer samples its own batches, ``train.rollout_ranks=0``), ``s0`` (a
 rollout process, staleness 0: serial, the synchronous run bit for bit), ``s1`` (one-step-off)
@@ -38,14 +39,16 @@ SETTINGS = {
 OVERLAP_TARGET = 1.15  # an overlapped step within 15% of max(generation, update)
 
 
-def run_once(setting: str, seed: int, steps: int, extra: list[str], scratch: Path) -> dict:
+def run_once(
+    setting: str, seed: int, steps: int, extra: list[str], scratch: Path, presets: list[str] = ()
+) -> dict:
     """Train one setting for ``steps`` steps, then evaluate the final policy."""
     from tasks.evaluation.evaluate import evaluate_model
     from tasks.rundir import RunDir
     from tasks.training.run import run_training
 
     overrides = [f"train.seed={seed}", f"train.steps={steps}", "train.checkpoint_every=0"]
-    cfg = load_params(overrides=[*overrides, *SETTINGS[setting], *extra])
+    cfg = load_params(overlays=presets, overrides=[*overrides, *SETTINGS[setting], *extra])
     result = run_training(cfg, RunDir(scratch / f"{setting}-seed{seed}"), progress=False)
     later = result.history[1:] or result.history
 
@@ -104,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", type=int, default=1, help="runs per setting (train.seed 0..n-1)")
     ap.add_argument("--settings", default="sync,s1,s2", help=f"of {', '.join(SETTINGS)}")
     ap.add_argument("-S", dest="overrides", action="append", default=[], help="a config override")
+    ap.add_argument("-c", dest="presets", action="append", default=[], help="a preset overlay")
     a = ap.parse_args(argv)
     names = a.settings.split(",")
     unknown = [n for n in names if n not in SETTINGS]
@@ -114,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         for name in names:
             runs = []
             for seed in range(a.seeds):
-                runs.append(run_once(name, seed, a.steps, a.overrides, Path(scratch)))
+                runs.append(run_once(name, seed, a.steps, a.overrides, Path(scratch), a.presets))
                 print(f"  {name} seed {seed}: {runs[-1]['step_s']:.3f} s/step", flush=True)
             rows[name] = summarize(runs)
     print(table(rows))

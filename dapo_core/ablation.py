@@ -56,6 +56,7 @@ PAPER_TABLE1_AIME24: dict[str, float] = {
 
 
 MAX_RESPONSE_LEN = "rollout.max_response_len"  # in a preset: the config's value of that key
+RUN = "run"  # in a preset: overrides outside ``algo`` (``-S`` form)
 
 ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
     "dapo": {},
@@ -95,9 +96,15 @@ ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
         "loss": {"name": "clip"},
         "critic": {"name": "value"},
     },
+    # DAPO with a rollout process sampling ahead of training (tasks.training.async_rollouts):
+    # batch k from the policy after step k - 1 (verl's one-step-off), or k - 2; stale tokens
+    # reweighted by token_tis (the config loader's default when samples are stale)
+    "one_step_off": {RUN: ["train.rollout_ranks=1", "rollout.max_staleness=1"]},
+    "staleness_2": {RUN: ["train.rollout_ranks=1", "rollout.max_staleness=2"]},
 }
-"""Algorithm name -> the ``algo`` entries it replaces in DAPO's full recipe (mappings), and the
-switches it sets otherwise (booleans, by switch name)."""
+"""Algorithm name -> the ``algo`` entries it replaces in DAPO's full recipe (mappings), the
+switches it sets otherwise (booleans, by switch name), and under ``run`` the overrides of other
+sections it applies (how rollouts are scheduled)."""
 
 
 def apply_variant(cfg: Config, variant: str, tuned: Sequence[str] = ()) -> Config:
@@ -113,8 +120,13 @@ def apply_variant(cfg: Config, variant: str, tuned: Sequence[str] = ()) -> Confi
             f"unknown variant {variant!r}; Table 1 rungs: {', '.join(ABLATION_LADDER)}; "
             f"algorithms: {', '.join(ALGORITHM_PRESETS)}"
         )
-    out = dataclasses.replace(cfg, algo=_preset_algo(cfg, ALGORITHM_PRESETS[variant]))
-    return resolve(out.to_dict(), overrides=tuned, source=f"--variant {variant}") if tuned else out
+    preset = ALGORITHM_PRESETS[variant]
+    algo = _preset_algo(cfg, {k: v for k, v in preset.items() if k != RUN})
+    out = dataclasses.replace(cfg, algo=algo)
+    overrides = [*preset.get(RUN, []), *tuned]
+    if not overrides:
+        return out
+    return resolve(out.to_dict(), overrides=overrides, source=f"--variant {variant}")
 
 
 def split_overrides(variant: str | None, overrides: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -143,3 +143,17 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_the_rollout_presets_are_dapo_with_a_rollout_process(tiny_cfg):
+    """--variant one_step_off / staleness_2 (dapo train, dapo ablate): DAPO's recipe with a
+    rollout process 1 or 2 updates behind, and its stale tokens reweighted by token_tis."""
+    from dapo_core.ablation import apply_variant
+
+    dapo = apply_variant(tiny_cfg, "dapo")
+    for name, s in (("one_step_off", 1), ("staleness_2", 2)):
+        cfg = apply_variant(tiny_cfg, name)
+        assert (cfg.train.rollout_ranks, cfg.rollout.max_staleness) == (1, s)
+        assert cfg.algo.correction.name == "token_tis"
+        rest = {**cfg.to_dict()["algo"], "correction": None}
+        assert rest == {**dapo.to_dict()["algo"], "correction": None}

@@ -94,7 +94,6 @@ class AsyncRollouts:
         self.consumed = 0  # batches below this one were trained on
         self.start = 0  # the first version the rollout process samples from
         self.proc = None
-        self.wait_s = 0.0  # the trainer's wait for the last batch
 
     # -- the trainer's calls ---------------------------------------------------------------------
 
@@ -107,8 +106,7 @@ class AsyncRollouts:
             self._receive()
         batch = self.ready.pop(step)
         self.consumed = step + 1
-        self.wait_s = time.perf_counter() - t0
-        return batch, self.wait_s
+        return batch, time.perf_counter() - t0
 
     def publish(self, policy, version: int) -> None:
         """The weights after ``version`` steps into their slot, and the batch that waits for
@@ -159,7 +157,14 @@ class AsyncRollouts:
             name="dapo-rollout",
             daemon=True,
         )
-        self.proc.start()
+        try:
+            self.proc.start()
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
+            self.proc = None
+            raise PipelineError(
+                f"the rollout process cannot be given its reward function or config ({e}): "
+                "pass a module-level function, or set train.rollout_ranks=0"
+            ) from None
         self.requests.put(("state", self.state))
         self._write(policy, step)
         self._request_through(step + self.s)

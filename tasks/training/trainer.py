@@ -28,6 +28,7 @@ step's ``learn`` (``tasks.training.probe``).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import random
 import time
@@ -134,6 +135,8 @@ class DAPOTrainer:
             learned,
         )
         # train.rollout_ranks: a rollout process samples the next batches (async_rollouts.py)
+        if rollout_spec is not None and reward_fn is not None:  # the rollout process scores
+            rollout_spec = dataclasses.replace(rollout_spec, is_correct=reward_fn)
         self.async_rollouts = self._async_rollouts(rollout_spec)
         self.algorithm = alg = algorithm(cfg.algo)  # the entries every update calls
         self.metric_names = alg.metric_names()

@@ -157,3 +157,25 @@ def test_the_rollout_presets_are_dapo_with_a_rollout_process(tiny_cfg):
         assert cfg.algo.correction.name == "token_tis"
         rest = {**cfg.to_dict()["algo"], "correction": None}
         assert rest == {**dapo.to_dict()["algo"], "correction": None}
+
+
+def test_a_reward_that_cannot_reach_the_rollout_process_is_a_one_line_error(tiny_cfg, tmp_path):
+    """A lambda cannot be pickled into a spawned process: said in one line, before any step."""
+    from dapo_core.errors import PipelineError
+    from dapo_core.problem import Problem
+    from tasks.models.loading import load_policy
+    from tasks.models.resolve import resolve_model_path
+    from tasks.training.async_rollouts import RolloutSpec
+    from tasks.training.trainer import DAPOTrainer
+
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["train.rollout_ranks=1"])
+    path = resolve_model_path(cfg)
+    model, tok = load_policy(path, "float32", "cpu")
+    problems = [Problem("p", "1+1", "2", "1+1", "test")]
+    spec = RolloutSpec(cfg, path, "float32", "cpu", problems)
+    trainer = DAPOTrainer(
+        cfg, model, tok, None, problems, rollout_spec=spec, reward_fn=lambda r, a: True
+    )
+    with pytest.raises(PipelineError, match="module-level function"):
+        trainer.train_step()
+    trainer.close()

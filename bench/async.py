@@ -13,7 +13,9 @@ rollout process uses.
 
 Per setting, medians over steps 2.. (step 1 also starts the rollout process): the step's wall
 time, the rollout's generation time, the trainer's update time (loss inputs and updates), the
-trainer's wait for its batch, and the rollout process's idle time (step - generation). The
+trainer's wait for its batch, the rollout process's idle time (step - generation), the mean
+response length and the tokens (generated and trained) per second: a policy that writes longer
+responses makes every step more work, so compare steps per minute at similar lengths. The
 overlap check: an overlapped step should take no more than 1.15x max(generation, update)
 measured in the same run. avg@8 is ``eval.n_samples`` samples a problem on the held-out split
 after the last step, averaged over seeds, with a 95% bootstrap CI over problems (one seed) or
@@ -62,6 +64,8 @@ def run_once(
         "update_s": med(metric.TRAIN_TIME),
         "wait_s": med(metric.ROLLOUT_WAIT),
         "staleness": med(metric.STALENESS_MEAN),
+        "resp_len": med(metric.RESPONSE_LEN_MEAN),  # a step's work grows with it
+        "tokens_s": med(metric.TOKENS_PER_S),
         "avg": ev.metrics["eval/avg_at_k"],
         "ci": (ev.metrics["eval/avg_at_k_ci_low"], ev.metrics["eval/avg_at_k_ci_high"]),
     }
@@ -70,7 +74,8 @@ def run_once(
 def summarize(runs: list[dict]) -> dict:
     """One setting over its seeds: medians of the timings, avg@8's mean and its 95% interval."""
     out = {k: statistics.median(r[k] for r in runs) for k in ("step_s", "gen_s", "update_s")}
-    out |= {k: statistics.median(r[k] for r in runs) for k in ("wait_s", "staleness")}
+    more = ("wait_s", "staleness", "resp_len", "tokens_s")
+    out |= {k: statistics.median(r.get(k, 0.0) for r in runs) for k in more}
     out["idle_s"] = max(out["step_s"] - out["gen_s"], 0.0)
     out["overlap"] = out["step_s"] / max(out["gen_s"], out["update_s"])
     avgs = [r["avg"] for r in runs]
@@ -87,7 +92,7 @@ def table(rows: dict[str, dict]) -> str:
     base = rows.get("sync")
     head = f"{'setting':8s} {'steps/min':>9s} {'vs sync':>7s} {'step s':>7s} {'gen s':>6s}"
     head += f" {'update s':>8s} {'trainer waits':>13s} {'rollout idles':>13s} {'overlap':>7s}"
-    head += f" {'staleness':>9s}  avg@8 [95% CI]"
+    head += f" {'staleness':>9s} {'resp len':>8s} {'tokens/s':>8s}  avg@8 [95% CI]"
     lines = [head]
     for name, r in rows.items():
         speed = 60 / r["step_s"]
@@ -96,7 +101,8 @@ def table(rows: dict[str, dict]) -> str:
         lines.append(
             f"{name:8s} {speed:9.1f} {ratio:>7s} {r['step_s']:7.3f} {r['gen_s']:6.3f} "
             f"{r['update_s']:8.3f} {r['wait_s']:13.3f} {r['idle_s']:13.3f} {overlap:>7s} "
-            f"{r['staleness']:9.2f}  {r['avg']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]"
+            f"{r['staleness']:9.2f} {r['resp_len']:8.1f} {r['tokens_s']:8.0f}  "
+            f"{r['avg']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]"
         )
     return "\n".join(lines)
 

@@ -1,7 +1,7 @@
 """Rollouts that overlap training: a rollout process samples the next batches while the trainer
 updates (``train.rollout_ranks: 1``, ``rollout.max_staleness: s``).
 
-Batch k is always sampled by the policy after step max(k - s, start): a fixed lag, not "whatever
+Batch k is always sampled by the policy after max(k - s, start) steps: a fixed lag, not "whatever
 weights are newest", so a run does not depend on which process was faster, and s = 0 is the
 synchronous step bit for bit (the rollout process seeds each batch as the trainer does). With
 s >= 1, while the trainer updates on batch k the rollout process samples batch k + 1 (one-step-off,
@@ -10,10 +10,10 @@ verl's pipeline) up to k + s.
 Weights travel through s + 1 shared-memory slots (``torch.multiprocessing``): after step t the
 trainer writes version t + 1 into slot (t + 1) mod (s + 1) and asks for batch t + 1 + s. That slot
 last held version t - s, which only batch t (now trained on) needed, so nothing waits for the
-rollout process to finish reading it. Batches come back through a queue with the rollout side's
-state after each one (the problem stream and the groups carried by dynamic sampling), so that a
-checkpoint holds the batches still in flight and the state after them: a resumed run continues
-exactly as the uninterrupted one.
+rollout process to finish reading it. Batches come back through a queue, as bytes (``_packed``),
+with the rollout side's state after each one (the problem stream and the groups carried by
+dynamic sampling), so that a checkpoint holds the batches still in flight and the state after
+them: a resumed run continues exactly as the uninterrupted one.
 
 The rollout process is this module's ``_serve``: it loads the policy the trainer loaded, with the
 same drop-in kernels (``tasks.training.kernels``), and builds the same sampler. It ends on a stop

@@ -41,7 +41,8 @@ def test_algorithms_run_in_the_order_given_against_a_baseline():
         "unknown variant(s) gpso; Table 1 rungs: grpo"
     )
     assert message.endswith(
-        "algorithms: dapo, dr_grpo, gspo, cispo, rloo, reinforce_pp, grpo_kl, ppo"
+        "algorithms: dapo, dr_grpo, gspo, cispo, rloo, reinforce_pp, grpo_kl, ppo, "
+        "one_step_off, staleness_2"
     )
     assert comparison_baseline(["grpo", "+clip_higher"], None) is None  # the ladder
     assert comparison_baseline(["gspo", "dapo"], None) == "gspo"  # the first given

@@ -165,7 +165,9 @@ def test_a_signal_ends_the_rollout_process_with_the_trainer(setting, sig, to):
     to the trainer alone: the command ends as without one, and no rollout process is left."""
     scratch, model, uri, params = setting
     extra = params + ["-S", "train.rollout_ranks=1"]
-    out = run_trial(Trial("train", "training", sig, to), scratch, model, uri, extra)
+    own = scratch / "rollout-process"  # a Prefect home of its own: the phase is read from it
+    own.mkdir(exist_ok=True)
+    out = run_trial(Trial("train", "training", sig, to), own, model, uri, extra)
     assert out.exit_code == 130 and out.last_line.startswith("interrupted:"), out
     assert out.seconds < 10, out
     assert not out.traceback and not out.left, out

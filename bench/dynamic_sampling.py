@@ -31,7 +31,7 @@ from tasks.data.splits import splits
 from tasks.models.loading import load_policy
 from tasks.models.resolve import resolve_model_path
 from tasks.params import load_params
-from tasks.training.run import make_generator
+from tasks.rollout.factory import make_generator
 from tasks.training.trainer import DAPOTrainer
 
 

@@ -36,7 +36,7 @@ import torch
 from bench import common
 from tasks.models.loading import load_policy
 from tasks.params import load_params
-from tasks.training.run import make_generator
+from tasks.rollout.factory import make_generator
 from tasks.training.trainer import DAPOTrainer
 
 

@@ -184,8 +184,8 @@ def _warm_start(cfg: Config, eval_set: str | None, cache: Path) -> dict[str, Any
     from tasks.evaluation.evaluate import evaluate_policy
     from tasks.models.loading import load_policy
     from tasks.models.resolve import resolve_model_path
+    from tasks.rollout.factory import make_generator
     from tasks.runtime import configure_torch
-    from tasks.training.run import make_generator
 
     device = configure_torch(cfg.train.cpu_threads)
     path = resolve_model_path(cfg)

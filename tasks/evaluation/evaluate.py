@@ -54,8 +54,8 @@ def evaluate_model(
     from tasks.data.splits import eval_problems
     from tasks.models.loading import load_policy
     from tasks.models.resolve import resolve_model_path
+    from tasks.rollout.factory import make_generator
     from tasks.runtime import configure_torch
-    from tasks.training.run import make_generator
 
     name, problems = eval_problems(cfg, eval_set)
     device = configure_torch(cfg.train.cpu_threads)

@@ -223,7 +223,7 @@ def _validation(cfg: Config, model, tokenizer, base) -> Callable[[], dict]:
     RL training's validation does (``tasks.evaluation.evaluate.evaluate_policy``)."""
     from tasks.data.splits import splits
     from tasks.evaluation.evaluate import evaluate_policy
-    from tasks.training.run import make_generator
+    from tasks.rollout.factory import make_generator
 
     problems = splits(cfg).val
     generator = make_generator(cfg, model, tokenizer, base)

@@ -285,8 +285,8 @@ def mine_to_file(
     from tasks.models.build import model_dir_digest
     from tasks.models.loading import chat_prompt, load_policy
     from tasks.models.resolve import resolve_model_path
+    from tasks.rollout.factory import make_generator
     from tasks.runtime import configure_torch
-    from tasks.training.run import make_generator
 
     out = Path(out)
     if out.suffix != ".parquet":  # before minutes of sampling, not after

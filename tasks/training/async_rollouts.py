@@ -37,7 +37,6 @@ import torch.multiprocessing as mp
 from dapo_core.config import Config
 from dapo_core.errors import PipelineError
 from dapo_core.problem import Problem
-from dapo_core.reward import score
 from dapo_core.sampling import BatchStats
 from tasks.models.loading import load_policy
 from tasks.rollout.factory import make_generator
@@ -45,7 +44,7 @@ from tasks.runtime import configure_torch, seed_everything
 from tasks.training.batches import Group
 from tasks.training.kernels import install_rms_norm, use_cpu_sdpa
 from tasks.training.records import RolloutLog
-from tasks.training.rollouts import RolloutCollector
+from tasks.training.rollouts import make_collector
 
 POLL_S = 0.5  # how often a waiting side checks that the other is still alive
 
@@ -295,19 +294,9 @@ class _Sampler:
         install_rms_norm(self.model)  # the trainer's sampler runs these drop-ins too
         use_cpu_sdpa(self.model)
         generator = make_generator(cfg, self.model, tokenizer, spec.model_path)
-        is_correct = spec.is_correct or (lambda response, answer: score(response, answer).acc)
         device = torch.device(spec.device)
-        bf16 = device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16")
-        learned = None
-        if cfg.rollout.reward == "model":
-            from tasks.preferences.scoring import LearnedReward
-
-            r = cfg.rollout
-            learned = LearnedReward(
-                r.reward_model, tokenizer, device, r.max_prompt_len + r.max_response_len
-            )
-        self.collector = RolloutCollector(
-            cfg, tokenizer, generator, spec.problems, is_correct, 0, 1, (device.type, bf16), learned
+        self.collector = make_collector(
+            cfg, tokenizer, generator, spec.problems, device, spec.is_correct
         )
 
     def batch(self, index: int, version: int) -> Batch:

@@ -24,9 +24,9 @@ from tasks.data.splits import splits
 from tasks.models.loading import load_policy
 from tasks.models.resolve import resolve_model_path
 from tasks.orchestration import run_logger, stage_task
+from tasks.rollout.factory import make_generator
 from tasks.rollout.generators import sample_problems
 from tasks.runtime import configure_torch
-from tasks.training.run import make_generator
 
 SAMPLE_ROWS = 8  # responses shown in the report
 

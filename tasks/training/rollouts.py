@@ -142,3 +142,39 @@ class RolloutCollector:
     def load_state_dict(self, state: dict) -> None:
         self.stream.load_state_dict(state["stream"])
         self.buffer.load_state_dict(state["buffer"])
+
+
+def bf16_autocast(cfg: Config, device: torch.device) -> bool:
+    """Training and its sampling run under bf16 autocast on CUDA unless ``model.dtype`` says
+    otherwise."""
+    return device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16")
+
+
+def make_collector(
+    cfg: Config,
+    tokenizer,
+    generator: Generator,
+    problems: list[Problem],
+    device: torch.device,
+    is_correct: Correct | None = None,
+    rank: int = 0,
+    world: int = 1,
+) -> RolloutCollector:
+    """The rollout side as training builds it, in the trainer or in its rollout process:
+    ``is_correct`` or the rule-based reward (Eq. 7), the reward model under
+    ``rollout.reward: model`` (issue 27), bf16 autocast as the trainer's."""
+    from dapo_core.reward import score
+
+    learned = None
+    if cfg.rollout.reward == "model":
+        from tasks.preferences.scoring import LearnedReward
+
+        r = cfg.rollout
+        learned = LearnedReward(
+            r.reward_model, tokenizer, device, r.max_prompt_len + r.max_response_len
+        )
+    correct = is_correct or (lambda response, answer: score(response, answer).acc)
+    autocast = (device.type, bf16_autocast(cfg, device))
+    return RolloutCollector(
+        cfg, tokenizer, generator, problems, correct, rank, world, autocast, learned
+    )

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from dapo_core.problem import Problem
 from tasks.data.splits import splits
 from tasks.models.loading import load_policy
 from tasks.models.resolve import resolve_model_path
-from tasks.rollout.factory import make_generator, rollout_dtype  # noqa: F401 - their old home
+from tasks.rollout.factory import make_generator
 from tasks.rundir import ResumePoint, RunDir
 from tasks.runtime import configure_torch
 from tasks.training import checkpoint, probe
@@ -34,8 +33,6 @@ from tasks.training.distributed import (
     init_distributed,
 )
 from tasks.training.trainer import DAPOTrainer, MetricsSink, StepResult
-
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass

@@ -60,7 +60,7 @@ from tasks.training.kernels import install_rms_norm, use_cpu_sdpa
 from tasks.training.precision import adamw_optimizer
 from tasks.training.records import RolloutLog, UpdateResult
 from tasks.training.reference import ReferencePolicy, frozen_copy
-from tasks.training.rollouts import RolloutCollector
+from tasks.training.rollouts import bf16_autocast, make_collector
 from tasks.training.step_metrics import (
     StallWatch,
     dynamic_sampling_metrics,
@@ -109,30 +109,13 @@ class DAPOTrainer:
         self.bad_steps = 0
         self.stall = StallWatch(cfg.train.max_stalled_steps, cfg.rollout.group_size)
         self.device = next(model.parameters()).device
-        self.autocast = self.device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16")
+        self.autocast = bf16_autocast(cfg, self.device)
         self.rank, self.world = init_distributed(self.device.type)
         self.sink = sink if self.rank == 0 else None  # one writer of metrics and files
         # Correctness of a response against the answer; the rule-based reward (Eq. 7) by default.
         is_correct = reward_fn or (lambda response, answer: score(response, answer).acc)
-        autocast = (self.device.type, self.autocast)
-        learned = None
-        if cfg.rollout.reward == "model":  # RL from a learned reward (issue 27)
-            from tasks.preferences.scoring import LearnedReward
-
-            r = cfg.rollout
-            learned = LearnedReward(
-                r.reward_model, tokenizer, self.device, r.max_prompt_len + r.max_response_len
-            )
-        self.rollouts = RolloutCollector(
-            cfg,
-            tokenizer,
-            generator,
-            problems,
-            is_correct,
-            self.rank,
-            self.world,
-            autocast,
-            learned,
+        self.rollouts = make_collector(
+            cfg, tokenizer, generator, problems, self.device, is_correct, self.rank, self.world
         )
         # train.rollout_ranks: a rollout process samples the next batches (async_rollouts.py)
         if rollout_spec is not None and reward_fn is not None:  # the rollout process scores

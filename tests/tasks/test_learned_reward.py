@@ -117,7 +117,7 @@ def test_rl_scores_a_response_as_the_reward_model_was_trained_and_evaluated(tiny
     from tasks.data.splits import splits
     from tasks.models.loading import load_policy
     from tasks.models.resolve import resolve_model_path
-    from tasks.training.run import make_generator
+    from tasks.rollout.factory import make_generator
     from tasks.training.trainer import DAPOTrainer
 
     cfg = resolve(

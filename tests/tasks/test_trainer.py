@@ -332,7 +332,7 @@ def test_bf16_rollout_weights_track_the_policy_in_place(tiny_cfg, tmp_path):
     """rollout.weights=bfloat16: the sampler holds a bf16 copy, refreshed in place before each
     rollout (same storage, so captured graphs would stay valid) to the policy's weights after its
     update; the per-step mismatch then measures bf16 against fp32 (it is float noise in fp32)."""
-    from tasks.training.run import make_generator
+    from tasks.rollout.factory import make_generator
 
     model, tok = load_policy(resolve_model_path(tiny_cfg), "float32")
     assert make_generator(tiny_cfg, model, tok, "").model is model  # auto on CPU: the policy
@@ -354,7 +354,7 @@ def test_bf16_rollout_weights_track_the_policy_in_place(tiny_cfg, tmp_path):
 def test_rollout_copy_only_where_the_policy_is_whole(tiny_cfg, monkeypatch):
     """A bf16 sampling copy needs the policy's full weights: none under ZeRO-3 on several ranks
     (shards only), one under a ZeRO-3 setting on a single process (DeepSpeed is not used)."""
-    from tasks.training.run import rollout_dtype
+    from tasks.rollout.factory import rollout_dtype
 
     model, _ = load_policy(resolve_model_path(tiny_cfg), "float32")
     cfg = resolve(tiny_cfg.to_dict(), overrides=["rollout.weights=bfloat16", "train.zero_stage=3"])

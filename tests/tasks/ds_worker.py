@@ -1,4 +1,5 @@
-"""One DAPO update on a fixed global batch; run as 1 process or under torchrun/deepspeed.
+"""One DAPO update on a fixed global batch; run as 1 process or under torchrun/deepspeed, for each
+(params, out) pair of the command line in turn.
 
 Used by test_distributed.py: the parameters after the update must not depend on the world size.
 """
@@ -99,8 +100,10 @@ def main(params_json: str, out: str) -> None:
             },
             out,
         )
-    shutdown_distributed()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    pairs = sys.argv[1:]
+    for i in range(0, len(pairs), 2):
+        main(pairs[i], pairs[i + 1])
+    shutdown_distributed()

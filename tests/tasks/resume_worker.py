@@ -1,34 +1,41 @@
-"""Train 4 steps straight, then 2 steps, stop, and resume for the last 2; under torchrun.
+"""Train 4 steps straight, then 2 steps, stop, and resume for the last 2; under torchrun, for
+each (params, out, parity) triple of the command line in turn.
 
 Used by test_distributed.py: a resumed multi-rank run (ZeRO-2 or ZeRO-3) must reproduce the
 uninterrupted one. Each run writes its run directory (metrics.jsonl, final/) as usual.
 """
 
 import json
-import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 from dapo_core.config_loader import resolve
 from tasks.rundir import RunDir
+from tasks.training import trainer
 from tasks.training.distributed import shutdown_distributed
 from tasks.training.run import run_training
 
+real_score = trainer.score
+PARITY = SimpleNamespace(acc=True), SimpleNamespace(acc=False)
 
-def main(params_json: str, out: str) -> None:
+
+def main(params_json: str, out: str, parity_reward: bool) -> None:
     cfg = resolve(json.loads(Path(params_json).read_text()))
-    if os.environ.get("PARITY_REWARD"):  # mixed groups from step 1, whatever the model writes
-        from tasks.training import trainer
-
-        parity = SimpleNamespace(acc=True), SimpleNamespace(acc=False)
-        trainer.score = lambda response, _: parity[len(response) % 2]
+    trainer.score = parity_score if parity_reward else real_score
     root = Path(out)
     run_training(cfg, RunDir(root / "full"), progress=False)
     run_training(cfg, RunDir(root / "cut"), progress=False, max_steps=2)
     run_training(cfg, RunDir(root / "cut"), resume=True, progress=False)
-    shutdown_distributed()
+
+
+def parity_score(response, _):
+    """Mixed groups from step 1, whatever the model writes."""
+    return PARITY[len(response) % 2]
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    args = sys.argv[1:]
+    for i in range(0, len(args), 3):
+        main(args[i], args[i + 1], args[i + 2] == "1")
+    shutdown_distributed()

@@ -30,22 +30,20 @@ def _run(cmd, env):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("stage", "kl", "variant"),
-    [
-        (2, '{"name": "none"}', None),
-        (3, '{"name": "none"}', None),
-        # KL in the loss: every rank's own whole reference, one pass over its shard, and the
-        # padding micro-batches (ZeRO-3 keeps ranks in step with them) add no KL gradient
-        (3, '{"name": "k1", "beta": 0.1}', None),
-        # PPO: the critic, a second DeepSpeed engine; its values sharded and gathered, its
-        # update accumulated over micro-batches with the global token count
-        (2, '{"name": "none"}', "ppo"),
-        (3, '{"name": "none"}', "ppo"),
-    ],
-)
-def test_two_ranks_equal_one(tiny_cfg, tmp_path, stage, kl, variant):
+CASES = [
+    (2, '{"name": "none"}', None),
+    (3, '{"name": "none"}', None),
+    # KL in the loss: every rank's own whole reference, one pass over its shard, and the
+    # padding micro-batches (ZeRO-3 keeps ranks in step with them) add no KL gradient
+    (3, '{"name": "k1", "beta": 0.1}', None),
+    # PPO: the critic, a second DeepSpeed engine; its values sharded and gathered, its
+    # update accumulated over micro-batches with the global token count
+    (2, '{"name": "none"}', "ppo"),
+    (3, '{"name": "none"}', "ppo"),
+]
+
+
+def _case_config(tiny_cfg, stage, kl, variant):
     cfg = resolve(
         tiny_cfg.to_dict(),
         # Under ZeRO-3 also truncated importance sampling, whose weights (~1 on CPU) must reach
@@ -58,28 +56,39 @@ def test_two_ranks_equal_one(tiny_cfg, tmp_path, stage, kl, variant):
             f"algo.kl={kl}",
         ],
     )
-    cfg = apply_variant(cfg, variant) if variant else cfg
-    params = tmp_path / "params.json"
-    params.write_text(json.dumps(cfg.to_dict()))
+    return apply_variant(cfg, variant) if variant else cfg
+
+
+@pytest.fixture(scope="module")
+def updates(tiny_cfg, tmp_path_factory):
+    """Every case's update on 1 rank and on 2: one process, then one 2-rank launch, each running
+    all the cases in turn (a launch per case would pay the start-up of three processes each)."""
+    tmp = tmp_path_factory.mktemp("ranks")
+    args = []
+    for i, case in enumerate(CASES):
+        params = tmp / f"params{i}.json"
+        params.write_text(json.dumps(_case_config(tiny_cfg, *case).to_dict()))
+        args.append((params, i))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     env.pop("WORLD_SIZE", None)
-    _run([sys.executable, str(WORKER), str(params), str(tmp_path / "one.pt")], env)
-    _run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(_free_port()),
-            str(WORKER),
-            str(params),
-            str(tmp_path / "two.pt"),
-        ],
-        env,
-    )
-    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    for world in ("one", "two"):
+        pairs = [str(x) for params, i in args for x in (params, tmp / f"{world}{i}.pt")]
+        launch = [sys.executable]
+        if world == "two":
+            launch += ["-m", "torch.distributed.run", "--nproc_per_node", "2"]
+            launch += ["--master_port", str(_free_port())]
+        _run([*launch, str(WORKER), *pairs], env)
+    return tmp
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "case", range(len(CASES)), ids=["zero2", "zero3", "zero3-kl", "zero2-ppo", "zero3-ppo"]
+)
+def test_two_ranks_equal_one(tiny_cfg, updates, case):
+    stage, kl, variant = CASES[case]
+    cfg = _case_config(tiny_cfg, stage, kl, variant)
+    one, two = torch.load(updates / f"one{case}.pt"), torch.load(updates / f"two{case}.pt")
     assert one["world"] == 1 and two["world"] == 2
     assert one["micro_batches"] >= 2 and two["micro_batches"] >= 2  # gradients accumulate
     assert one["stats"]["tokens"] == two["stats"]["tokens"] > 0
@@ -119,31 +128,42 @@ def _same_critic(one, two):
         torch.testing.assert_close(v, one["state"][k], rtol=1e-5, atol=1e-6)
 
 
+RESUME_CASES = [(2, None), (3, None), (3, "ppo")]
+
+
+@pytest.fixture(scope="module")
+def resumed_runs(tiny_cfg, tmp_path_factory):
+    """Every resume case on 2 ranks, in one launch (see resume_worker.py)."""
+    tmp = tmp_path_factory.mktemp("resume")
+    args = []
+    for i, (stage, variant) in enumerate(RESUME_CASES):
+        cfg = resolve(
+            tiny_cfg.to_dict(),
+            overrides=["train.steps=4", f"train.zero_stage={stage}", "train.checkpoint_every=0"],
+        )
+        cfg = apply_variant(cfg, variant) if variant else cfg
+        params = tmp / f"params{i}.json"
+        params.write_text(json.dumps(cfg.to_dict()))
+        # under ppo a reward the tiny model can earn from step 1: the critic learns
+        args += [str(params), str(tmp / f"case{i}"), "1" if variant == "ppo" else "0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("WORLD_SIZE", None)
+    worker = WORKER.with_name("resume_worker.py")
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    _run([*launch, "--master_port", str(_free_port()), str(worker), *args], env)
+    return tmp
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("stage", "variant"), [(2, None), (3, None), (3, "ppo")])
-def test_resumed_multi_rank_run_reproduces_the_uninterrupted_one(
-    tiny_cfg, tmp_path, stage, variant
-):
+@pytest.mark.parametrize("case", range(len(RESUME_CASES)), ids=["zero2", "zero3", "zero3-ppo"])
+def test_resumed_multi_rank_run_reproduces_the_uninterrupted_one(resumed_runs, case):
     """2 ranks: 4 steps straight, against 2 steps, a stop, and a resume from the checkpoint.
     Under ZeRO-3 the checkpoint's per-rank optimizer state carries the weight partitions (the
     critic's too, under ppo)."""
     from safetensors.torch import load_file
 
-    cfg = resolve(
-        tiny_cfg.to_dict(),
-        overrides=["train.steps=4", f"train.zero_stage={stage}", "train.checkpoint_every=0"],
-    )
-    cfg = apply_variant(cfg, variant) if variant else cfg
-    params = tmp_path / "params.json"
-    params.write_text(json.dumps(cfg.to_dict()))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    env.pop("WORLD_SIZE", None)
-    if variant == "ppo":  # a reward the tiny model can earn from step 1: the critic learns
-        env["PARITY_REWARD"] = "1"
-    worker = WORKER.with_name("resume_worker.py")
-    port = str(_free_port())
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    _run([*launch, "--master_port", port, str(worker), str(params), str(tmp_path)], env)
+    variant = RESUME_CASES[case][1]
+    tmp_path = resumed_runs / f"case{case}"
 
     def history(run):
         lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()

@@ -30,12 +30,14 @@ import math
 import re
 from dataclasses import dataclass
 from fractions import Fraction
-
-import sympy
+from typing import TYPE_CHECKING
 
 from dapo_core.answers import UNIT_MARKS
 from dapo_core.exact import MAX_CHARS
 from dapo_core.latex import MATH, SPACING_RE, evaluate
+
+if TYPE_CHECKING:  # sympy is imported where an irrational value needs it (~0.7 s)
+    import sympy
 
 __all__ = ["MAX_ANSWER_CHARS", "Integerized", "integerize"]
 
@@ -156,6 +158,8 @@ def _preprocess(text: str) -> str:
 
 
 def _is_square_free(n: int) -> bool:
+    import sympy
+
     return n > 1 and all(e == 1 for e in sympy.factorint(n).values())
 
 
@@ -173,6 +177,8 @@ def _pi_form(c: sympy.Rational) -> Integerized:
 
 def _radical_parts(value: sympy.Expr) -> tuple[Fraction, Fraction, int] | None:
     """value == a + b*sqrt(n) with rational a, b != 0 and integer n > 1, else None."""
+    import sympy
+
     terms = value.as_coefficients_dict()
     a, b, n = Fraction(0), None, None
     for key, coeff in terms.items():
@@ -220,6 +226,8 @@ def _classify(value: int | Fraction | sympy.Expr) -> Integerized | None:
         return Integerized(value=value, form="integer", instruction="")
     if type(value) is Fraction:
         return _fraction_form(value)
+    import sympy
+
     coeff, rest = value.as_coeff_Mul()
     if rest is sympy.pi and coeff.is_Rational and coeff != 0:
         return _pi_form(coeff)

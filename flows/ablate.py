@@ -57,7 +57,7 @@ from dapo_core.config import Config, ConfigError
 from dapo_core.config_loader import from_dict, resolve
 from dapo_core.errors import PipelineError, TrainingInterrupted
 from flows.cluster import UNFINISHED, sweep_queue
-from flows.pipeline import default_run_name, load_config, run_dir_for
+from flows.stages import default_run_name, load_config, run_dir_for
 from tasks.data.task import curate_task
 from tasks.evaluation.ablation import ablation_table, mechanism_table
 from tasks.evaluation.task import evaluate_task

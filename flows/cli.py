@@ -222,8 +222,7 @@ def train(
     """Train the policy with DAPO (or a Table 1 variant) on the configured data."""
     _orchestration_env()
     track = _resumed_tracking(resume) if track is None else track
-    from flows.pipeline import train_flow, train_on_ranks
-    from tasks.orchestration import call_flow
+    from flows.stages import train_on_ranks
     from tasks.training.distributed import env_world_size
 
     if resume is not None:  # the run's own config; the flow continues it
@@ -247,8 +246,8 @@ def train(
     # The one writer of the run directory, before Prefect or MLflow start: a second process
     # on a live run is refused in one line (the flow and the task hold it again, re-entrantly).
     with _run_dir_writer(target), _server(direct=True):
-        summary = call_flow(
-            train_flow,
+        summary = run_stage(
+            "train",
             **_flow_args(params, config, set_),
             variant=variant,
             run_dir=str(target.resolve()) if target else None,
@@ -322,14 +321,12 @@ def preflight(
     """Before training: sample the policy on a few training prompts and report whether DAPO has
     anything to learn from (mixed groups, parseable answers, truncation)."""
     _orchestration_env()
-    from flows.pipeline import preflight_flow
-    from tasks.orchestration import call_flow
     from tasks.training.preflight import describe
 
     _load(params, config, set_)
     with _server(direct=True):
         args = _flow_args(params, config, set_)
-        result = call_flow(preflight_flow, **args, prompts=prompts, strict=strict)
+        result = run_stage("preflight", **args, prompts=prompts, strict=strict)
     console.print(describe(result))
     for row in result.samples[:3]:
         console.print(f"  answer {row['answer']}: {row['response'][-120:]!r}")
@@ -631,13 +628,10 @@ def evaluate(
     _orchestration_env()
     from rich.table import Table
 
-    from flows.pipeline import evaluate_flow
-    from tasks.orchestration import call_flow
-
     cfg = _load(params, config, set_)
     with _server(direct=True):
         args = _flow_args(params, config, set_)
-        result = call_flow(evaluate_flow, **args, model=model, eval_set=eval_set, track=track)
+        result = run_stage("evaluate", **args, model=model, eval_set=eval_set, track=track)
     name = result.eval_set
     run_note = f"; MLflow run {result.mlflow_run_id}" if result.mlflow_run_id else ""
     table = Table(
@@ -786,12 +780,28 @@ def _server(direct: bool = False):
     Ctrl-C or a scheduler's SIGTERM to the command's process group cannot stop it before the
     flow has recorded its end (``flows.server``); a configured server is used as it is. With
     ``direct`` (train, evaluate, preflight: one stage each) and no server configured or
-    running, none is started: the flow runs as a plain function (``call_flow``), seconds
+    running, none is started: the flow runs as a plain function (``run_stage``), seconds
     sooner; ``dapo server start`` has later commands recorded in Prefect."""
     from flows.server import command_server
 
     _working()
     return command_server(Path(os.environ["PREFECT_HOME"]) / "logs", direct=direct)
+
+
+def run_stage(name: str, **kwargs: Any) -> Any:
+    """The flow ``name`` (train, preflight, evaluate). Without a Prefect server (``_server(direct=
+    True)`` chose none) its function in ``flows.stages`` is called here, and Prefect is never
+    imported (~2 s of every such command); otherwise it runs as a Prefect flow of
+    ``flows.pipeline``. Either way an interrupt raises TrainingInterrupted."""
+    from tasks.orchestration import call_flow, cancelled_when_interrupted, running_directly
+
+    if running_directly():
+        from flows import stages
+
+        return cancelled_when_interrupted(getattr(stages, name))(**kwargs)
+    from flows import pipeline
+
+    return call_flow(getattr(pipeline, f"{name}_flow"), **kwargs)
 
 
 def _flow_args(params: Path | None, config: list[Path] | None, set_: list[str] | None) -> dict:

@@ -41,7 +41,7 @@ from dapo_core.config import Config, ConfigError
 from dapo_core.config_loader import resolve
 from dapo_core.errors import TrainingInterrupted
 from flows.ablate import children_view
-from flows.pipeline import default_run_name, load_config, run_dir_for
+from flows.stages import default_run_name, load_config, run_dir_for
 from tasks.data.task import curate_task
 from tasks.evaluation.comparison import (
     DPO_KEYS,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import pandas as pd
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -47,7 +46,7 @@ def report_ablation(table: Any, out: Console | None = None) -> None:
     out = out or Console()
     baseline = table.attrs.get("baseline")
     rows = table.to_dict("records")
-    no_ci = [pd.isna(r["delta_ci_low"]) for r in rows if pd.notna(r["delta"])]
+    no_ci = [_missing(r["delta_ci_low"]) for r in rows if not _missing(r["delta"])]
     view = Table(
         title="Ablation (DAPO Table 1 order)" if baseline is None else "Ablation",
         box=box.SIMPLE_HEAD,
@@ -63,7 +62,7 @@ def report_ablation(table: Any, out: Console | None = None) -> None:
     ):
         view.add_column(col, no_wrap=True)
     view.add_column("min", justify="right", no_wrap=True)
-    paper = any(pd.notna(r["paper_aime24"]) for r in rows)  # Table 1's rungs only
+    paper = any(not _missing(r["paper_aime24"]) for r in rows)  # Table 1's rungs only
     if paper:
         view.add_column("paper", justify="right", no_wrap=True)
     for r in rows:
@@ -79,7 +78,7 @@ def report_ablation(table: Any, out: Console | None = None) -> None:
             *cells,
             *(
                 [f"{r['paper_aime24']:.0f}"]
-                if pd.notna(r["paper_aime24"])
+                if not _missing(r["paper_aime24"])
                 else [""]
                 if paper
                 else []
@@ -95,7 +94,7 @@ def report_ablation(table: Any, out: Console | None = None) -> None:
 
 def _mechanism_view(mechanisms: Any) -> Table:
     rows = mechanisms.to_dict("records")
-    no_ci = [pd.isna(r["ci_low"]) for r in rows if r["as_paper"] != "not probed"]
+    no_ci = [_missing(r["ci_low"]) for r in rows if r["as_paper"] != "not probed"]
     view = Table(
         title="Each switch's own signal, against the rung before",
         box=box.SIMPLE_HEAD,
@@ -127,19 +126,24 @@ def _caption(no_ci: list[bool], what: str) -> str:
     return said + (f"; {what} without a CI need 2+ seeds" if any(no_ci) else "")
 
 
+def _missing(value: Any) -> bool:
+    """A table cell with no number: None, or NaN (pandas' missing float)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def _decimals(width: float) -> int:
     """Decimals a value deserves: down to the first significant digit of its CI's width, and
     at least two (a CI 0.1 wide still reads +0.02 [-0.03, +0.07], not +0.0 [-0.0, +0.1])."""
-    if not width or pd.isna(width) or width <= 0:
+    if not width or _missing(width) or width <= 0:
         return 3
     return int(min(4, max(2, -math.floor(math.log10(width)))))
 
 
 def _change(delta: float, low: float, high: float, distinguishable: bool) -> str:
     """``+0.02 [-0.01, +0.05] ~0``: a paired difference to its CI's precision."""
-    if pd.isna(delta):
+    if _missing(delta):
         return ""
-    if pd.isna(low):
+    if _missing(low):
         return f"{delta:+.3g}"
     if max(abs(low), abs(high)) < 1e-3:  # the entropy probe's scale: one significant digit
         return f"{delta:+.0e} [{low:+.0e}, {high:+.0e}]" + ("" if distinguishable else " ~0")

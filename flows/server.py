@@ -15,6 +15,7 @@ server is configured (``PREFECT_API_URL``), it starts nothing: the runs appear t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -87,10 +88,38 @@ def api_server_command(port: int) -> list[str]:
 
 
 def configured_api_url() -> str | None:
-    """The Prefect API the user configured (setting or environment), or None."""
+    """The Prefect API the user configured (setting or environment), or None. Prefect's
+    settings are read (importing Prefect, ~2 s) only where a source of them could name one."""
+    if os.environ.get("PREFECT_API_URL"):
+        return os.environ["PREFECT_API_URL"]
+    if not _prefect_settings_may_be_configured():
+        return None
     from prefect.settings import PREFECT_API_URL
 
-    return PREFECT_API_URL.value() or os.environ.get("PREFECT_API_URL") or None
+    return PREFECT_API_URL.value() or None
+
+
+def _prefect_settings_may_be_configured() -> bool:
+    """Whether any source Prefect 3 reads its settings from exists besides the environment: a
+    ``.env``, ``prefect.toml`` or ``pyproject.toml`` with ``[tool.prefect]`` in the working
+    directory, or a profiles file (``PREFECT_PROFILES_PATH``, else ``$PREFECT_HOME`` or
+    ``~/.prefect``). Where none does, the API URL is unset."""
+    cwd = Path.cwd()
+    if (cwd / ".env").exists() or (cwd / "prefect.toml").exists():
+        return True
+    with contextlib.suppress(OSError):
+        if "tool.prefect" in (cwd / "pyproject.toml").read_text():
+            return True
+    homes = [
+        Path(os.environ.get("PREFECT_HOME", "~/.prefect")).expanduser(),
+        Path.home() / ".prefect",
+    ]
+    profiles = (
+        [Path(os.environ["PREFECT_PROFILES_PATH"])]
+        if "PREFECT_PROFILES_PATH" in os.environ
+        else [h / "profiles.toml" for h in homes]
+    )
+    return any(p.exists() for p in profiles) or "PREFECT_PROFILE" in os.environ
 
 
 def _record(prefect_home: Path) -> Path:
@@ -197,10 +226,10 @@ def command_server(log_dir: Path, direct: bool = False) -> Iterator[str | None]:
     if configured_api_url():
         yield None
         return
-    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
-
     running = running_server(log_dir.parent)
     if running:
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
         with temporary_settings(updates={PREFECT_API_URL: running}):
             try:
                 yield running
@@ -211,6 +240,8 @@ def command_server(log_dir: Path, direct: bool = False) -> Iterator[str | None]:
         with without_prefect():
             yield None
         return
+
+    from prefect.settings import get_current_settings
 
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / "prefect-server.log"

@@ -8,7 +8,9 @@ Without a Prefect server (none configured, none running: :func:`without_prefect`
 command runs its flow's function and its stages' functions directly (:func:`call_flow`,
 :class:`StageTask`), with the same retry policy and the same interrupt handling: Prefect would
 otherwise start a temporary server for the command, seconds of start-up for a record of flow
-runs in a database no UI shows, gone from view once the server stops.
+runs in a database no UI shows, gone from view once the server stops. This module imports
+Prefect only where a task or flow runs under it (importing Prefect takes ~2 s: a direct command
+never pays it).
 """
 
 from __future__ import annotations
@@ -26,18 +28,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
-from prefect.exceptions import TerminationSignal
-from prefect.states import Cancelled, State
-
 from dapo_core.config import ConfigError
 from dapo_core.errors import PipelineError, TrainingInterrupted
 
 USER_ERRORS = (ConfigError, PipelineError, FileNotFoundError, FileExistsError)
-INTERRUPTS = (KeyboardInterrupt, TerminationSignal)
-"""Ctrl-C, and SIGTERM as Prefect raises it inside a flow run."""
 F = TypeVar("F")
+
+
+def interrupts() -> tuple[type[BaseException], ...]:
+    """Ctrl-C, and SIGTERM as Prefect raises it inside a flow run (``except interrupts():``).
+    Only Prefect raises its TerminationSignal, so where Prefect was never imported there is
+    none to catch, and none is imported for it."""
+    prefect_exceptions = sys.modules.get("prefect.exceptions")
+    if prefect_exceptions is None:
+        return (KeyboardInterrupt,)
+    return (KeyboardInterrupt, prefect_exceptions.TerminationSignal)
 
 
 def retry_unless_user_error(task: Any, task_run: Any, state: Any) -> bool:
@@ -67,6 +72,10 @@ def quiet_user_error_tracebacks() -> None:
 
 def run_logger() -> Any:
     """The Prefect run logger inside a flow or task; a plain logger when called outside one."""
+    if _direct.get() or "prefect" not in sys.modules:  # no Prefect run can be active
+        return logging.getLogger("dapo")
+    from prefect import get_run_logger
+
     try:
         return get_run_logger()
     except Exception:  # noqa: BLE001 - no Prefect run context
@@ -79,16 +88,8 @@ def stage_task(name: str, retries: int, retry_delay_seconds: float) -> Any:
     no result persisted (results are in the run directory and MLflow)."""
 
     def decorate(fn: Any) -> StageTask:
-        return StageTask(
-            task(
-                name=name,
-                retries=retries,
-                retry_delay_seconds=retry_delay_seconds,
-                retry_condition_fn=retry_unless_user_error,
-                cache_policy=NO_CACHE,
-                persist_result=False,
-            )(fn)
-        )
+        options = {"name": name, "retries": retries, "retry_delay_seconds": retry_delay_seconds}
+        return StageTask(fn, options)
 
     return decorate
 
@@ -110,44 +111,57 @@ def without_prefect() -> Iterator[None]:
 class StageTask:
     """A stage's Prefect task. Under :func:`without_prefect` calling it runs its function
     directly, retried as Prefect would (``retries`` times after ``retry_delay_seconds``, unless
-    the error is the user's); otherwise Prefect runs it as a task run."""
+    the error is the user's); otherwise Prefect runs it as a task run (the Prefect task is built,
+    and Prefect imported, on the first such call)."""
 
-    def __init__(self, prefect_task: Any):
-        self.task = prefect_task
-        self.fn = prefect_task.fn
-        self.name = prefect_task.name
-        functools.update_wrapper(self, prefect_task.fn)
+    def __init__(self, fn: Any, options: dict[str, Any]):
+        self.fn = fn
+        self.name = options["name"]
+        self.options = options
+        functools.update_wrapper(self, fn)
+
+    @functools.cached_property
+    def task(self) -> Any:
+        from prefect import task
+        from prefect.cache_policies import NO_CACHE
+
+        return task(
+            retry_condition_fn=retry_unless_user_error,
+            cache_policy=NO_CACHE,
+            persist_result=False,
+            **self.options,
+        )(self.fn)
 
     def with_options(self, **options: Any) -> StageTask:
-        return StageTask(self.task.with_options(**options))
+        return StageTask(self.fn, {**self.options, **options})
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not _direct.get():
             return self.task(*args, **kwargs)
-        for attempt in range(self.task.retries + 1):
+        retries = self.options["retries"]
+        for attempt in range(retries + 1):
             try:
                 return self.fn(*args, **kwargs)
             except USER_ERRORS:
                 raise
             except Exception as e:
-                if attempt == self.task.retries:
+                if attempt == retries:
                     raise
-                delay = self.task.retry_delay_seconds or 0
+                delay = self.options["retry_delay_seconds"] or 0
                 run_logger().warning("%s failed (%s); retrying in %s s", self.name, e, delay)
                 time.sleep(float(delay[0] if isinstance(delay, list) else delay))
         raise AssertionError("unreachable")  # pragma: no cover
 
 
+def running_directly() -> bool:
+    """Inside :func:`without_prefect`: flows and stages run as plain functions."""
+    return _direct.get()
+
+
 def call_flow(flow: Any, **kwargs: Any) -> Any:
-    """Call a flow: as Prefect runs it, or under :func:`without_prefect` its function directly,
-    raising what Prefect would raise for a final state that is an exception (an interrupted
-    run's TrainingInterrupted, from :func:`cancelled_when_interrupted`)."""
-    if not _direct.get():
-        return flow(**kwargs)
-    out = flow.fn(**kwargs)
-    if isinstance(out, State):
-        raise out.data if isinstance(out.data, BaseException) else PipelineError(str(out.message))
-    return out
+    """Call a Prefect flow: as Prefect runs it, or under :func:`without_prefect` its function
+    directly (an interrupted run raises TrainingInterrupted either way)."""
+    return flow.fn(**kwargs) if _direct.get() else flow(**kwargs)
 
 
 CLEANUP_DEADLINE_S = 45.0
@@ -242,19 +256,24 @@ def cancelled_when_interrupted(fn: F) -> F:
     """For a flow's function (under ``@flow``): an interrupt, or a task it stopped, ends the flow
     run CANCELLED (not FAILED or CRASHED) with the line that says where the run stopped and how to
     go on; calling the flow raises that as TrainingInterrupted (Prefect raises the data of a
-    final state that is an exception), which the command prints as its last line."""
+    final state that is an exception), which the command prints as its last line. Run directly
+    (:func:`without_prefect`), the function raises that TrainingInterrupted itself."""
 
     @functools.wraps(fn)  # type: ignore[arg-type]
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             with watched_signals():  # Prefect installed its SIGTERM handler for the flow run
                 return fn(*args, **kwargs)  # type: ignore[operator]
-        except (*INTERRUPTS, TrainingInterrupted) as e:
+        except (*interrupts(), TrainingInterrupted) as e:
             message = (
                 str(e)
                 if isinstance(e, TrainingInterrupted)
                 else "stopped by a signal; run the same command to start again"
             )
+            if _direct.get():
+                raise TrainingInterrupted(message) from None
+            from prefect.states import Cancelled
+
             return Cancelled(message=message, data=TrainingInterrupted(message))
 
     return wrapper  # type: ignore[return-value]

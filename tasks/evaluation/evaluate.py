@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 from rich.progress import Progress
 
 from dapo_core import metric_names as metric
@@ -32,6 +32,9 @@ from dapo_core.metrics import avg_at_k, bootstrap_ci, majority_vote, mean_pass_a
 from dapo_core.problem import Problem
 from dapo_core.reward import answer_key, equivalence_name, score
 from tasks.rollout.generators import Generator, sample_problems
+
+if TYPE_CHECKING:  # imported where a table is built: a training run loads it at its first eval
+    import pandas as pd
 
 
 @dataclass
@@ -140,6 +143,8 @@ def summarize(
             metrics[f"eval/pass_at_{k}"] = mean_pass_at_k(correct, k)
     length_arr = np.array(lengths).reshape(len(problems), n)
     finished_arr = np.array(finished).reshape(len(problems), n)
+    import pandas as pd
+
     per_problem = pd.DataFrame(
         {
             "problem_id": [p.id for p in problems],

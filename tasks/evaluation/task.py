@@ -16,7 +16,7 @@ from dapo_core.config import Config
 from dapo_core.errors import TrainingInterrupted
 from tasks.data.version import pairs_digest
 from tasks.evaluation.evaluate import evaluate_model
-from tasks.orchestration import INTERRUPTS, deferred_signals, run_logger, stage_task
+from tasks.orchestration import deferred_signals, interrupts, run_logger, stage_task
 from tasks.rundir import RunDir
 from tasks.tracking.provenance import run_tags
 from tasks.tracking.tracker import Tracker
@@ -63,7 +63,7 @@ def evaluate_task(
         with tracker:
             args = (model_path, step, run_dir, artifact_dir, extra_tags)
             _log_evaluation(tracker, cfg, name, result, wall, *args)
-    except INTERRUPTS:
+    except interrupts():
         stopped = _stopped(tracker, run_id if track else None)
         raise TrainingInterrupted(stopped) from None
     m = result.metrics

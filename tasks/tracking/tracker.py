@@ -220,11 +220,11 @@ class Tracker:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        from prefect.exceptions import TerminationSignal
+        from tasks.orchestration import interrupts
 
         if exc_type is None:
             self.end("FINISHED")
-        elif issubclass(exc_type, (KeyboardInterrupt, TerminationSignal)):
+        elif issubclass(exc_type, interrupts()):
             self.end("KILLED")  # stopped on purpose (Ctrl-C, SIGTERM), not a failure
         else:
             self.end("FAILED")

@@ -12,8 +12,6 @@ import dataclasses
 import time
 from typing import Any
 
-from prefect.exceptions import TerminationSignal
-
 from dapo_core import metric_names as metric
 from dapo_core.config import Config
 from dapo_core.errors import TrainingInterrupted
@@ -22,7 +20,7 @@ from tasks.data.version import problems_digest
 from tasks.evaluation.evaluate import evaluate_policy
 from tasks.models.build import model_dir_digest
 from tasks.models.resolve import resolve_model_path
-from tasks.orchestration import deferred_signals, run_logger, stage_task
+from tasks.orchestration import deferred_signals, interrupts, run_logger, stage_task
 from tasks.rundir import RunDir
 from tasks.runtime import configure_torch
 from tasks.tracking.provenance import run_tags
@@ -200,7 +198,7 @@ def _train(
                 "train.wall_s": f"{result.wall_time_s:.2f}",
             }
         )
-    except (KeyboardInterrupt, TerminationSignal):
+    except interrupts():
         with deferred_signals():  # the repeated signal of a terminal or a worker waits
             tracker.end("KILLED")
         raise TrainingInterrupted(

@@ -105,3 +105,32 @@ def test_interrupted_training_says_how_to_continue_and_ends_the_run_killed(
     from tasks.tracking.store import read_run
 
     assert read_run(run_id, flows_env)["status"] == "KILLED"
+
+
+def test_without_a_prefect_server_train_never_imports_prefect(flow_params, tmp_path):
+    """No Prefect server configured or running: `dapo train` runs its flow's function and leaves
+    Prefect unimported (~2 s of every such command)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "from flows.cli import app\n"
+        "try:\n"
+        f"    app(['train', '--params', {flow_params!r}, '--run-dir', {str(tmp_path / 'run')!r},"
+        " '-S', 'train.steps=1', '--no-track'])\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "print(__import__('json').dumps(sorted(m for m in ('prefect', 'torch')"
+        " if m in sys.modules)))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PYTHONPATH=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == ["torch"]  # it trained, on torch alone
+    assert (tmp_path / "run" / "final" / "model.safetensors").exists()

@@ -232,7 +232,8 @@ def prepare_eval_sets(
         except (FileNotFoundError, SourceUnavailable) as e:
             if name in required:
                 raise
-            manifest[name] = {"spec": spec, "status": "unavailable", "reason": str(e)}
+            reason = getattr(e, "reason", str(e))  # not the error met: the same on every run
+            manifest[name] = {"spec": spec, "status": "unavailable", "reason": reason}
             console.print(
                 f"[yellow]warning:[/] eval set {name} not prepared ({_headline(e)}); how to "
                 f"prepare it: {eval_dir / MANIFEST}"
@@ -284,10 +285,12 @@ def eval_sets_for_decontamination(
 
 
 def _headline(error: Exception) -> str:
-    """The first sentence of an error, for a one-line warning (the whole text is recorded)."""
-    text = str(error)
+    """The first sentence of an error and the error met, for a one-line warning (the whole
+    advice is recorded)."""
+    text = getattr(error, "reason", str(error))
     cut = min((i for i in (text.find(". "), text.find(" (")) if i > 0), default=len(text))
-    return text[:cut]
+    detail = getattr(error, "detail", "")
+    return text[:cut] + (f": {detail}" if detail else "")
 
 
 # ---------------------------------------------------------------------------------------------

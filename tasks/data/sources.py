@@ -47,7 +47,13 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 class SourceUnavailable(PipelineError):
-    """A source that cannot be read here (offline hub id, missing file); says what to do."""
+    """A source that cannot be read here (offline hub id, missing file); says what to do.
+    ``reason`` is that advice alone; the message adds ``detail``, the error met here (which
+    varies with the network: the eval sets' manifest, a DVC output, records the reason only)."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason} [{detail}]" if detail else reason)
+        self.reason, self.detail = reason, detail
 
 
 def synthetic_problems(cfg: Config, task: str | None = None) -> tuple[list[Problem], list[Problem]]:
@@ -117,9 +123,10 @@ def download_hub_dataset(repo_id: str, alternative: str) -> Path:
         first = (str(e).strip().splitlines() or [""])[0]
         first = first if len(first) <= 300 else first[:300] + "..."
         raise SourceUnavailable(
-            f"could not download the dataset {repo_id!r} from the Hugging Face Hub "
-            f"({type(e).__name__}: {first}) Offline? Fetch it where there is network "
-            f"(`hf download {repo_id} --repo-type dataset --local-dir DIR`); {alternative}"
+            f"could not download the dataset {repo_id!r} from the Hugging Face Hub. Offline? "
+            f"Fetch it where there is network (`hf download {repo_id} --repo-type dataset "
+            f"--local-dir DIR`); {alternative}",
+            f"{type(e).__name__}: {first}",
         ) from None
 
 

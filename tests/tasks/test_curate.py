@@ -454,6 +454,30 @@ def test_dvc_yaml_stages_match_params_and_code():
     assert "data/eval" in stages["curate"]["deps"]
 
 
+def test_dvc_lock_records_the_code_the_stages_run():
+    """dvc.lock is committed with the hashes of the code each stage ran: stale, a fresh clone's
+    `make demo` (`dvc repro`) reruns the stages and leaves dvc.lock modified. After changing a
+    stage's code: `.venv/bin/dvc repro` (or `dvc commit`), and commit dvc.lock with it. Outputs
+    a clone has not built yet (data/) do not count."""
+    out = subprocess.run(
+        [sys.executable, "-m", "dvc", "status", "--json"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DVC_NO_ANALYTICS": "1"},
+    )
+    assert out.returncode == 0, out.stderr
+    stale = {
+        (stage, path)
+        for stage, entries in json.loads(out.stdout or "{}").items()
+        for entry in entries
+        if isinstance(entry, dict)
+        for path, change in entry.get("changed deps", {}).items()
+        if not path.startswith("data/")
+    }
+    assert not stale, f"dvc.lock is out of date for {sorted(stale)}: run `.venv/bin/dvc repro`"
+
+
 def test_data_version(tmp_path):
     assert data_version(tmp_path / "dvc.lock") == "none"
     (tmp_path / "dvc.lock").write_text(

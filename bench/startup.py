@@ -47,10 +47,10 @@ def dapo(args: list[str], env: dict[str, str], root: Path = ROOT, **kw) -> subpr
 
 
 def trial(
-    scratch: Path, env: dict[str, str], track: bool, n: int, root: Path = ROOT
+    scratch: Path, env: dict[str, str], track: bool, n: int, root: Path = ROOT, label: str = ""
 ) -> tuple[float, float]:
     """(first step, exit) in seconds for one ``dapo train`` of the checkout at ``root``."""
-    run_dir = scratch / f"run{n}"
+    run_dir = scratch / f"run{label.strip()}{n}"
     args = ["train", "--run-dir", str(run_dir), "-S", "train.steps=2"]
     args += [] if track else ["--no-track"]
     metrics = run_dir / "metrics.jsonl"
@@ -107,20 +107,24 @@ def main(argv: list[str] | None = None) -> None:
                 )
             try:
                 for track in (True, False):
-                    for label, root in sides:
-                        runs = [trial(scratch, env, track, n, root) for n in range(args.trials)]
-                        firsts = [f for f, _ in runs]
+                    # trial for trial, ours then the baseline's: a slow spell hits both sides
+                    runs = {label: [] for label, _ in sides}
+                    for n in range(args.trials):
+                        for label, root in sides:
+                            runs[label].append(trial(scratch, env, track, n, root, label))
+                    for label, _ in sides:
+                        firsts = [f for f, _ in runs[label]]
                         name = f"{label}{setting}{'' if track else ' --no-track'}"
                         print(
                             f"{name:<34}{statistics.median(firsts):>11.2f}s"
-                            f"{statistics.median(e for _, e in runs):>15.2f}s  "
+                            f"{statistics.median(e for _, e in runs[label]):>15.2f}s  "
                             + " ".join(f"{f:.1f}" for f in firsts),
                             flush=True,
                         )
                         kept = scratch / name.replace(" ", "")  # next trials' directories are new
                         kept.mkdir()
                         for n in range(args.trials):
-                            os.rename(scratch / f"run{n}", kept / str(n))
+                            os.rename(scratch / f"run{label.strip()}{n}", kept / str(n))
             finally:
                 if setting == "server":
                     subprocess.run(

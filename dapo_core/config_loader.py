@@ -415,7 +415,8 @@ def _check_values(cfg: Config, source: str, where: typing.Callable[[str], str]) 
     need(t.zero_stage in (1, 2, 3), "train.zero_stage must be 1, 2 or 3")
     need(
         t.rollout_ranks <= 1,
-        "train.rollout_ranks must be 0 or 1: one rollout process on the trainer's machine",
+        "train.rollout_ranks must be 0 or 1: one rollout process beside the trainer (under a "
+        "launcher: the world's last rank)",
     )
     need(
         t.rollout_ranks == 0 or r.backend == "hf",

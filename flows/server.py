@@ -241,7 +241,7 @@ def command_server(log_dir: Path, direct: bool = False) -> Iterator[str | None]:
             yield None
         return
 
-    from prefect.settings import get_current_settings
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / "prefect-server.log"

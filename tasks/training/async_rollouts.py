@@ -18,12 +18,20 @@ them: a resumed run continues exactly as the uninterrupted one.
 The rollout process is this module's ``_serve``: it loads the policy the trainer loaded, with the
 same drop-in kernels (``tasks.training.kernels``), and builds the same sampler. It ends on a stop
 message, when the trainer's process is gone, or on Ctrl-C (quietly: the trainer reports).
+
+Under a launcher (torchrun, deepspeed: several ranks, on one machine or many) the rollout side is
+the world's last rank instead (:func:`serve_rollout_rank`): the same requests, batches and
+weights travel by torch.distributed point-to-point messages (gloo on CPU, NCCL on GPU), the
+weights after each update sent from the trainer's s + 1 send buffers without waiting for the
+rollout rank to receive them (``_RankLink``). The protocol is the same for both links, so a run
+is the same run on either.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import pickle
 import queue
 import time
@@ -32,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dapo_core.config import Config
@@ -42,6 +51,7 @@ from tasks.models.loading import load_policy
 from tasks.rollout.factory import make_generator
 from tasks.runtime import configure_torch, seed_everything
 from tasks.training.batches import Group
+from tasks.training.distributed import env_world_size
 from tasks.training.kernels import install_rms_norm, use_cpu_sdpa
 from tasks.training.records import RolloutLog
 from tasks.training.rollouts import make_collector
@@ -81,7 +91,7 @@ def version_for(index: int, staleness: int, start: int) -> int:
 
 class AsyncRollouts:
     """The trainer's side: ``collect(policy, step)`` returns batch ``step`` (waiting for it if
-    the rollout process is behind), ``publish(policy, version)`` sends the weights after a step.
+    the rollout side is behind), ``publish(policy, version)`` sends the weights after a step.
     ``state_dict`` / ``load_state_dict`` hold the in-flight batches (exact resume)."""
 
     def __init__(self, spec: RolloutSpec, state: dict):
@@ -91,14 +101,14 @@ class AsyncRollouts:
         self.ready: dict[int, Batch] = {}  # received (or restored), not yet trained on
         self.requested = 0  # batches below this one were asked for (or restored)
         self.consumed = 0  # batches below this one were trained on
-        self.start = 0  # the first version the rollout process samples from
-        self.proc = None
+        self.start = 0  # the first version the rollout side samples from
+        self.link: _LocalLink | _RankLink | None = None
 
     # -- the trainer's calls ---------------------------------------------------------------------
 
     def collect(self, policy, step: int) -> tuple[Batch, float]:
         """Batch ``step`` and the seconds the trainer waited for it."""
-        if self.proc is None:
+        if self.link is None:
             self._launch(policy, step)
         t0 = time.perf_counter()
         while step not in self.ready:
@@ -108,18 +118,18 @@ class AsyncRollouts:
         return batch, time.perf_counter() - t0
 
     def publish(self, policy, version: int) -> None:
-        """The weights after ``version`` steps into their slot, and the batch that waits for
-        them asked for (none past ``train.steps``)."""
-        if self.proc is None:
+        """The weights after ``version`` steps sent, and the batch that waits for them asked
+        for (none past ``train.steps``)."""
+        if self.link is None:
             return
-        self._write(policy, version)
+        self.link.write(policy, version)
         self._request_through(version + self.s)
 
     def state_dict(self) -> dict:
         """The rollout side's state after the last batch received, and every batch received but
         not trained on; waits for the ones asked for (they were sampled from versions that no
         checkpoint keeps)."""
-        if self.proc is not None:
+        if self.link is not None:
             while any(i not in self.ready for i in range(self.consumed, self.requested)):
                 self._receive()
         return {**self.state, "in_flight": sorted(self.ready.values(), key=lambda b: b.index)}
@@ -129,76 +139,165 @@ class AsyncRollouts:
         self.ready = {b.index: b for b in state.get("in_flight", [])}
 
     def close(self) -> None:
-        """Stop the rollout process (within seconds; killed if it does not answer)."""
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        with contextlib.suppress(Exception):
-            self.requests.put(("stop",))
-        proc.join(timeout=5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout=5)
+        """Stop the rollout side (within seconds; a rollout process that does not answer is
+        killed)."""
+        link, self.link = self.link, None
+        if link is not None:
+            link.close()
 
-    # -- the rollout process -------------------------------------------------------------------
+    # -- the rollout side ----------------------------------------------------------------------
 
     def _launch(self, policy, step: int) -> None:
-        """Start the rollout process at training step ``step``: restored batches are trained on
+        """Start the rollout side at training step ``step``: restored batches are trained on
         first; new ones are sampled from this step's weights onwards."""
-        ctx = mp.get_context("spawn")
-        self.slots = _slots(policy, self.s + 1)
-        self.requests, self.results = ctx.Queue(), ctx.Queue()
         self.start = self.consumed = step
         self.requested = max([b.index + 1 for b in self.ready.values()], default=step)
-        self.proc = ctx.Process(
-            target=_serve,
-            args=(self.spec, self.slots, self.requests, self.results),
-            name="dapo-rollout",
-            daemon=True,
-        )
-        try:
-            self.proc.start()
-        except (pickle.PicklingError, AttributeError, TypeError) as e:
-            self.proc = None
-            raise PipelineError(
-                f"the rollout process cannot be given its reward function or config ({e}): "
-                "pass a module-level function, or set train.rollout_ranks=0"
-            ) from None
-        self.requests.put(("state", self.state))
-        self._write(policy, step)
+        ranked = env_world_size() > 1  # under a launcher: the world's last rank samples
+        self.link = (_RankLink if ranked else _LocalLink)(self.spec, policy, self.s + 1)
+        self.link.send(("state", self.state))
+        self.link.write(policy, step)
         self._request_through(step + self.s)
-
-    def _write(self, policy, version: int) -> None:
-        slot = self.slots[version % (self.s + 1)]
-        with torch.no_grad():
-            for name, t in policy.state_dict().items():
-                slot["weights"][name].copy_(t)
-        slot["version"].fill_(version)
 
     def _request_through(self, last: int) -> None:
         for index in range(self.requested, min(last, self.cfg.train.steps - 1) + 1):
             version = version_for(index, self.s, self.start)
-            self.requests.put(("batch", index, version))
+            self.link.send(("batch", index, version))
             self.requested = index + 1
 
     def _receive(self) -> None:
-        """One message from the rollout process; its error as this process's."""
-        while True:
-            try:
-                msg = self.results.get(timeout=POLL_S)
-                break
-            except queue.Empty:
-                if not self.proc.is_alive():
-                    raise PipelineError(
-                        f"the rollout process ended (exit code {self.proc.exitcode}) without "
-                        "sending its batch: see its message above, or set train.rollout_ranks=0"
-                    ) from None
+        """One batch from the rollout side; its error as this process's."""
+        msg = self.link.receive()
         if msg[0] == "error":
             self.close()
             raise msg[1] if isinstance(msg[1], Exception) else PipelineError(msg[1])
         batch = _unpacked(msg[1])
         self.ready[batch.index] = batch
         self.state = batch.state
+
+
+class _LocalLink:
+    """The trainer's end of a rollout process on this machine: weights through ``n`` slots in
+    shared memory, messages through queues."""
+
+    def __init__(self, spec: RolloutSpec, policy, n: int):
+        ctx = mp.get_context("spawn")
+        self.slots = _slots(policy, n)
+        self.requests, self.results = ctx.Queue(), ctx.Queue()
+        self.proc = ctx.Process(
+            target=_serve,
+            args=(spec, self.slots, self.requests, self.results),
+            name="dapo-rollout",
+            daemon=True,
+        )
+        try:
+            self.proc.start()
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
+            raise PipelineError(
+                f"the rollout process cannot be given its reward function or config ({e}): "
+                "pass a module-level function, or set train.rollout_ranks=0"
+            ) from None
+
+    def send(self, msg: tuple) -> None:
+        self.requests.put(msg)
+
+    def write(self, policy, version: int) -> None:
+        slot = self.slots[version % len(self.slots)]
+        with torch.no_grad():
+            for name, t in policy.state_dict().items():
+                slot["weights"][name].copy_(t)
+        slot["version"].fill_(version)
+
+    def receive(self) -> tuple:
+        while True:
+            try:
+                return self.results.get(timeout=POLL_S)
+            except queue.Empty:
+                if not self.proc.is_alive():
+                    raise PipelineError(
+                        f"the rollout process ended (exit code {self.proc.exitcode}) without "
+                        "sending its batch: see its message above, or set train.rollout_ranks=0"
+                    ) from None
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.requests.put(("stop",))
+        self.proc.join(timeout=5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(timeout=5)
+
+
+class _RankLink:
+    """The trainer's end of the rollout rank (the world's last rank) under a launcher: messages
+    and weights by torch.distributed point-to-point sends. The weights after a step are copied
+    into one of ``n`` send buffers and sent without waiting (the trainer goes on updating); a
+    buffer is reused only once its previous sends completed, which the rollout rank's receiving
+    the version s + 1 steps older guarantees soon after."""
+
+    def __init__(self, spec: RolloutSpec, policy, n: int):
+        self.peer, self.device = dist.get_world_size() - 1, spec.device
+        self.buffers = [
+            {k: v.detach().clone() for k, v in policy.state_dict().items()} for _ in range(n)
+        ]
+        self.sending: list[list] = [[] for _ in range(n)]  # each buffer's sends in flight
+        self.messages: list = []  # object sends in flight, with the tensors they read
+        spec = dataclasses.replace(spec, is_correct=_checked_reward(spec.is_correct))
+        self.send(("spec", spec))
+
+    def send(self, msg: tuple) -> None:
+        self.messages = [m for m in self.messages if not m[0].is_completed()]
+        self.messages += _isend_object(msg, self.peer, self.device)
+
+    def write(self, policy, version: int) -> None:
+        i = version % len(self.buffers)
+        for work in self.sending[i]:
+            work.wait()
+        with torch.no_grad():
+            for name, t in policy.state_dict().items():
+                self.buffers[i][name].copy_(t)
+        self.send(("weights", version))
+        self.sending[i] = [dist.isend(t, self.peer) for t in self.buffers[i].values()]
+
+    def receive(self) -> tuple:
+        return _recv_object(self.peer, self.device)
+
+    def close(self) -> None:
+        """Tell the rollout rank to stop, and wait until it has the message: a send not yet
+        received when this process moves on is lost. Where the rollout rank is gone already
+        (Ctrl-C, an error) the wait fails at once, and the launcher ends what is left."""
+        with contextlib.suppress(Exception):
+            self.send(("stop",))
+            for work, _ in self.messages:
+                work.wait()
+
+
+def _checked_reward(is_correct: Any) -> Any:
+    """A custom reward goes to the rollout rank pickled, by reference: it must be importable
+    there (a module-level function of an installed module)."""
+    try:
+        pickle.dumps(is_correct)
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        raise PipelineError(
+            f"the rollout rank cannot be given its reward function ({e}): pass a module-level "
+            "function, or set train.rollout_ranks=0"
+        ) from None
+    return is_correct
+
+
+def _isend_object(obj: Any, peer: int, device: str) -> list:
+    """``obj`` pickled, sent as its length then its bytes; the sends and the tensors they read
+    (kept alive until the sends complete)."""
+    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
+    size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
+    return [(dist.isend(size, peer), size), (dist.isend(data, peer), data)]
+
+
+def _recv_object(peer: int, device: str) -> Any:
+    size = torch.empty(1, dtype=torch.int64, device=device)
+    dist.recv(size, peer)
+    data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    dist.recv(data, peer)
+    return pickle.loads(data.cpu().numpy().tobytes())
 
 
 def _packed(batch: Batch) -> bytes:
@@ -251,7 +350,7 @@ def _serve(spec: RolloutSpec, slots: list[dict], requests, results) -> None:
     """The rollout process: build the sampler, then answer requests until told to stop or the
     trainer's process is gone. An error goes to the trainer, which raises it."""
     try:
-        sampler = _Sampler(spec, slots)
+        sampler = _Sampler(spec, functools.partial(_slot_weights, slots))
         while _serving(sampler, requests, results):
             pass
     except KeyboardInterrupt:
@@ -283,13 +382,76 @@ def _serving(sampler: _Sampler, requests, results) -> bool:
     return True
 
 
-class _Sampler:
-    """The rollout process's policy copy, sampler and rollout state."""
+def _slot_weights(slots: list[dict], version: int) -> dict[str, torch.Tensor]:
+    slot = slots[version % len(slots)]
+    if int(slot["version"]) != version:  # the trainer writes a slot before asking for it
+        raise PipelineError(
+            f"rollout process: slot holds version {int(slot['version'])}, not {version}"
+        )
+    return slot["weights"]
 
-    def __init__(self, spec: RolloutSpec, slots: list[dict]):
+
+def serve_rollout_rank(device: str) -> None:
+    """The rollout rank under a launcher (the world's last rank): build the sampler the trainer
+    (rank 0) describes, then answer its messages until it says stop. An error goes to the
+    trainer, which raises it; if the trainer is gone, the receive fails and this rank ends."""
+    trainer = 0
+    kind, spec = _recv_object(trainer, device)
+    assert kind == "spec", kind
+    versions: dict[int, dict[str, torch.Tensor]] = {}
+    sending: list = []  # batch sends in flight, with the tensors they read
+    try:
+        sampler = _Sampler(spec, versions.__getitem__)
+        while True:
+            msg = _recv_object(trainer, device)
+            if msg[0] == "stop":
+                break
+            if msg[0] == "state":
+                sampler.collector.load_state_dict(msg[1])
+            elif msg[0] == "weights":
+                versions[msg[1]] = _recv_weights(sampler.model, trainer)
+            else:
+                _, index, version = msg
+                batch = _packed(sampler.batch(index, version))
+                for older in [v for v in versions if v < version]:  # no later batch needs it
+                    del versions[older]
+                sending = [m for m in sending if not m[0].is_completed()]
+                sending += _isend_object(("batch", batch), trainer, device)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C reaches every rank: the trainer reports it
+    except Exception as e:  # noqa: BLE001 - handed to the trainer, which raises it
+        with contextlib.suppress(Exception):
+            for work, _ in _isend_object(("error", _picklable(e)), trainer, device):
+                work.wait()
+        raise
+    for work, _ in sending:
+        work.wait()
+
+
+def _recv_weights(model, peer: int) -> dict[str, torch.Tensor]:
+    """One version of the weights, received in the order the trainer sends its state dict."""
+    weights = {k: torch.empty_like(v) for k, v in model.state_dict().items()}
+    for t in weights.values():
+        dist.recv(t, peer)
+    return weights
+
+
+def _picklable(error: Exception) -> Exception | str:
+    try:
+        pickle.dumps(error)
+        return error
+    except Exception:  # noqa: BLE001 - its text instead
+        return f"rollout rank: {traceback.format_exc(limit=3)}"
+
+
+class _Sampler:
+    """The rollout side's policy copy, sampler and rollout state; ``weights(version)`` gives
+    the policy's weights after that many steps."""
+
+    def __init__(self, spec: RolloutSpec, weights: Any):
         cfg = spec.cfg
         configure_torch(cfg.train.cpu_threads)
-        self.cfg, self.slots, self.loaded = cfg, slots, None
+        self.cfg, self.weights, self.loaded = cfg, weights, None
         self.model, tokenizer = load_policy(spec.model_path, spec.dtype, spec.device)
         install_rms_norm(self.model)  # the trainer's sampler runs these drop-ins too
         use_cpu_sdpa(self.model)
@@ -308,12 +470,8 @@ class _Sampler:
         return Batch(index, version, groups, stats, log, self.collector.state_dict())
 
     def _load(self, version: int) -> None:
-        slot = self.slots[version % len(self.slots)]
-        if int(slot["version"]) != version:  # the trainer writes a slot before asking for it
-            raise PipelineError(
-                f"rollout process: slot holds version {int(slot['version'])}, not {version}"
-            )
+        weights = self.weights(version)
         with torch.no_grad():
             for name, t in self.model.state_dict().items():
-                t.copy_(slot["weights"][name])
+                t.copy_(weights[name])
         self.loaded = version

@@ -30,15 +30,23 @@ def env_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def init_distributed(device: str) -> tuple[int, int]:
-    """(rank, world size); initialises the process group when launched with several ranks."""
+def init_distributed(device: str, rollout_ranks: int = 0) -> tuple[int, int]:
+    """(rank, number of training ranks); initialises the process group when launched with
+    several ranks. Under a launcher the world's last ``rollout_ranks`` ranks sample rollouts
+    (``async_rollouts.serve_rollout_rank``) and are not training ranks."""
     if env_world_size() > 1 and not dist.is_initialized():
         import deepspeed
 
         deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
     if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
+        return dist.get_rank(), dist.get_world_size() - rollout_ranks
     return 0, 1
+
+
+def is_rollout_rank(rollout_ranks: int) -> bool:
+    """Under a launcher, whether this process is one of the world's last ``rollout_ranks``."""
+    world = env_world_size()
+    return world > 1 and int(os.environ.get("RANK", "0")) >= world - rollout_ranks
 
 
 def shutdown_distributed() -> None:

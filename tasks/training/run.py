@@ -25,12 +25,14 @@ from tasks.rollout.factory import make_generator
 from tasks.rundir import ResumePoint, RunDir
 from tasks.runtime import configure_torch
 from tasks.training import checkpoint, probe
-from tasks.training.async_rollouts import RolloutSpec
+from tasks.training.async_rollouts import RolloutSpec, serve_rollout_rank
 from tasks.training.distributed import (
     all_gather_objects,
     all_ranks_true,
     barrier,
+    env_world_size,
     init_distributed,
+    is_rollout_rank,
 )
 from tasks.training.trainer import DAPOTrainer, MetricsSink, StepResult
 
@@ -93,7 +95,17 @@ def run_training(
     """
     t0 = time.perf_counter()
     device = configure_torch(cfg.train.cpu_threads)
-    rank, world = init_distributed(device)  # several ranks under the deepspeed launcher
+    rollout_ranks = cfg.train.rollout_ranks if env_world_size() > 1 else 0
+    if rollout_ranks and env_world_size() - rollout_ranks != 1:  # every rank says so, and ends
+        raise PipelineError(
+            f"train.rollout_ranks={rollout_ranks} under a launcher of {env_world_size()} ranks: "
+            "the rollout rank samples for one training rank, so launch 2 ranks (e.g. torchrun "
+            "--nproc_per_node 2, or 2 nodes of one), or set train.rollout_ranks=0"
+        )
+    rank, world = init_distributed(device, rollout_ranks)  # several ranks under a launcher
+    if rollout_ranks and is_rollout_rank(rollout_ranks):  # this rank samples for rank 0
+        serve_rollout_rank(device)
+        return TrainResult(run_dir, 0, [], time.perf_counter() - t0, ResumePoint(0, None, 0))
     probe.check_world(cfg.tracking.switch_probe, world)  # before anything is written
     with _writer(run_dir, rank, world):
         run_dir.refuse_unless(resume)

@@ -179,3 +179,60 @@ def test_a_reward_that_cannot_reach_the_rollout_process_is_a_one_line_error(tiny
     with pytest.raises(PipelineError, match="module-level function"):
         trainer.train_step()
     trainer.close()
+
+
+@pytest.mark.slow
+def test_a_rollout_rank_under_torchrun_is_the_rollout_process(tiny_cfg, tmp_path):
+    """torchrun, 2 ranks, train.rollout_ranks=1: rank 1 samples for rank 0 through
+    torch.distributed (the weights after each update sent to it). With s = 0 the run is the
+    synchronous one bit for bit; with s = 1 it is the run with a local rollout process, and a
+    run cut after 2 steps resumes to it exactly."""
+    base = tiny_cfg.to_dict()
+    common = ["train.steps=4", "algo.dynamic_sampling=false"]
+    sync = resolve(base, overrides=common)
+    s0 = resolve(base, overrides=[*common, "train.rollout_ranks=1", "rollout.max_staleness=0"])
+    s1 = resolve(base, overrides=[*common, "train.rollout_ranks=1", "rollout.max_staleness=1"])
+    args = []
+    for name, cfg, steps in (("s0", s0, 0), ("s1", s1, 0), ("cut", s1, 2), ("cut", s1, 0)):
+        params = tmp_path / f"{name}.json"
+        params.write_text(json.dumps(cfg.to_dict()))
+        args += [str(params), str(tmp_path / name), str(steps)]
+    root = Path(__file__).parents[2]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    launch += ["--master_port", str(_free_port())]
+    worker = str(Path(__file__).with_name("rollout_rank_worker.py"))
+    out = subprocess.run(
+        [*launch, worker, *args], cwd=root, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    ranked = {n: RunDir(tmp_path / n) for n in ("s0", "s1", "cut")}
+    # the references, in this process: sampling in the trainer, and in a rollout process
+    a = run_training(sync, RunDir(tmp_path / "sync"), progress=False)
+    b = run_training(s1, RunDir(tmp_path / "local"), progress=False)
+
+    def rows(run):
+        return strip(run.read_metrics() if isinstance(run, RunDir) else run.history)
+
+    s0_rows = rows(ranked["s0"])
+    assert [r.pop("rollout/staleness_max") for r in s0_rows] == [0.0] * 4
+    for r in s0_rows:
+        r.pop("rollout/staleness_mean")
+    assert s0_rows == rows(a)
+    assert [r["rollout/staleness_mean"] for r in rows(ranked["s1"])] == [0.0, 1.0, 1.0, 1.0]
+    assert rows(ranked["s1"]) == rows(b) == rows(ranked["cut"])
+    for run, ref in (
+        (ranked["s0"], a.run_dir),
+        (ranked["s1"], b.run_dir),
+        (ranked["cut"], b.run_dir),
+    ):
+        wa, wb = _weights(ref), _weights(run)
+        assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -34,6 +34,7 @@ import dataclasses
 import functools
 import pickle
 import queue
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ from tasks.training.records import RolloutLog
 from tasks.training.rollouts import make_collector
 
 POLL_S = 0.5  # how often a waiting side checks that the other is still alive
+CLOSE_S = 5.0  # how long a stopping side waits for the other to take its last message
 
 
 @dataclass
@@ -250,8 +252,7 @@ class _RankLink:
 
     def write(self, policy, version: int) -> None:
         i = version % len(self.buffers)
-        for work in self.sending[i]:
-            work.wait()
+        _wait(self.sending[i])
         with torch.no_grad():
             for name, t in policy.state_dict().items():
                 self.buffers[i][name].copy_(t)
@@ -267,8 +268,7 @@ class _RankLink:
         (Ctrl-C, an error) the wait fails at once, and the launcher ends what is left."""
         with contextlib.suppress(Exception):
             self.send(("stop",))
-            for work, _ in self.messages:
-                work.wait()
+            _wait([work for work, _ in self.messages], deadline_s=CLOSE_S)
 
 
 def _checked_reward(is_correct: Any) -> Any:
@@ -294,10 +294,36 @@ def _isend_object(obj: Any, peer: int, device: str) -> list:
 
 def _recv_object(peer: int, device: str) -> Any:
     size = torch.empty(1, dtype=torch.int64, device=device)
-    dist.recv(size, peer)
+    _wait([dist.irecv(size, peer)])
     data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
-    dist.recv(data, peer)
+    _wait([dist.irecv(data, peer)])
     return pickle.loads(data.cpu().numpy().tobytes())
+
+
+def _wait(works: list, deadline_s: float | None = None) -> bool:
+    """Wait for point-to-point operations in a helper thread: waited for in this (the main)
+    thread, a silent peer would hold off Ctrl-C and SIGTERM for as long as it is silent (Python
+    runs signal handlers between bytecodes; gloo's ``is_completed`` is only true after a wait).
+    False when ``deadline_s`` passed first; a failed operation's error (the peer gone) raised."""
+    done, errors = threading.Event(), []
+
+    def wait_all() -> None:
+        try:
+            for w in works:
+                w.wait()
+        except Exception as e:  # noqa: BLE001 - raised in the caller's thread
+            errors.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=wait_all, name="dapo-p2p-wait", daemon=True).start()
+    t0 = time.monotonic()
+    while not done.wait(POLL_S):  # a signal interrupts this wait
+        if deadline_s is not None and time.monotonic() - t0 > deadline_s:
+            return False
+    if errors:
+        raise errors[0]
+    return True
 
 
 def _packed(batch: Batch) -> bytes:
@@ -417,22 +443,18 @@ def serve_rollout_rank(device: str) -> None:
                     del versions[older]
                 sending = [m for m in sending if not m[0].is_completed()]
                 sending += _isend_object(("batch", batch), trainer, device)
-    except KeyboardInterrupt:
-        pass  # Ctrl-C reaches every rank: the trainer reports it
     except Exception as e:  # noqa: BLE001 - handed to the trainer, which raises it
+        # (Ctrl-C is not caught: it reaches every rank, and each ends by it)
         with contextlib.suppress(Exception):
-            for work, _ in _isend_object(("error", _picklable(e)), trainer, device):
-                work.wait()
+            _wait([w for w, _ in _isend_object(("error", _picklable(e)), trainer, device)], CLOSE_S)
         raise
-    for work, _ in sending:
-        work.wait()
+    _wait([work for work, _ in sending])
 
 
 def _recv_weights(model, peer: int) -> dict[str, torch.Tensor]:
     """One version of the weights, received in the order the trainer sends its state dict."""
     weights = {k: torch.empty_like(v) for k, v in model.state_dict().items()}
-    for t in weights.values():
-        dist.recv(t, peer)
+    _wait([dist.irecv(t, peer) for t in weights.values()])
     return weights
 
 

@@ -247,10 +247,13 @@ class _RankLink:
         self.send(("spec", spec))
 
     def send(self, msg: tuple) -> None:
-        self.messages = [m for m in self.messages if not m[0].is_completed()]
         self.messages += _isend_object(msg, self.peer, self.device)
 
     def write(self, policy, version: int) -> None:
+        # The rollout rank reads messages in order, and has read every one sent before the
+        # request of the batch just trained on (it sent that batch): these waits end at once.
+        _wait([work for work, _ in self.messages])
+        self.messages = []
         i = version % len(self.buffers)
         _wait(self.sending[i])
         with torch.no_grad():
@@ -425,7 +428,8 @@ def serve_rollout_rank(device: str) -> None:
     kind, spec = _recv_object(trainer, device)
     assert kind == "spec", kind
     versions: dict[int, dict[str, torch.Tensor]] = {}
-    sending: list = []  # batch sends in flight, with the tensors they read
+    sending: dict[int, list] = {}  # each batch's sends in flight, with the tensors they read
+    s = spec.cfg.rollout.max_staleness
     try:
         sampler = _Sampler(spec, versions.__getitem__)
         while True:
@@ -441,14 +445,17 @@ def serve_rollout_rank(device: str) -> None:
                 batch = _packed(sampler.batch(index, version))
                 for older in [v for v in versions if v < version]:  # no later batch needs it
                     del versions[older]
-                sending = [m for m in sending if not m[0].is_completed()]
-                sending += _isend_object(("batch", batch), trainer, device)
+                # batch index asked for after the trainer trained on batch index - s - 1: it
+                # has every batch up to that one, so those sends are done (their waits end at once)
+                done = [k for k in sending if k <= index - s - 1]
+                _wait([work for k in done for work, _ in sending.pop(k)])
+                sending[index] = _isend_object(("batch", batch), trainer, device)
     except Exception as e:  # noqa: BLE001 - handed to the trainer, which raises it
         # (Ctrl-C is not caught: it reaches every rank, and each ends by it)
         with contextlib.suppress(Exception):
             _wait([w for w, _ in _isend_object(("error", _picklable(e)), trainer, device)], CLOSE_S)
         raise
-    _wait([work for work, _ in sending])
+    _wait([work for sends in sending.values() for work, _ in sends])
 
 
 def _recv_weights(model, peer: int) -> dict[str, torch.Tensor]:

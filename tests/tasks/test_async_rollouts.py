@@ -202,10 +202,21 @@ def test_a_rollout_rank_under_torchrun_is_the_rollout_process(tiny_cfg, tmp_path
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     launch += ["--master_port", str(_free_port())]
     worker = str(Path(__file__).with_name("rollout_rank_worker.py"))
-    out = subprocess.run(
-        [*launch, worker, *args], cwd=root, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    with subprocess.Popen(
+        [*launch, worker, *args],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # a hang ends with every rank, not with torchrun alone
+    ) as proc:
+        try:
+            output = proc.communicate(timeout=600)[0]
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, output[-5000:]
     ranked = {n: RunDir(tmp_path / n) for n in ("s0", "s1", "cut")}
     # the references, in this process: sampling in the trainer, and in a rollout process
     a = run_training(sync, RunDir(tmp_path / "sync"), progress=False)

@@ -288,7 +288,8 @@ class TrainConfig:
     rollout_ranks: int
     """Processes that only generate (0: the trainer generates between its updates). 1: a
     rollout process on this machine, started by the trainer, samples the next batches while the
-    trainer updates (``rollout.max_staleness``), with the weights sent to it after each step."""
+    trainer updates (``rollout.max_staleness``), with the weights sent to it after each step.
+    Under a launcher (torchrun): the world's last k ranks sample, the others train."""
 
 
 @dataclass(frozen=True)

@@ -414,9 +414,9 @@ def _check_values(cfg: Config, source: str, where: typing.Callable[[str], str]) 
     )
     need(t.zero_stage in (1, 2, 3), "train.zero_stage must be 1, 2 or 3")
     need(
-        t.rollout_ranks <= 1,
-        "train.rollout_ranks must be 0 or 1: one rollout process beside the trainer (under a "
-        "launcher: the world's last rank)",
+        t.rollout_ranks >= 0,
+        "train.rollout_ranks must be 0 (the trainer samples) or more: 1 rollout process beside "
+        "the trainer, or under a launcher that many of the world's ranks",
     )
     need(
         t.rollout_ranks == 0 or r.backend == "hf",

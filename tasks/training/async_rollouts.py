@@ -20,11 +20,13 @@ same drop-in kernels (``tasks.training.kernels``), and builds the same sampler. 
 message, when the trainer's process is gone, or on Ctrl-C (quietly: the trainer reports).
 
 Under a launcher (torchrun, deepspeed: several ranks, on one machine or many) the rollout side is
-the world's last rank instead (:func:`serve_rollout_rank`): the same requests, batches and
-weights travel by torch.distributed point-to-point messages (gloo on CPU, NCCL on GPU), the
-weights after each update sent from the trainer's s + 1 send buffers without waiting for the
-rollout rank to receive them (``_RankLink``). The protocol is the same for both links, so a run
-is the same run on either.
+the world's last ``train.rollout_ranks`` ranks instead (:func:`serve_rollout_rank`), and the
+others train (DeepSpeed over their own group, ``distributed.Layout``): requests and batches
+travel as torch.distributed point-to-point messages (gloo on CPU, NCCL on GPU), the weights
+after each update are broadcast from training rank 0's s + 1 send buffers without waiting for
+the rollout ranks to receive them (``_RankLink``). The rollout ranks sample each batch together,
+each its share of the prompts, as training ranks do in a synchronous step. The protocol is the
+same for both links, so a run is the same run on either.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from tasks.models.loading import load_policy
 from tasks.rollout.factory import make_generator
 from tasks.runtime import configure_torch, seed_everything
 from tasks.training.batches import Group
-from tasks.training.distributed import env_world_size
+from tasks.training.distributed import env_world_size, layout
 from tasks.training.kernels import install_rms_norm, use_cpu_sdpa
 from tasks.training.records import RolloutLog
 from tasks.training.rollouts import make_collector
@@ -154,7 +156,7 @@ class AsyncRollouts:
         first; new ones are sampled from this step's weights onwards."""
         self.start = self.consumed = step
         self.requested = max([b.index + 1 for b in self.ready.values()], default=step)
-        ranked = env_world_size() > 1  # under a launcher: the world's last rank samples
+        ranked = env_world_size() > 1  # under a launcher: the world's last ranks sample
         self.link = (_RankLink if ranked else _LocalLink)(self.spec, policy, self.s + 1)
         self.link.send(("state", self.state))
         self.link.write(policy, step)
@@ -230,28 +232,40 @@ class _LocalLink:
 
 
 class _RankLink:
-    """The trainer's end of the rollout rank (the world's last rank) under a launcher: messages
-    and weights by torch.distributed point-to-point sends. The weights after a step are copied
-    into one of ``n`` send buffers and sent without waiting (the trainer goes on updating); a
-    buffer is reused only once its previous sends completed, which the rollout rank's receiving
-    the version s + 1 steps older guarantees soon after."""
+    """A training rank's end of the rollout ranks (the world's last ``train.rollout_ranks``)
+    under a launcher: messages by torch.distributed point-to-point sends, weights by broadcast.
+
+    Training rank 0 speaks for the training ranks: it sends the requests to every rollout rank,
+    and after each step copies its weights into one of ``n`` send buffers and broadcasts them to
+    the rollout ranks without waiting (it goes on updating). A buffer is reused only once its
+    broadcast completed, which the rollout ranks' receiving the version s + 1 steps older
+    guarantees soon after. The first rollout rank sends each batch to every training rank, which
+    all train on it (each on its shard, as in a synchronous step)."""
 
     def __init__(self, spec: RolloutSpec, policy, n: int):
-        self.peer, self.device = dist.get_world_size() - 1, spec.device
-        self.buffers = [
-            {k: v.detach().clone() for k, v in policy.state_dict().items()} for _ in range(n)
-        ]
-        self.sending: list[list] = [[] for _ in range(n)]  # each buffer's sends in flight
+        split = layout()
+        self.device, self.leader = spec.device, dist.get_rank() == 0
+        self.source = split.trainers  # the first rollout rank: it sends the batches
+        self.samplers = list(range(split.trainers, dist.get_world_size()))
+        self.group = split.weights
+        self.buffers, self.sending = [], [[] for _ in range(n)]  # each buffer's sends in flight
+        if self.leader:
+            self.buffers = [
+                {k: v.detach().clone() for k, v in policy.state_dict().items()} for _ in range(n)
+            ]
         self.messages: list = []  # object sends in flight, with the tensors they read
         spec = dataclasses.replace(spec, is_correct=_checked_reward(spec.is_correct))
         self.send(("spec", spec))
 
     def send(self, msg: tuple) -> None:
-        self.messages += _isend_object(msg, self.peer, self.device)
+        if self.leader:
+            self.messages += _isend_object(msg, self.samplers, self.device)
 
     def write(self, policy, version: int) -> None:
-        # The rollout rank reads messages in order, and has read every one sent before the
-        # request of the batch just trained on (it sent that batch): these waits end at once.
+        if not self.leader:
+            return
+        # The rollout ranks read messages in order, and have read every one sent before the
+        # request of the batch just trained on (they sampled it): these waits end at once.
         _wait([work for work, _ in self.messages])
         self.messages = []
         i = version % len(self.buffers)
@@ -260,18 +274,23 @@ class _RankLink:
             for name, t in policy.state_dict().items():
                 self.buffers[i][name].copy_(t)
         self.send(("weights", version))
-        self.sending[i] = [dist.isend(t, self.peer) for t in self.buffers[i].values()]
+        self.sending[i] = [_broadcast(t, self.group) for t in self.buffers[i].values()]
 
     def receive(self) -> tuple:
-        return _recv_object(self.peer, self.device)
+        return _recv_object(self.source, self.device)
 
     def close(self) -> None:
-        """Tell the rollout rank to stop, and wait until it has the message: a send not yet
-        received when this process moves on is lost. Where the rollout rank is gone already
-        (Ctrl-C, an error) the wait fails at once, and the launcher ends what is left."""
+        """Tell the rollout ranks to stop, and wait until they have the message: a send not yet
+        received when this process moves on is lost. Where they are gone already (Ctrl-C, an
+        error) the wait fails at once, and the launcher ends what is left."""
         with contextlib.suppress(Exception):
             self.send(("stop",))
             _wait([work for work, _ in self.messages], deadline_s=CLOSE_S)
+
+
+def _broadcast(t: torch.Tensor, group) -> Any:
+    """``t`` from rank 0 to the rest of ``group``, without waiting (rank 0 is the group's first)."""
+    return dist.broadcast(t, src=0, group=group, async_op=True)
 
 
 def _checked_reward(is_correct: Any) -> Any:
@@ -287,12 +306,12 @@ def _checked_reward(is_correct: Any) -> Any:
     return is_correct
 
 
-def _isend_object(obj: Any, peer: int, device: str) -> list:
-    """``obj`` pickled, sent as its length then its bytes; the sends and the tensors they read
-    (kept alive until the sends complete)."""
+def _isend_object(obj: Any, peers: list[int], device: str) -> list:
+    """``obj`` pickled once and sent to each of ``peers`` as its length then its bytes; the
+    sends and the tensors they read (kept alive until the sends complete)."""
     data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
     size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
-    return [(dist.isend(size, peer), size), (dist.isend(data, peer), data)]
+    return [(dist.isend(t, peer), t) for peer in peers for t in (size, data)]
 
 
 def _recv_object(peer: int, device: str) -> Any:
@@ -421,47 +440,54 @@ def _slot_weights(slots: list[dict], version: int) -> dict[str, torch.Tensor]:
 
 
 def serve_rollout_rank(device: str) -> None:
-    """The rollout rank under a launcher (the world's last rank): build the sampler the trainer
-    (rank 0) describes, then answer its messages until it says stop. An error goes to the
-    trainer, which raises it; if the trainer is gone, the receive fails and this rank ends."""
-    trainer = 0
-    kind, spec = _recv_object(trainer, device)
+    """A rollout rank under a launcher (one of the world's last ``train.rollout_ranks``): build
+    the sampler training rank 0 describes, then answer its messages until it says stop. The
+    rollout ranks sample each batch together, each its share of the prompts (gathered among
+    them, as training ranks do in a synchronous step); the first sends it to every training
+    rank. An error goes to the training ranks, which raise it; if they are gone, the receive
+    fails and this rank ends."""
+    split, leader = layout(), 0
+    index_here = dist.get_rank() - split.trainers  # among the rollout ranks
+    trainers = list(range(split.trainers)) if index_here == 0 else []  # whom this rank sends to
+    kind, spec = _recv_object(leader, device)
     assert kind == "spec", kind
     versions: dict[int, dict[str, torch.Tensor]] = {}
     sending: dict[int, list] = {}  # each batch's sends in flight, with the tensors they read
     s = spec.cfg.rollout.max_staleness
     try:
-        sampler = _Sampler(spec, versions.__getitem__)
+        sampler = _Sampler(spec, versions.__getitem__, index_here, dist.get_world_size(split.peers))
         while True:
-            msg = _recv_object(trainer, device)
+            msg = _recv_object(leader, device)
             if msg[0] == "stop":
                 break
             if msg[0] == "state":
                 sampler.collector.load_state_dict(msg[1])
             elif msg[0] == "weights":
-                versions[msg[1]] = _recv_weights(sampler.model, trainer)
+                versions[msg[1]] = _recv_weights(sampler.model, split.weights)
             else:
                 _, index, version = msg
                 batch = _packed(sampler.batch(index, version))
                 for older in [v for v in versions if v < version]:  # no later batch needs it
                     del versions[older]
-                # batch index asked for after the trainer trained on batch index - s - 1: it
-                # has every batch up to that one, so those sends are done (their waits end at once)
+                # batch index asked for after the training ranks trained on batch index - s - 1:
+                # they have every batch up to that one, so those sends are done (the waits end
+                # at once)
                 done = [k for k in sending if k <= index - s - 1]
                 _wait([work for k in done for work, _ in sending.pop(k)])
-                sending[index] = _isend_object(("batch", batch), trainer, device)
-    except Exception as e:  # noqa: BLE001 - handed to the trainer, which raises it
+                sending[index] = _isend_object(("batch", batch), trainers, device)
+    except Exception as e:  # noqa: BLE001 - handed to the training ranks, which raise it
         # (Ctrl-C is not caught: it reaches every rank, and each ends by it)
         with contextlib.suppress(Exception):
-            _wait([w for w, _ in _isend_object(("error", _picklable(e)), trainer, device)], CLOSE_S)
+            error = _isend_object(("error", _picklable(e)), trainers, device)
+            _wait([w for w, _ in error], CLOSE_S)
         raise
     _wait([work for sends in sending.values() for work, _ in sends])
 
 
-def _recv_weights(model, peer: int) -> dict[str, torch.Tensor]:
+def _recv_weights(model, group) -> dict[str, torch.Tensor]:
     """One version of the weights, received in the order the trainer sends its state dict."""
     weights = {k: torch.empty_like(v) for k, v in model.state_dict().items()}
-    _wait([dist.irecv(t, peer) for t in weights.values()])
+    _wait([_broadcast(t, group) for t in weights.values()])
     return weights
 
 
@@ -477,7 +503,7 @@ class _Sampler:
     """The rollout side's policy copy, sampler and rollout state; ``weights(version)`` gives
     the policy's weights after that many steps."""
 
-    def __init__(self, spec: RolloutSpec, weights: Any):
+    def __init__(self, spec: RolloutSpec, weights: Any, rank: int = 0, world: int = 1):
         cfg = spec.cfg
         configure_torch(cfg.train.cpu_threads)
         self.cfg, self.weights, self.loaded = cfg, weights, None
@@ -486,8 +512,8 @@ class _Sampler:
         use_cpu_sdpa(self.model)
         generator = make_generator(cfg, self.model, tokenizer, spec.model_path)
         device = torch.device(spec.device)
-        self.collector = make_collector(
-            cfg, tokenizer, generator, spec.problems, device, spec.is_correct
+        self.collector = make_collector(  # rank, world: among the rollout ranks
+            cfg, tokenizer, generator, spec.problems, device, spec.is_correct, rank, world
         )
 
     def batch(self, index: int, version: int) -> Batch:

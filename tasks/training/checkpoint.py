@@ -73,6 +73,9 @@ def _write_checkpoint(trainer: DAPOTrainer, run_dir: RunDir, staged: Path) -> Pa
     sealed = _seal_on_every_rank(staged, optim, world)
     weights = trainer.engine.full_state_dict()  # gathered from ZeRO-3 partitions (collective)
     critic = trainer.critic.full_state_dict() if trainer.critic is not None else None
+    # every rank takes the state: with rollout ranks each training rank receives the batches
+    # sampled ahead (sent to every one, so a rank that left them unread would stall the next run)
+    state = plain_trainer_state(trainer.state_dict())
     final = run_dir.checkpoints_dir / staged.name.removeprefix(".tmp-")
     if rank == 0:
         trainer.model.save_pretrained(staged / "model", state_dict=weights)
@@ -80,7 +83,7 @@ def _write_checkpoint(trainer: DAPOTrainer, run_dir: RunDir, staged: Path) -> Pa
         if critic is not None:
             (staged / CRITIC_WEIGHTS).parent.mkdir()
             save_file({k: v.contiguous() for k, v in critic.items()}, staged / CRITIC_WEIGHTS)
-        torch.save(plain_trainer_state(trainer.state_dict()), staged / TRAINER_STATE)
+        torch.save(state, staged / TRAINER_STATE)
         final = run_dir.commit_checkpoint(step, trainer.cfg.train.keep_checkpoints, sealed)
     barrier(world)
     return final

@@ -11,12 +11,17 @@ How a step is split across R ranks (launched by the ``deepspeed`` launcher or to
 - ZeRO-3 gathers parameters at every forward, so every rank must run the same number of
   micro-batches: counts are padded to the maximum over ranks with empty micro-batches; and since
   the trainer calls submodules rather than the engine, it calls ``before_forward`` itself.
+
+With ``train.rollout_ranks: k`` the world's last k ranks sample instead (``async_rollouts``): the
+world is split (:class:`Layout`), every collective here runs in this rank's side of it, and
+DeepSpeed is handed the training ranks' group as its data-parallel group.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,17 +35,82 @@ def env_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+@dataclass
+class Layout:
+    """A launcher's world split into ranks 0..trainers-1, which train, and the rest, which sample
+    rollouts for them (``train.rollout_ranks``). Every collective of training runs in this
+    rank's side of the split, never in the whole world."""
+
+    trainers: int
+    peers: Any  # this rank's side: the training ranks' group, or the rollout ranks'
+    weights: Any  # rank 0 and the rollout ranks: rank 0 broadcasts the weights in it
+    alone: Any  # this rank by itself: DeepSpeed's model-parallel group (no model parallelism)
+
+
+_layouts: dict[int, Layout] = {}  # by number of training ranks; built once, by every rank
+_layout: Layout | None = None  # the one in use; None: every rank trains
+
+
 def init_distributed(device: str, rollout_ranks: int = 0) -> tuple[int, int]:
-    """(rank, number of training ranks); initialises the process group when launched with
-    several ranks. Under a launcher the world's last ``rollout_ranks`` ranks sample rollouts
-    (``async_rollouts.serve_rollout_rank``) and are not training ranks."""
+    """(rank, number of ranks) on this rank's side; initialises the process group when
+    launched with several ranks. Under a launcher the world's last ``rollout_ranks`` ranks
+    sample rollouts (``async_rollouts.serve_rollout_rank``): a training rank gets (its rank,
+    the number of training ranks), a rollout rank (its index among the rollout ranks, their
+    number)."""
+    global _layout
     if env_world_size() > 1 and not dist.is_initialized():
         import deepspeed
 
         deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size() - rollout_ranks
-    return 0, 1
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    rank, world = dist.get_rank(), dist.get_world_size()
+    trainers = world - rollout_ranks
+    _layout = _split(trainers, world) if rollout_ranks else None
+    return (rank, trainers) if rank < trainers else (rank - trainers, rollout_ranks)
+
+
+def _split(trainers: int, world: int) -> Layout:
+    """The groups of a world with ``trainers`` training ranks (every rank creates every group,
+    in the same order, as torch.distributed requires)."""
+    if trainers not in _layouts:
+        rank = dist.get_rank()
+        training, sampling = list(range(trainers)), list(range(trainers, world))
+        sides = [dist.new_group(training), dist.new_group(sampling)]
+        weights = dist.new_group([0, *sampling])
+        alone, _ = dist.new_subgroups_by_enumeration([[r] for r in range(world)])
+        _layouts[trainers] = Layout(trainers, sides[rank >= trainers], weights, alone)
+    return _layouts[trainers]
+
+
+def layout() -> Layout | None:
+    """The split of the world in use (None: no rollout ranks, every rank trains)."""
+    return _layout
+
+
+def _peers() -> Any:
+    """The group of this rank's collectives: its side of the split, or the whole world."""
+    return _layout.peers if _layout else None
+
+
+def sampling_ranks(k: int) -> int:
+    """How many of a launcher's ranks sample for ``train.rollout_ranks: k`` (none without a
+    launcher: there a rollout process, not a rank, samples). A split that leaves a side with no
+    rank is refused by every rank, before any group is formed."""
+    world = env_world_size()
+    if world == 1 and k > 1:
+        raise PipelineError(
+            f"train.rollout_ranks={k} needs a launcher: without one a single rollout process "
+            f"samples (train.rollout_ranks=1); for {k} rollout ranks and N training ranks run "
+            f"torchrun --nproc_per_node N+{k} -m flows.cli train ..."
+        )
+    if world > 1 and k >= world:
+        raise PipelineError(
+            f"train.rollout_ranks={k} under a launcher of {world} ranks leaves no rank to train: "
+            f"launch more ranks (torchrun --nproc_per_node {k + 1} or more), or lower "
+            "train.rollout_ranks"
+        )
+    return k if world > 1 else 0
 
 
 def is_rollout_rank(rollout_ranks: int) -> bool:
@@ -61,7 +131,7 @@ def all_gather_objects(obj: Any, world: int) -> list[Any]:
     if world == 1:
         return [obj]
     out: list[Any] = [None] * world
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=_peers())
     return out
 
 
@@ -70,7 +140,7 @@ def all_reduce_max(value: int | float, world: int) -> int | float:
     if world == 1:
         return value
     t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_peers())
     return type(value)(t.item())
 
 
@@ -82,13 +152,13 @@ def all_reduce_sum(values: list[float], world: int) -> list[float]:
     if world == 1:
         return values
     t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=_peers())
     return t.tolist()
 
 
 def barrier(world: int) -> None:
     if world > 1:
-        dist.barrier()
+        dist.barrier(group=_peers())
 
 
 class OptimizerEngine:
@@ -105,6 +175,7 @@ class OptimizerEngine:
     ):
         self.model, self.optimizer, self.grad_clip, self.world = model, optimizer, grad_clip, world
         self.ds = None
+        self.backwards = 0  # backward passes since the last step
         if world > 1:
             import deepspeed
 
@@ -119,8 +190,9 @@ class OptimizerEngine:
                 "steps_per_print": 10**9,
                 "wall_clock_breakdown": False,
             }
+            split = _DeepSpeedRanks(_layout) if _layout else None  # rollout ranks in the world
             self.ds, self.optimizer, _, _ = deepspeed.initialize(
-                model=model, optimizer=optimizer, config=config
+                model=model, optimizer=optimizer, config=config, mpu=split
             )
             self.model = self.ds.module
 
@@ -151,6 +223,7 @@ class OptimizerEngine:
             return
         self.ds.set_gradient_accumulation_boundary(boundary)
         self.ds.backward(loss * self.loss_scale, scale_wrt_gas=False)
+        self.backwards += 1
 
     def step(self, finite: bool) -> tuple[float, bool]:
         """Clip and apply the update unless a rank saw a non-finite loss or gradient.
@@ -167,6 +240,10 @@ class OptimizerEngine:
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             return norm, applied
+        backwards, self.backwards = self.backwards, 0
+        if not backwards:  # no rank had a micro-batch (their counts are padded to the largest):
+            return 0.0, True  # no gradient to apply, as a torch optimizer skips them (and
+            # DeepSpeed's step has nothing reduced to read)
         if all_ranks_true(finite, self.world):
             self.ds.step()
             norm = self.ds.get_global_grad_norm()
@@ -205,3 +282,34 @@ class OptimizerEngine:
         self.optimizer.load_state_dict([state] * self.world, load_from_fp32_weights=True)
         if self.partitioned:
             self.optimizer.checkpoint_event_epilogue()
+
+
+class _DeepSpeedRanks:
+    """The training ranks as DeepSpeed's ``mpu`` (the parallel-state interface Megatron-LM
+    defines): data parallelism over the training ranks' group, so that ZeRO partitions over, and
+    all-reduces in, the training ranks alone when the world also holds rollout ranks; no model
+    parallelism (each rank its own model-parallel group)."""
+
+    def __init__(self, split: Layout):
+        self.split = split
+
+    def get_data_parallel_group(self):
+        return self.split.peers
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.split.trainers
+
+    def get_data_parallel_rank(self) -> int:
+        return dist.get_rank(self.split.peers)
+
+    def get_data_parallel_group_ranks(self) -> list[int]:
+        return list(range(self.split.trainers))
+
+    def get_model_parallel_group(self):
+        return self.split.alone
+
+    def get_model_parallel_world_size(self) -> int:
+        return 1
+
+    def get_model_parallel_rank(self) -> int:
+        return 0

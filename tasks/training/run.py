@@ -30,9 +30,9 @@ from tasks.training.distributed import (
     all_gather_objects,
     all_ranks_true,
     barrier,
-    env_world_size,
     init_distributed,
     is_rollout_rank,
+    sampling_ranks,
 )
 from tasks.training.trainer import DAPOTrainer, MetricsSink, StepResult
 
@@ -95,15 +95,9 @@ def run_training(
     """
     t0 = time.perf_counter()
     device = configure_torch(cfg.train.cpu_threads)
-    rollout_ranks = cfg.train.rollout_ranks if env_world_size() > 1 else 0
-    if rollout_ranks and env_world_size() - rollout_ranks != 1:  # every rank says so, and ends
-        raise PipelineError(
-            f"train.rollout_ranks={rollout_ranks} under a launcher of {env_world_size()} ranks: "
-            "the rollout rank samples for one training rank, so launch 2 ranks (e.g. torchrun "
-            "--nproc_per_node 2, or 2 nodes of one), or set train.rollout_ranks=0"
-        )
+    rollout_ranks = sampling_ranks(cfg.train.rollout_ranks)
     rank, world = init_distributed(device, rollout_ranks)  # several ranks under a launcher
-    if rollout_ranks and is_rollout_rank(rollout_ranks):  # this rank samples for rank 0
+    if rollout_ranks and is_rollout_rank(rollout_ranks):  # this rank samples for the trainers
         serve_rollout_rank(device)
         return TrainResult(run_dir, 0, [], time.perf_counter() - t0, ResumePoint(0, None, 0))
     probe.check_world(cfg.tracking.switch_probe, world)  # before anything is written
@@ -113,7 +107,7 @@ def run_training(
         trainer, start = _start(cfg, run_dir, device, (rank, world), sink, problems)
         try:
             end = cfg.train.steps if max_steps is None else trainer.step + max_steps
-            _steps(trainer, run_dir, min(end, cfg.train.steps), progress, on_step)
+            _steps(trainer, run_dir, min(end, cfg.train.steps), progress and rank == 0, on_step)
             checkpoint.save_checkpoint(trainer, run_dir)
             _save_final(trainer, run_dir)
         finally:

@@ -54,7 +54,7 @@ from tasks.training.async_rollouts import AsyncRollouts, RolloutSpec
 from tasks.training.batches import Group, Sample
 from tasks.training.compiled import compile_decoder
 from tasks.training.critic import Critic, OptimizerFactory, value_model
-from tasks.training.distributed import OptimizerEngine, env_world_size, init_distributed
+from tasks.training.distributed import OptimizerEngine, init_distributed, sampling_ranks
 from tasks.training.forward import PolicyForward
 from tasks.training.kernels import install_rms_norm, use_cpu_sdpa
 from tasks.training.precision import adamw_optimizer
@@ -110,7 +110,8 @@ class DAPOTrainer:
         self.stall = StallWatch(cfg.train.max_stalled_steps, cfg.rollout.group_size)
         self.device = next(model.parameters()).device
         self.autocast = bf16_autocast(cfg, self.device)
-        self.rank, self.world = init_distributed(self.device.type, _rollout_ranks(cfg))
+        sampling = sampling_ranks(cfg.train.rollout_ranks)  # under a launcher: not training
+        self.rank, self.world = init_distributed(self.device.type, sampling)
         self.sink = sink if self.rank == 0 else None  # one writer of metrics and files
         # Correctness of a response against the answer; the rule-based reward (Eq. 7) by default.
         is_correct = reward_fn or (lambda response, answer: score(response, answer).acc)
@@ -175,15 +176,9 @@ class DAPOTrainer:
 
     def _async_rollouts(self, spec: RolloutSpec | None) -> AsyncRollouts | None:
         """The rollout side of ``train.rollout_ranks``: a process of its own, or under a
-        launcher the world's last rank."""
+        launcher the world's last ranks."""
         if not self.cfg.train.rollout_ranks:
             return None
-        if self.world > 1:
-            raise PipelineError(
-                "train.rollout_ranks=1 samples for one training rank; with "
-                f"{self.world} training ranks set train.rollout_ranks=0 (or launch one more "
-                "rank than trainers: e.g. torchrun --nproc_per_node 2 for one of each)"
-            )
         if spec is None:
             raise PipelineError(
                 "train.rollout_ranks=1 needs the policy's path for its rollout process: train "
@@ -390,9 +385,3 @@ class DAPOTrainer:
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
         torch.set_rng_state(state["rng"]["torch"])
-
-
-def _rollout_ranks(cfg: Config) -> int:
-    """Ranks of the launcher's world that sample rather than train (none without a launcher:
-    a rollout process is not a rank)."""
-    return cfg.train.rollout_ranks if env_world_size() > 1 else 0

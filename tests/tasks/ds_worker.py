@@ -77,6 +77,18 @@ def main(params_json: str, out: str) -> None:
             "explained_variance": batch_stats["train/explained_variance"],
             "state": t.critic.full_state_dict(),  # a collective under ZeRO-3
         }
+    # An update where no sample carries loss (every advantage 0): no rank has a micro-batch,
+    # and nothing moves (unless a KL term pulls toward the reference)
+    idle = [dataclasses.replace(s, advantage=0.0, token_advantages=None) for s in samples]
+    if t.reference is not None:
+        t.updater.ref_logprobs([idle])
+    update = t.updater.update(idle)
+    after = t.engine.full_state_dict()
+    idle = {
+        "grad_norm": update.grad_norm,
+        "applied": update.applied,
+        "moved": any(not torch.equal(after[k], state[k]) for k in state),
+    }
     # Sharded rollouts: each rank generates its slice; every rank ends with all groups, in order.
     log = RolloutLog()
     local = []
@@ -97,6 +109,7 @@ def main(params_json: str, out: str) -> None:
                 "rollout": rollout,
                 "micro_batches": micro_batches,
                 "critic": critic,
+                "idle": idle,
             },
             out,
         )

@@ -1,4 +1,4 @@
-"""Runs under torchrun with 2 ranks and train.rollout_ranks=1: rank 0 trains, rank 1 samples.
+"""Runs under torchrun with train.rollout_ranks=k: the world's last k ranks sample, the rest train.
 
 Used by test_async_rollouts.py. For each (params, run directory, max steps) triple of the command
 line in turn: train (max steps 0: to the end), continuing a run already there.

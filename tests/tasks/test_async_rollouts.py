@@ -197,26 +197,7 @@ def test_a_rollout_rank_under_torchrun_is_the_rollout_process(tiny_cfg, tmp_path
         params = tmp_path / f"{name}.json"
         params.write_text(json.dumps(cfg.to_dict()))
         args += [str(params), str(tmp_path / name), str(steps)]
-    root = Path(__file__).parents[2]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    launch += ["--master_port", str(_free_port())]
-    worker = str(Path(__file__).with_name("rollout_rank_worker.py"))
-    with subprocess.Popen(
-        [*launch, worker, *args],
-        cwd=root,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # a hang ends with every rank, not with torchrun alone
-    ) as proc:
-        try:
-            output = proc.communicate(timeout=600)[0]
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, output[-5000:]
+    _launch(2, args, Path(__file__).parents[2])
     ranked = {n: RunDir(tmp_path / n) for n in ("s0", "s1", "cut")}
     # the references, in this process: sampling in the trainer, and in a rollout process
     a = run_training(sync, RunDir(tmp_path / "sync"), progress=False)
@@ -247,3 +228,137 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _launch(nproc: int, args: list[str], cwd: Path) -> None:
+    """rollout_rank_worker.py under torchrun with ``nproc`` ranks, in a session of its own (a
+    hang ends with every rank, not with torchrun alone)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(cwd)}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
+    launch += ["--master_port", str(_free_port())]
+    worker = str(Path(__file__).with_name("rollout_rank_worker.py"))
+    with subprocess.Popen(
+        [*launch, worker, *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            output = proc.communicate(timeout=600)[0]
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, output[-5000:]
+
+
+@pytest.mark.slow
+def test_two_rollout_ranks_sample_for_two_training_ranks(tiny_cfg, tmp_path):
+    """torchrun, 4 ranks, train.rollout_ranks=2: ranks 0-1 train with DeepSpeed over their own
+    group, ranks 2-3 sample each batch together (half the prompts each) from the weights rank 0
+    broadcasts. With s = 0 the run is the synchronous 2-rank run bit for bit; with s = 1 a run
+    cut after 2 steps resumes to the uninterrupted one exactly."""
+    base = tiny_cfg.to_dict()
+    common = ["train.steps=4", "algo.dynamic_sampling=false"]
+    runs = {
+        "sync": resolve(base, overrides=common),
+        "s0": resolve(
+            base, overrides=[*common, "train.rollout_ranks=2", "rollout.max_staleness=0"]
+        ),
+        "s1": resolve(
+            base, overrides=[*common, "train.rollout_ranks=2", "rollout.max_staleness=1"]
+        ),
+    }
+    for name, cfg in runs.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(cfg.to_dict()))
+
+    def triple(params: str, run: str, steps: int) -> list[str]:
+        return [str(tmp_path / f"{params}.json"), str(tmp_path / run), str(steps)]
+
+    root = Path(__file__).parents[2]
+    _launch(2, triple("sync", "sync", 0), root)
+    _launch(
+        4,
+        [*triple("s0", "s0", 0), *triple("s1", "s1", 0)]
+        + triple("s1", "cut", 2)
+        + triple("s1", "cut", 0),
+        root,
+    )
+    rows = {n: strip(RunDir(tmp_path / n).read_metrics()) for n in ("sync", "s0", "s1", "cut")}
+    assert [r.pop("rollout/staleness_max") for r in rows["s0"]] == [0.0] * 4
+    assert [r.pop("rollout/staleness_mean") for r in rows["s0"]] == [0.0] * 4
+    assert rows["s0"] == rows["sync"] and len(rows["sync"]) == 4
+    assert [r["rollout/staleness_mean"] for r in rows["s1"]] == [0.0, 1.0, 1.0, 1.0]
+    assert rows["cut"] == rows["s1"]
+    assert rows["s1"] != rows["s0"]  # one-step-off trains on other batches
+    for run, ref in (("s0", "sync"), ("cut", "s1")):
+        wa, wb = _weights(RunDir(tmp_path / ref)), _weights(RunDir(tmp_path / run))
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_split_with_no_training_rank_is_refused_in_one_line(monkeypatch):
+    from dapo_core.errors import PipelineError
+    from tasks.training.distributed import sampling_ranks
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert sampling_ranks(1) == 1
+    with pytest.raises(PipelineError, match="leaves no rank to train"):
+        sampling_ranks(2)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert sampling_ranks(1) == 0  # a rollout process, not a rank
+    with pytest.raises(PipelineError, match="needs a launcher"):
+        sampling_ranks(3)
+
+
+def _group_alive(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid`` (from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                out.append(int(entry.name))
+    return out
+
+
+@pytest.mark.slow
+def test_ctrl_c_under_torchrun_ends_training_and_rollout_ranks_within_seconds(tiny_cfg, tmp_path):
+    """`torchrun --nproc_per_node 3 -m flows.cli train -S train.rollout_ranks=1`, then Ctrl-C
+    (SIGINT to the terminal's process group) mid-run: every rank says it was interrupted and
+    ends within seconds, and nothing of the job is left running."""
+    root = Path(__file__).parents[2]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root), "HF_HUB_OFFLINE": "1"}
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3"]
+    cmd += ["--master_port", str(_free_port()), "-m", "flows.cli", "train", "--run-dir", str(run)]
+    cmd += ["-S", f"tiny.path={tiny_cfg.tiny.path}", "-S", "train.rollout_ranks=1"]
+    cmd += ["-S", "train.steps=500", "-S", "train.checkpoint_every=0"]
+    log = tmp_path / "log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "training did not start"
+            time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        t0 = time.monotonic()
+        proc.wait(timeout=30)
+        deadline = t0 + 15
+        while _group_alive(proc.pid):
+            assert time.monotonic() < deadline, f"left running: {_group_alive(proc.pid)}"
+            time.sleep(0.2)
+        assert time.monotonic() - t0 < 15
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert text.count("interrupted: stopped by a signal") == 3, text[-3000:]

@@ -298,9 +298,15 @@ def test_two_rollout_ranks_sample_for_two_training_ranks(tiny_cfg, tmp_path):
         assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_a_split_with_no_training_rank_is_refused_in_one_line(monkeypatch):
+def test_a_split_with_no_training_rank_is_refused_in_one_line(monkeypatch, tiny_cfg, tmp_path):
     from dapo_core.errors import PipelineError
     from tasks.training.distributed import sampling_ranks
+
+    monkeypatch.setenv("WORLD_SIZE", "3")  # 2 training ranks under ZeRO-3: partitioned weights
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["train.rollout_ranks=1", "train.zero_stage=3"])
+    with pytest.raises(PipelineError, match="set train.zero_stage=2"):
+        run_training(cfg, RunDir(tmp_path / "run"), progress=False)
+    assert not (tmp_path / "run").exists()  # refused before anything was written
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert sampling_ranks(1) == 1

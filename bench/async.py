@@ -5,7 +5,9 @@ wait, and held-out avg@8 after the same number of steps.
     python -m bench.async --seeds 5 --settings sync,s1,s2 -S rollout.max_response_len=32
     python -m bench.async -c configs/chain.yaml --steps 30   # a preset (-c as dapo train's)
 
-Settings: ``sync`` (the trainer samples its own batches, ``train.rollout_ranks=0``), ``s0`` (a
+Settings: ``sync`` (the trainer samples its own batches, ``train.rollout_ranks=0``), ``sync-all``
+(the same with torch's threads on every core, ``train.cpu_threads=0``: the fair baseline where a
+model is large enough to use them; the asynchronous settings give each process one), ``s0`` (a
 rollout process, staleness 0: serial, the synchronous run bit for bit), ``s1`` (one-step-off)
 and ``s2`` (bounded staleness 2). On a machine of 2 cores each process has one
 (``train.cpu_threads=1``): the synchronous run leaves the second core idle, which is what the
@@ -34,6 +36,7 @@ from tasks.params import load_params
 
 SETTINGS = {
     "sync": [],
+    "sync-all": ["train.cpu_threads=0"],  # the synchronous step on every core (torch's default)
     "s0": ["train.rollout_ranks=1", "rollout.max_staleness=0"],
     "s1": ["train.rollout_ranks=1", "rollout.max_staleness=1"],
     "s2": ["train.rollout_ranks=1", "rollout.max_staleness=2"],
@@ -50,7 +53,8 @@ def run_once(
     from tasks.training.run import run_training
 
     overrides = [f"train.seed={seed}", f"train.steps={steps}", "train.checkpoint_every=0"]
-    cfg = load_params(overlays=presets, overrides=[*overrides, *SETTINGS[setting], *extra])
+    # the setting's keys last: they are what is compared
+    cfg = load_params(overlays=presets, overrides=[*overrides, *extra, *SETTINGS[setting]])
     result = run_training(cfg, RunDir(scratch / f"{setting}-seed{seed}"), progress=False)
     later = result.history[1:] or result.history
 
@@ -128,6 +132,10 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"  {name} seed {seed}: {runs[-1]['step_s']:.3f} s/step", flush=True)
             rows[name] = summarize(runs)
     print(table(rows))
+    if "sync-all" in rows:  # against the synchronous step that has both cores to itself
+        wide = rows["sync-all"]["step_s"]
+        for name in [n for n in rows if n.startswith("s") and n[1:].isdigit()]:
+            print(f"{name} vs sync-all: {wide / rows[name]['step_s']:.2f}x the steps per minute")
     for name in ("s1", "s2"):
         if name in rows:
             ok = rows[name]["overlap"] <= OVERLAP_TARGET

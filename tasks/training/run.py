@@ -99,8 +99,8 @@ def run_training(
     rollout_ranks = sampling_ranks(cfg.train.rollout_ranks)
     if rollout_ranks and env_world_size() - rollout_ranks > 1 and cfg.train.zero_stage == 3:
         raise PipelineError(  # every rank says so, before any group is formed
-            "train.zero_stage=3 with rollout ranks: the rollout ranks take whole weights after "
-            "each update, and ZeRO-3 holds them partitioned; set train.zero_stage=2 (or 1)"
+            "train.zero_stage=3 with rollout ranks: DeepSpeed's ZeRO-3 waits at barriers of the "
+            "whole world, which the rollout ranks never reach; set train.zero_stage=2 (or 1)"
         )
     rank, world = init_distributed(device, rollout_ranks)  # several ranks under a launcher
     if rollout_ranks and is_rollout_rank(rollout_ranks):  # this rank samples for the trainers

@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     print(table(rows))
     if "sync-all" in rows:  # against the synchronous step that has both cores to itself
         wide = rows["sync-all"]["step_s"]
-        for name in [n for n in rows if n.startswith("s") and n[1:].isdigit()]:
+        for name in [n for n in rows if n not in ("sync", "sync-all")]:
             print(f"{name} vs sync-all: {wide / rows[name]['step_s']:.2f}x the steps per minute")
     for name in ("s1", "s2"):
         if name in rows:

@@ -85,18 +85,22 @@ def test_one_step_off_resumes_exactly_with_its_batches_in_flight(tiny_cfg, tmp_p
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def _stat(pid: int | str) -> list[str] | None:
+    """/proc/PID/stat's fields after the name: state, parent, process group, ...; None: gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _processes(field: int, value: int) -> list[int]:
+    """Processes whose stat ``field`` (1: parent, 2: process group) is ``value``, zombies too."""
+    pids = [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit()]
+    return [pid for pid in pids if (f := _stat(pid)) is not None and int(f[field]) == value]
+
+
 def _children(pid: int) -> list[int]:
-    """Processes whose parent is ``pid`` (from /proc)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry.name))
-    return out
+    return _processes(1, pid)
 
 
 @pytest.mark.slow
@@ -139,10 +143,8 @@ def test_a_killed_trainer_leaves_no_rollout_process(tiny_cfg, tmp_path):
 
 def _alive(pid: int) -> bool:
     """Running, not a zombie waiting for a parent that is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    f = _stat(pid)
+    return f is not None and f[0] != "Z"
 
 
 def test_the_rollout_presets_are_dapo_with_a_rollout_process(tiny_cfg):
@@ -319,17 +321,8 @@ def test_a_split_with_no_training_rank_is_refused_in_one_line(monkeypatch, tiny_
 
 
 def _group_alive(pgid: int) -> list[int]:
-    """Live processes of process group ``pgid`` (from /proc)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                out.append(int(entry.name))
-    return out
+    """Live processes of process group ``pgid``."""
+    return [pid for pid in _processes(2, pgid) if _alive(pid)]
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ vLLM weight-sync logic runs everywhere against a stand-in engine."""
 import pytest
 import torch
 
+from dapo_core import metric_names as metric
 from dapo_core.config_loader import resolve
 from tasks.rundir import RunDir
 
@@ -162,3 +163,31 @@ def test_vllm_weight_sync_loads_every_parameter_then_resets_the_prefix_cache(tin
     for _, name, tensor in loads:
         assert torch.equal(tensor, params[name].detach())
     assert events[-1] == ("reset",) and events.count(("reset",)) == 1
+
+
+@pytest.mark.gpu
+@cuda
+def test_a_rollout_process_on_the_same_gpu_samples_what_the_trainer_would(tiny_cfg, tmp_path):
+    """``train.rollout_ranks=1`` on CUDA: the rollout process shares the GPU with the trainer and
+    reads its weights from host slots. At staleness 0 it samples what the trainer would have
+    sampled itself (the same rewards and lengths, step by step); at staleness 1 batch k comes
+    from the weights after step k - 1 and training still moves the weights."""
+    from tasks.training.run import run_training
+
+    base = tiny_cfg.to_dict()
+    steps = ["train.steps=3", "algo.dynamic_sampling=false"]
+    sync = run_training(resolve(base, overrides=steps), RunDir(tmp_path / "sync"), progress=False)
+    s0 = ["train.rollout_ranks=1", "rollout.max_staleness=0"]
+    proc = run_training(
+        resolve(base, overrides=[*steps, *s0]), RunDir(tmp_path / "s0"), progress=False
+    )
+    sampled = (metric.REWARD_MEAN, metric.RESPONSE_LEN_MEAN, metric.ACC_MEAN)
+    for a, b in zip(sync.history, proc.history, strict=True):
+        assert {k: a[k] for k in sampled} == {k: b[k] for k in sampled}
+        assert b["rollout/staleness_max"] == 0.0
+    s1 = ["train.rollout_ranks=1", "rollout.max_staleness=1"]
+    off = run_training(
+        resolve(base, overrides=[*steps, *s1]), RunDir(tmp_path / "s1"), progress=False
+    )
+    assert [r["rollout/staleness_mean"] for r in off.history] == [0.0, 1.0, 1.0]
+    assert all(0 < r[metric.GRAD_NORM] < float("inf") for r in off.history)

@@ -56,7 +56,7 @@ from dapo_core.ablation_stats import PROBES, SIGNALS, probe_steps, probed_switch
 from dapo_core.config import Config, ConfigError
 from dapo_core.config_loader import from_dict, resolve
 from dapo_core.errors import PipelineError, TrainingInterrupted
-from flows.cluster import UNFINISHED, sweep_queue
+from flows.cluster import UNFINISHED, settle_cancelled, sweep_queue
 from flows.stages import default_run_name, load_config, run_dir_for
 from tasks.data.task import curate_task
 from tasks.evaluation.ablation import ablation_table, mechanism_table
@@ -457,7 +457,8 @@ def _on_pool(children: list[Child], parent_id, eval_set, pool: str, sweep: str):
 def cancel_sweep(name: str, wait_s: float = CANCEL_WAIT_S) -> Stopped:
     """Cancel the unfinished flow runs of sweep ``name``. A queued run is CANCELLED at once (the
     server does so for a run no worker has started); a running one is set CANCELLING, and its
-    worker stops the process and marks it CANCELLED, which this waits up to ``wait_s`` for."""
+    worker stops the process and marks it CANCELLED, which this waits up to ``wait_s`` for (a
+    run whose process took the stop for a crash is marked CANCELLED here)."""
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelling
 
@@ -470,6 +471,8 @@ def cancel_sweep(name: str, wait_s: float = CANCEL_WAIT_S) -> Stopped:
         while stopping and time.monotonic() < deadline:
             time.sleep(0.5)
             stopping = len(sweep_runs(client, name))
+        for run in runs:
+            settle_cancelled(client, run.id)
     return Stopped(queued, len(runs) - queued, stopping)
 
 

@@ -56,6 +56,7 @@ WORKER_STOP_GRACE_S = 1.0
 """An idle Prefect 3.8 worker was seen to ignore SIGTERM and SIGINT for 15 s and more (its signal
 forwarding only cancels its main task); it holds no run by the time it is stopped, so it gets a
 second before SIGKILL."""
+STOPPED = "the sweep stopped this run"
 UNFINISHED = ("SCHEDULED", "PENDING", "RUNNING", "CANCELLING", "PAUSED")
 """Flow run state types of a run that may still start or still runs."""
 
@@ -192,8 +193,9 @@ def close_queue(pool: str, queue: str) -> None:
     process with SIGTERM once it notices, but stopping the worker would not reach that process,
     which runs in a session of its own: this sends the SIGTERM itself, gives the process
     ``RUN_STOP_GRACE_S`` to end its MLflow run KILLED and exit, kills it after that, and marks
-    its flow run CANCELLED rather than waiting for the worker. An MLflow run a killed process
-    left RUNNING is ended KILLED here (``end_abandoned_run``)."""
+    its flow run CANCELLED rather than waiting for the worker (also where the run's engine took
+    the SIGTERM for a crash: ``settle_cancelled``). An MLflow run a killed process left RUNNING
+    is ended KILLED here (``end_abandoned_run``)."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
     from prefect.states import Cancelled, Cancelling
@@ -209,14 +211,18 @@ def close_queue(pool: str, queue: str) -> None:
                 # the whole grace period to end its MLflow run, however slowly the worker polls.
                 _signal_run(run, signal.SIGTERM)
             deadline = time.monotonic() + RUN_STOP_GRACE_S
-            while time.monotonic() < deadline and any(
-                flow_run_pid(r) for r in unfinished_runs(client, pool, queue)
-            ):
+
+            def every() -> list[Any]:  # the runs stopped here, and any a worker started since
+                return [*stopping, *unfinished_runs(client, pool, queue)]
+
+            while time.monotonic() < deadline and any(flow_run_pid(r) for r in every()):
                 time.sleep(0.2)
-            for run in unfinished_runs(client, pool, queue):
+            for run in every():
                 _signal_run(run, signal.SIGKILL)
-                message = "the sweep stopped this run"
-                client.set_flow_run_state(run.id, Cancelled(message=message), force=True)
+            for run in unfinished_runs(client, pool, queue):
+                client.set_flow_run_state(run.id, Cancelled(message=STOPPED), force=True)
+            for run in stopping:  # every process is gone now: nothing can overwrite this
+                settle_cancelled(client, run.id)
             for run in stopping:  # a process killed, or stopped before it could end its run
                 if run_dir := (run.parameters or {}).get("run_dir"):
                     end_abandoned_run(Path(run_dir), "KILLED")
@@ -225,6 +231,18 @@ def close_queue(pool: str, queue: str) -> None:
                 client.delete_work_queue_by_id(found.id)
     except Exception as e:  # never hide the sweep's own outcome behind a clean-up failure
         log.warning("could not close the sweep's work queue %r: %s", queue, e)
+
+
+def settle_cancelled(client: Any, run_id: Any) -> None:
+    """End CANCELLED a flow run the sweep stopped that reported itself CRASHED. Prefect's flow
+    engine reports a SIGTERM as a crash, forced over whatever state the run is in, unless its
+    worker announced a cancellation first (its own control channel), which ours cannot; the
+    run did not crash, the sweep stopped it."""
+    from prefect.states import Cancelled
+
+    state = client.read_flow_run(run_id).state
+    if state is not None and state.is_crashed():
+        client.set_flow_run_state(run_id, Cancelled(message=STOPPED), force=True)
 
 
 def _signal_run(run: Any, sig: signal.Signals) -> None:

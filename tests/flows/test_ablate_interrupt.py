@@ -219,13 +219,17 @@ class _Run:
         self.transitions = {"Scheduled": Cancelled, "Running": Cancelling}[state]
 
 
-def test_cancel_sweep_ends_queued_runs_and_asks_running_ones_to_stop(monkeypatch):
+@pytest.mark.parametrize("stopped", ["Cancelled", "Crashed"])
+def test_cancel_sweep_ends_queued_runs_and_asks_running_ones_to_stop(monkeypatch, stopped):
     """The server ends a queued run at once (CANCELLED) and a running one through its worker
-    (CANCELLING, then CANCELLED): the counts say which, and the wait ends when none is left."""
+    (CANCELLING, then CANCELLED): the counts say which, and the wait ends when none is left. A
+    running one whose engine took the stop for a crash (CRASHED) is marked CANCELLED."""
     import prefect.client.orchestration
-    from prefect.states import Cancelled
+    import prefect.states
 
     from flows import ablate
+
+    ended = getattr(prefect.states, stopped)
 
     runs = {r.id: r for r in (_Run(0, "Scheduled"), _Run(1, "Scheduled"), _Run(2, "Running"))}
     proposed, filters = [], []
@@ -242,16 +246,25 @@ def test_cancel_sweep_ends_queued_runs_and_asks_running_ones_to_stop(monkeypatch
             found = [r for r in runs.values() if not r.state.is_final()]
             for r in found:  # the worker has stopped a CANCELLING run by the next look
                 if r.state.is_cancelling():
-                    r.state = Cancelled()
+                    r.state = ended()
             return found
+
+        def read_flow_run(self, run_id):
+            return runs[run_id]
 
         def set_flow_run_state(self, run_id, state, force=False):
             proposed.append((run_id, state.type.value, force))
-            runs[run_id].state = runs[run_id].transitions()  # the worker stops the running one
+            if force:
+                runs[run_id].state = state
+            else:
+                runs[run_id].state = runs[run_id].transitions()  # the worker stops it
 
     monkeypatch.setattr(prefect.client.orchestration, "get_client", lambda **kw: Client())
     assert ablate.cancel_sweep("sw", wait_s=30) == (2, 1, 0)  # queued, running, not ended
-    assert sorted(proposed) == sorted((r, "CANCELLING", False) for r in runs)  # not forced
+    asked = [(r, "CANCELLING", False) for r in runs]  # not forced
+    settled = [("run-2", "CANCELLED", True)] if stopped == "Crashed" else []
+    assert sorted(proposed) == sorted(asked + settled)
+    assert all(r.state.is_cancelled() for r in runs.values())
     assert filters[0]["flow_run_filter"].tags.all_ == ["sweep:sw"]  # this sweep's runs only
     assert filters[0]["deployment_filter"].name.any_ == ["ablate-run"]
     assert len(filters) == 3  # one look to find them, then until the running one has ended
@@ -300,3 +313,66 @@ def test_a_child_killed_mid_run_is_resubmitted_and_resumes(
         cfg, "ablate", f"tags.mlflow.parentRunId = '{parent[0]['run_id']}'", uri=uri
     )
     assert sorted(c["status"] for c in children) == ["FINISHED", "FINISHED"]  # one run each
+
+
+class _Server:
+    """The Prefect API as ``close_queue`` sees it, and a flow run's process: SIGTERM without its
+    worker's cancel intent makes Prefect's engine force the run CRASHED, as it does."""
+
+    def __init__(self, engine_on_sigterm):
+        from prefect.states import Running
+
+        self.run = type("FlowRun", (), {"id": "run-0", "parameters": {}, "state": Running()})()
+        self.engine_on_sigterm, self.alive, self.history = engine_on_sigterm, True, []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def set_flow_run_state(self, run_id, state, force=False):
+        if self.run.state.is_final() and not force:
+            return  # the server refuses to leave a final state unforced
+        self.run.state = state
+        self.history.append(state.type.value)
+
+    def read_flow_run(self, run_id):
+        return self.run
+
+    def unfinished(self, *args):
+        return [] if self.run.state.is_final() else [self.run]
+
+    def signal(self, run, sig):
+        if self.alive and sig == signal.SIGTERM:
+            self.alive = False  # it ends its MLflow run and exits, its engine reporting first
+            self.set_flow_run_state(run.id, self.engine_on_sigterm(), force=True)
+        self.alive = False
+
+    def read_work_queue_by_name(self, *args, **kw):
+        from prefect.exceptions import ObjectNotFound
+
+        raise ObjectNotFound(None)
+
+
+@pytest.mark.parametrize("engine", ["crash", "cancel"])
+def test_a_run_the_sweep_stopped_ends_cancelled_even_when_its_engine_reports_a_crash(
+    monkeypatch, engine
+):
+    """The sweep's clean-up SIGTERMs a running child itself; Prefect's engine then forces the
+    run CRASHED (no worker announced a cancellation). It ends CANCELLED all the same, and a
+    run its engine ended CANCELLED stays so."""
+    import prefect.client.orchestration
+    from prefect.states import Cancelled, Crashed
+
+    from flows import cluster
+
+    server = _Server({"crash": Crashed, "cancel": Cancelled}[engine])
+    monkeypatch.setattr(prefect.client.orchestration, "get_client", lambda **kw: server)
+    monkeypatch.setattr(cluster, "unfinished_runs", server.unfinished)
+    monkeypatch.setattr(cluster, "_signal_run", server.signal)
+    monkeypatch.setattr(cluster, "flow_run_pid", lambda run: 1 if server.alive else None)
+    monkeypatch.setattr(cluster, "end_abandoned_run", lambda *a: None)
+    cluster.close_queue("pool", "queue")
+    reported = {"crash": ["CRASHED", "CANCELLED"], "cancel": ["CANCELLED"]}[engine]
+    assert server.history == ["CANCELLING", *reported]

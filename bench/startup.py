@@ -14,9 +14,12 @@ Settings compared in the same run (``--settings``): ``no-server`` (no Prefect se
 or running: ``dapo train`` runs its flow as a plain function, ``tasks.orchestration.
 without_prefect``; before that change it started a temporary server for itself and stopped it),
 ``server`` (a Prefect server already running, as ``dapo server start`` leaves one: the run is a
-Prefect flow run), each with MLflow tracking on and off (``--no-track``). ``--baseline DIR``
-measures the same settings with the checkout in DIR (an earlier commit: ``git worktree add DIR
-<commit>``) in the same run, trial for trial after ours. Medians of ``--trials`` runs each.
+Prefect flow run), and ``warm`` (``dapo warm start`` left a warm process running: the command
+runs through the ``dapo`` script's entry point, which hands it over, ``flows.warm``; a baseline
+checkout without one starts cold), each with MLflow tracking on and off (``--no-track``).
+``--baseline DIR`` measures the same settings with the checkout in DIR (an earlier commit: ``git
+worktree add DIR <commit>``) in the same run, trial for trial after ours. Medians of
+``--trials`` runs each.
 """
 
 from __future__ import annotations
@@ -40,14 +43,28 @@ ENV = {
 }
 
 
-def dapo(args: list[str], env: dict[str, str], root: Path = ROOT, **kw) -> subprocess.Popen:
-    """``dapo ARGS`` from the checkout at ``root``."""
+ENTRY = "import sys; sys.argv[0] = 'dapo'; from flows.entry import main; main()"
+"""The ``dapo`` script's code: the entry point that hands a command to the warm process."""
+
+
+def dapo(
+    args: list[str], env: dict[str, str], root: Path = ROOT, entry: bool = False, **kw
+) -> subprocess.Popen:
+    """``dapo ARGS`` from the checkout at ``root``: as ``python -m flows.cli`` (always cold), or
+    through the ``dapo`` script's entry point (``entry``: warm where a warm process runs)."""
     env = {**env, "PYTHONPATH": str(root)}
-    return subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=root, env=env, **kw)
+    how = ["-c", ENTRY] if entry else ["-m", "flows.cli"]
+    return subprocess.Popen([sys.executable, *how, *args], cwd=root, env=env, **kw)
 
 
 def trial(
-    scratch: Path, env: dict[str, str], track: bool, n: int, root: Path = ROOT, label: str = ""
+    scratch: Path,
+    env: dict[str, str],
+    track: bool,
+    n: int,
+    root: Path = ROOT,
+    label: str = "",
+    entry: bool = False,
 ) -> tuple[float, float]:
     """(first step, exit) in seconds for one ``dapo train`` of the checkout at ``root``."""
     run_dir = scratch / f"run{label.strip()}{n}"
@@ -55,7 +72,7 @@ def trial(
     args += [] if track else ["--no-track"]
     metrics = run_dir / "metrics.jsonl"
     start = time.monotonic()
-    proc = dapo(args, env, root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = dapo(args, env, root, entry, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     first = float("nan")
     while proc.poll() is None:
         if first != first and metrics.exists() and metrics.stat().st_size > 0:
@@ -78,7 +95,7 @@ def import_seconds(env: dict[str, str]) -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=5)
-    parser.add_argument("--settings", default="no-server,server")
+    parser.add_argument("--settings", default="no-server,warm,server")
     parser.add_argument("--baseline", type=Path, help="an earlier checkout, measured alike")
     args = parser.parse_args(argv)
     sides = [("", ROOT)] + ([("baseline ", args.baseline.resolve())] if args.baseline else [])
@@ -89,29 +106,30 @@ def main(argv: list[str] | None = None) -> None:
             **ENV,
             "PREFECT_HOME": str(scratch / "prefect"),
             "MLFLOW_TRACKING_URI": f"sqlite:///{scratch / 'mlflow.db'}",
+            "DAPO_WARM": "0",  # only the warm setting has one
+            "DAPO_WARM_DIR": str(scratch),
         }
         for label, root in sides:  # builds the embedded model if needed, creates the stores
-            warm = ["train", "--no-track", "--run-dir", str(scratch / f"warm{label.strip()}")]
-            dapo([*warm, "-S", "train.steps=1"], env, root).wait()
+            first = ["train", "--no-track", "--run-dir", str(scratch / f"build{label.strip()}")]
+            dapo([*first, "-S", "train.steps=1"], env, root).wait()
         imports = [import_seconds(env) for _ in range(args.trials)]
         print(f"import flows.cli: median {statistics.median(imports):.2f}s")
         print(f"{'setting':<34}{'first step':>12}{'exit':>16}  all first steps (medians)")
         for setting in args.settings.split(","):
-            if setting == "server":
-                subprocess.run(
-                    [sys.executable, "-m", "flows.cli", "server", "start"],
-                    cwd=ROOT,
-                    env=env,
-                    check=True,
-                    stdout=subprocess.DEVNULL,
-                )
+            now = {**env, "DAPO_WARM": "1"} if setting == "warm" else env
+            # started as the trials run, in the same environment
+            starts = setting in ("server", "warm")
+            if starts and dapo([setting, "start"], now, stdout=subprocess.DEVNULL).wait():
+                raise SystemExit(f"dapo {setting} start failed")
             try:
                 for track in (True, False):
                     # trial for trial, ours then the baseline's: a slow spell hits both sides
                     runs = {label: [] for label, _ in sides}
                     for n in range(args.trials):
                         for label, root in sides:
-                            runs[label].append(trial(scratch, env, track, n, root, label))
+                            runs[label].append(
+                                trial(scratch, now, track, n, root, label, setting == "warm")
+                            )
                     for label, _ in sides:
                         firsts = [f for f, _ in runs[label]]
                         name = f"{label}{setting}{'' if track else ' --no-track'}"
@@ -126,13 +144,8 @@ def main(argv: list[str] | None = None) -> None:
                         for n in range(args.trials):
                             os.rename(scratch / f"run{label.strip()}{n}", kept / str(n))
             finally:
-                if setting == "server":
-                    subprocess.run(
-                        [sys.executable, "-m", "flows.cli", "server", "stop"],
-                        cwd=ROOT,
-                        env=env,
-                        stdout=subprocess.DEVNULL,
-                    )
+                if setting in ("server", "warm"):
+                    dapo([setting, "stop"], now, stdout=subprocess.DEVNULL).wait()
 
 
 if __name__ == "__main__":

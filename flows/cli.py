@@ -604,6 +604,62 @@ def server_status() -> None:
     )
 
 
+warm_app = typer.Typer(
+    help="A warm process that keeps torch, transformers and MLflow imported, so that `dapo "
+    "train`, `evaluate`, `preflight` and `pipeline` start in seconds (flows/warm.py)."
+)
+app.add_typer(warm_app, name="warm")
+
+
+@warm_app.command("start")
+@user_errors
+def warm_start() -> None:
+    """Start the warm process in the background (or find it running) and wait until it is ready."""
+    from flows import warm
+
+    started = warm.start(quiet=True)
+    found = warm.wait_ready()
+    if found is None:
+        raise PipelineError(
+            f"the warm process did not answer; see {warm.socket_path().with_suffix('.log')}"
+        )
+    said = "started" if started else "already running"
+    console.print(
+        f"warm process {said} (pid {found['pid']}); it exits after "
+        f"{warm.IDLE_S / 60:.0f} min unused; `dapo warm stop` ends it",
+        highlight=False,
+    )
+
+
+@warm_app.command("stop")
+@user_errors
+def warm_stop() -> None:
+    """End the warm process (the commands it runs go on to their end)."""
+    from flows import warm
+
+    found = warm.stop()
+    if found is None:
+        console.print("no warm process was running")
+    else:
+        running = f"; {found['running']} command(s) it runs go on" if found["running"] else ""
+        console.print(f"warm process (pid {found['pid']}) stopped{running}", highlight=False)
+
+
+@warm_app.command("status")
+@user_errors
+def warm_status() -> None:
+    """Say whether a warm process is running, and what it runs."""
+    from flows import warm
+
+    found = warm.status()
+    console.print(
+        f"warm process running (pid {found['pid']}, {found['running']} command(s) running)"
+        if found
+        else "no warm process running (`dapo warm start` starts one)",
+        highlight=False,
+    )
+
+
 @app.command("evaluate")
 @user_errors
 def evaluate(

@@ -1,0 +1,161 @@
+"""The warm process (flows.warm): commands it runs behave as cold ones (output, exit codes,
+Ctrl-C), a stale one is never used, and it ends when asked. Real processes, the tiny model."""
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from dapo_core.config_loader import resolve
+from flows import warm
+
+DAPO = "import sys; sys.argv[0] = 'dapo'; from flows.entry import main; main()"
+
+
+def test_the_fingerprint_follows_code_and_import_time_settings_only(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "__pycache__").mkdir(parents=True)
+    (package / "a.py").write_text("x = 1\n")
+    env = {"HF_HUB_OFFLINE": "1", "TERM": "xterm"}
+
+    def fp(**changes):
+        return warm.fingerprint({**env, **changes}, roots=(package,))
+
+    before = fp()
+    assert fp(TERM="dumb", SHLVL="3") == before  # not read at import
+    assert fp(HF_HUB_OFFLINE="0") != before
+    assert fp(CUDA_VISIBLE_DEVICES="1") != before
+    (package / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"")
+    assert fp() == before
+    os.utime(package / "a.py", ns=(1, 1))  # an edit
+    assert fp() != before
+    edited = fp()
+    (package / "b.py").write_text("")
+    assert fp() != edited
+
+
+def test_only_commands_that_import_torch_go_to_the_warm_process(monkeypatch):
+    assert warm.routed(["train", "--resume", "x"]) and warm.routed(["evaluate"])
+    assert not warm.routed(["config"]) and not warm.routed(["warm", "stop"])
+    assert not warm.routed([])
+    monkeypatch.setenv("DAPO_WARM", "0")
+    monkeypatch.setattr(warm, "_connect", lambda timeout=None: pytest.fail("connected"))
+    assert warm.run(["train"]) is None  # turned off: a cold start, no connection tried
+
+
+@pytest.fixture
+def warm_dir(monkeypatch):
+    """A short socket directory (Unix socket paths are short), the warm process's settings for
+    this test, and every process it leaves ended afterwards."""
+    where = Path(tempfile.mkdtemp(prefix="dw"))
+    monkeypatch.setenv("DAPO_WARM_DIR", str(where))
+    monkeypatch.delenv("DAPO_WARM", raising=False)
+    yield where
+    found = warm.status(timeout=5)
+    warm.stop(timeout=5)
+    if found:
+        _wait_gone(found["pid"], 30)
+        with contextlib.suppress(OSError):
+            os.kill(found["pid"], signal.SIGKILL)
+    shutil.rmtree(where, ignore_errors=True)
+
+
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    """Whether ``pid`` exits within ``timeout_s`` (a zombie has: this test started it)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _dapo(args, cwd, **kw):
+    return subprocess.Popen(
+        [sys.executable, "-c", DAPO, *args],
+        cwd=cwd,
+        env={**os.environ, **kw.pop("env", {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kw,
+    )
+
+
+def _served(log: Path) -> list[str]:
+    return [ln for ln in log.read_text().splitlines() if ": dapo " in ln or ": exit " in ln]
+
+
+@pytest.mark.slow
+def test_a_warm_process_runs_commands_as_a_cold_start_would(tiny_cfg, tmp_path, warm_dir):
+    """Output and exit codes come back through the client; a one-line error stays one line;
+    Ctrl-C reaches the command (exit 130, 'interrupted'); a command whose import-time settings
+    differ runs cold and ends the stale warm process; `stop` ends it and its socket."""
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps(resolve(tiny_cfg.to_dict()).to_dict()))
+    base = ["train", "--params", str(params), "--no-track"]
+    assert warm.start(quiet=True) is not None
+    ready = warm.wait_ready(timeout=120)
+    assert ready and ready["running"] == 0
+    assert warm.start(quiet=True) is None  # one at a time
+    log = warm.socket_path().with_suffix(".log")
+
+    ok = _dapo([*base, "--run-dir", str(tmp_path / "ok"), "-S", "train.steps=2"], tmp_path)
+    out, _ = ok.communicate(timeout=120)
+    assert ok.returncode == 0, out
+    assert "done: 2 steps" in out and (tmp_path / "ok" / "final").is_dir()
+    (ran, ended) = _served(log)
+    assert ran.endswith(f"(in {tmp_path})") and "train --params" in ran
+    assert ended == f"{ran.split(':')[0]}: exit 0"
+    assert int(ran.split()[1].rstrip(":")) != ok.pid  # the child ran it, not the client
+
+    bad = _dapo([*base, "-S", "train.steps=-1"], tmp_path)
+    out, _ = bad.communicate(timeout=60)
+    assert bad.returncode == 2 and out.strip() == (
+        "error: override -S train.steps=-1: train.steps must be >= 1, got -1"
+    ), out
+
+    run = tmp_path / "long"
+    long = _dapo(
+        [*base, "--run-dir", str(run), "-S", "train.steps=500"], tmp_path, start_new_session=True
+    )
+    deadline = time.monotonic() + 60
+    while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").stat().st_size):
+        assert long.poll() is None and time.monotonic() < deadline, long.stdout.read()
+        time.sleep(0.1)
+    os.killpg(long.pid, signal.SIGINT)  # Ctrl-C in its terminal: the client's group only
+    out, _ = long.communicate(timeout=30)
+    assert long.returncode == 130, out
+    assert out.strip().splitlines()[-1].startswith("interrupted: stopped after step"), out
+    assert _served(log)[-1].endswith(": exit 130")
+
+    stale = _dapo(
+        [*base, "--run-dir", str(tmp_path / "cold"), "-S", "train.steps=1"],
+        tmp_path,
+        env={"TOKENIZERS_PARALLELISM": "true"},  # read by tokenizers when imported
+    )
+    out, _ = stale.communicate(timeout=120)
+    assert stale.returncode == 0, out
+    assert len(_served(log)) == 6  # not run warm
+    assert _wait_gone(ready["pid"], 15) and not warm.socket_path().exists()
+
+
+@pytest.mark.slow
+def test_stop_and_idle_end_the_warm_process(warm_dir, monkeypatch):
+    assert warm.start(quiet=True) and (found := warm.wait_ready(timeout=120))
+    assert warm.stop() == {**found, "running": 0}
+    assert _wait_gone(found["pid"], 15) and not warm.socket_path().exists()
+    monkeypatch.setenv("DAPO_WARM_IDLE_S", "1")
+    assert warm.start(quiet=True) and (found := warm.wait_ready(timeout=120))
+    assert _wait_gone(found["pid"], 15) and not warm.socket_path().exists()

@@ -48,13 +48,15 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("flows", "tasks", "dapo_core")
+CLI = "flows.cli"
+"""The module whose typer ``app`` a forked child runs (the ``dapo`` entry point's)."""
 ROUTED = frozenset({"train", "evaluate", "preflight", "pipeline"})
 """Commands the warm process runs: those that train or sample, whose start-up is the imports."""
 PRELOAD = (
     "torch",
     "transformers",
     "transformers.models.qwen2.modeling_qwen2",
-    "flows.cli",
+    CLI,
     "tasks.training.run",
     "tasks.evaluation.evaluate",
     "tasks.tracking.tracker",
@@ -76,7 +78,10 @@ STOP_GRACE_S = 30.0
 
 
 def enabled() -> bool:
-    return os.environ.get("DAPO_WARM", "") != "0"
+    """Not turned off, and not one rank of a launcher's job (torchrun, deepspeed): each rank is
+    a process its launcher watches and signals, so it runs itself."""
+    launched = "LOCAL_RANK" in os.environ or "WORLD_SIZE" in os.environ
+    return os.environ.get("DAPO_WARM", "") != "0" and not launched
 
 
 def routed(argv: list[str]) -> bool:
@@ -463,9 +468,7 @@ def serve_main() -> None:
         raise
     if job is not None:  # the forked child
         become(job)
-        from flows.cli import app
-
-        app()
+        importlib.import_module(CLI).app()  # imported already: by name, as PRELOAD's modules
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["serve"]:

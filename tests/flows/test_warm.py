@@ -46,9 +46,12 @@ def test_only_commands_that_import_torch_go_to_the_warm_process(monkeypatch):
     assert warm.routed(["train", "--resume", "x"]) and warm.routed(["evaluate"])
     assert not warm.routed(["config"]) and not warm.routed(["warm", "stop"])
     assert not warm.routed([])
-    monkeypatch.setenv("DAPO_WARM", "0")
     monkeypatch.setattr(warm, "_connect", lambda timeout=None: pytest.fail("connected"))
+    monkeypatch.setenv("DAPO_WARM", "0")
     assert warm.run(["train"]) is None  # turned off: a cold start, no connection tried
+    monkeypatch.setenv("DAPO_WARM", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert warm.run(["train"]) is None  # a launcher's rank runs itself
 
 
 @pytest.fixture

@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"import flows.cli: median {statistics.median(imports):.2f}s")
         print(f"{'setting':<34}{'first step':>12}{'exit':>16}  all first steps (medians)")
         for setting in args.settings.split(","):
-            now = {**env, "DAPO_WARM": "1"} if setting == "warm" else env
+            # the warm setting's commands may use one (none starts one: no terminal)
+            now = {**env, "DAPO_WARM": ""} if setting == "warm" else env
             # started as the trials run, in the same environment
             starts = setting in ("server", "warm")
             if starts and dapo([setting, "start"], now, stdout=subprocess.DEVNULL).wait():
@@ -143,6 +144,10 @@ def main(argv: list[str] | None = None) -> None:
                         kept.mkdir()
                         for n in range(args.trials):
                             os.rename(scratch / f"run{label.strip()}{n}", kept / str(n))
+                if setting == "warm":  # a trial that found it stale ran cold: say so
+                    log = "\n".join(p.read_text() for p in scratch.glob("dapo-warm-*/*.log"))
+                    if (served := log.count(": dapo train")) != 2 * args.trials:
+                        print(f"only {served} of {2 * args.trials} warm trials ran warm: {log}")
             finally:
                 if setting in ("server", "warm"):
                     dapo([setting, "stop"], now, stdout=subprocess.DEVNULL).wait()

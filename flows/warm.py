@@ -5,31 +5,36 @@ Prefect (BENCHMARKS.md, "Start-up"). The warm process imports them once and wait
 then connects to it, hands over its arguments, working directory, environment and terminal
 (its stdin, stdout and stderr, passed as file descriptors), and the warm process forks a child
 that runs the command as the ``dapo`` entry point would. The command's own process stays in the
-terminal as a thin client: it relays Ctrl-C, SIGTERM and SIGHUP to the child's process group and
-exits with the child's exit code. As the Gradle daemon does for builds.
+terminal as a thin client: it relays Ctrl-C, SIGTERM, SIGHUP and Ctrl-Z to the child's process
+group and exits with the child's exit code. As the Gradle daemon does for builds.
 
 When it is used, and when not (a cold start is always the fallback, with nothing lost):
 
-- the first such command in an interactive terminal starts it in the background, saying so in
-  one line; ``dapo warm start`` starts it anywhere (scripts, the start-up benchmark), ``dapo
-  warm stop`` ends it, ``DAPO_WARM=0`` turns it off. It exits after ``DAPO_WARM_IDLE_S``
-  seconds unused (30 minutes);
+- the first such command (or ``dapo demo``) in an interactive terminal starts it in the
+  background, saying so in one line; ``dapo warm start`` starts it anywhere (scripts, the
+  start-up benchmark), ``dapo warm stop`` ends it, ``DAPO_WARM=0`` turns it off. It exits
+  after ``DAPO_WARM_IDLE_S`` seconds unused (30 minutes);
 - a command whose code or import-time settings differ from the warm process's runs cold and
   ends it (the next one starts a fresh one): the fingerprint (:func:`fingerprint`) covers this
   project's Python files, the installed packages, the interpreter and the environment variables
   libraries read when imported (``HF_*``, ``TORCH*``, ``CUDA_*``, ``OMP_*``, ``MLFLOW_*``, ...);
-- the socket lives in ``DAPO_WARM_DIR`` (the temporary directory by default), one per user and
-  checkout, readable by its owner only.
+- the warm process also checks, for each command, that no file of a module it imported has
+  changed since (an editable package, a package patched in place);
+- the socket, its lock and its log live in ``DAPO_WARM_DIR/dapo-warm-<uid>/`` (the temporary
+  directory by default), one socket per checkout, in a directory only its user can open; a
+  client talks only to a server of its own uid (``SO_PEERCRED``).
 
 The warm process runs no torch operation before it forks (a forked child of a process that ran
 a parallel region can hang in OpenMP), and binds its socket before importing, so a command that
 arrives while it imports waits for it rather than paying for its own imports. Everything here
-imports only the standard library: the client path must cost milliseconds.
+imports only the standard library (and ``flows.signals``, which does too): the client path must
+cost milliseconds.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gc
 import hashlib
 import importlib
@@ -38,6 +43,7 @@ import os
 import selectors
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -45,6 +51,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from flows.signals import until_work_begins
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("flows", "tasks", "dapo_core")
@@ -70,8 +78,12 @@ PRELOAD = (
 IMPORT_TIME_ENV = (
     *("HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "TORCH", "PYTORCH", "CUDA", "NCCL"),
     *("OMP_", "MKL_", "OPENBLAS", "KMP_", "MLFLOW_", "PREFECT_", "PYTHON", "LD_", "USE_", "DS_"),
+    *("XDG_", "HOME", "TMPDIR", "TQDM_", "LANG", "LC_", "DO_NOT_TRACK", "NO_COLOR"),
 )
 """Prefixes of the environment variables libraries may read once, when imported."""
+STARTERS = ROUTED | {"demo"}
+"""Commands that start a warm process for the next ones (``make demo`` is a newcomer's first)."""
+RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 IDLE_S = 1800.0
 STOP_GRACE_S = 30.0
 """A command whose client vanished (killed) gets SIGTERM, then SIGKILL this much later."""
@@ -90,10 +102,21 @@ def routed(argv: list[str]) -> bool:
 
 
 def socket_path() -> Path:
-    """This user's and this checkout's socket (short: a Unix socket path has ~100 bytes)."""
+    """This checkout's socket, in this user's private directory (short: a Unix socket path has
+    ~100 bytes)."""
     where = Path(os.environ.get("DAPO_WARM_DIR") or tempfile.gettempdir())
     checkout = hashlib.sha1(str(ROOT).encode()).hexdigest()[:10]
-    return where / f"dapo-warm-{os.getuid()}-{checkout}.sock"
+    return where / f"dapo-warm-{os.getuid()}" / f"{checkout}.sock"
+
+
+def _private_dir() -> bool:
+    """Make the socket's directory, owned by this user and closed to others; False where it
+    exists otherwise (another user made it first): then no warm process, for safety."""
+    where = socket_path().parent
+    with contextlib.suppress(FileExistsError):
+        where.mkdir(mode=0o700)
+    st = os.lstat(where)
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
 def fingerprint(env: dict[str, str] | None = None, roots: tuple[Path, ...] | None = None) -> str:
@@ -147,10 +170,16 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
 
 
 def _connect(timeout: float | None = None) -> socket.socket | None:
+    """A connection to this user's warm process (its peer checked: our uid), or None."""
+    if not socket_path().parent.is_dir() or not _private_dir():
+        return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
         sock.connect(str(socket_path()))
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        if struct.unpack("3i", creds)[1] != os.getuid():
+            raise OSError("the socket's owner is another user")
     except OSError:
         sock.close()
         return None
@@ -169,18 +198,21 @@ def run(argv: list[str]) -> int | None:
     if sock is None:
         return None
     with sock:
+        # a signal this process ignores (nohup: SIGHUP) is one the command must ignore too
+        ignored = [int(s) for s in RELAYED if signal.getsignal(s) is signal.SIG_IGN]
         try:
             socket.send_fds(sock, [b"R"], [0, 1, 2])
-            request = {"argv": ["dapo", *argv], "cwd": os.getcwd(), "env": dict(os.environ)}
-            _send(sock, {**request, "path": sys.path, "fingerprint": fingerprint()})
+            request = {"argv": [sys.argv[0], *argv], "cwd": os.getcwd(), "env": dict(os.environ)}
+            request.update(path=sys.path, ignored=ignored, fingerprint=fingerprint())
+            request.update(umask=_umask(), cpus=sorted(os.sched_getaffinity(0)))
+            _send(sock, request)
             reply = _recv(sock)  # waits while a just-started warm process still imports
         except OSError:
             return None
         if not reply or "pid" not in reply:
-            return None  # stale (it ends itself), or gone: start cold
+            return None  # stale (it ends itself), or gone before it forked: start cold
         pid = reply["pid"]
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-            signal.signal(sig, lambda signum, frame: _relay(pid, signum))
+        _relay_signals(pid, ignored)
         try:
             reply = _recv(sock)
         except OSError:
@@ -194,19 +226,41 @@ def run(argv: list[str]) -> int | None:
     return int(reply["exit"])
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _relay(pid: int, signum: int) -> None:
     """What the terminal sent the command goes to the command's process group."""
     with contextlib.suppress(OSError):
         os.killpg(pid, signum)
 
 
+def _relay_signals(pid: int, ignored: list[int]) -> None:
+    """From now on the terminal's signals reach the command: Ctrl-C, SIGTERM, SIGHUP, SIGQUIT
+    as they are; Ctrl-Z stops the command, then this process (the shell's job), and ``fg`` or
+    ``bg`` (SIGCONT) continues both."""
+
+    def suspend(signum: int, frame: Any) -> None:
+        _relay(pid, signal.SIGTSTP)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    for sig in RELAYED:
+        if sig not in ignored:
+            signal.signal(sig, lambda signum, frame: _relay(pid, signum))
+    signal.signal(signal.SIGTSTP, suspend)
+    signal.signal(signal.SIGCONT, lambda signum, frame: _relay(pid, signal.SIGCONT))
+
+
 def start(quiet: bool = False) -> int | None:
     """Start a warm process in the background unless one answers; its pid, or None if one was
     running already."""
-    if status() is not None:
+    if not _private_dir() or status() is not None:
         return None
     log = socket_path().with_suffix(".log")
-    with open(log, "ab") as out:
+    with open(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "flows.warm", "serve"],
             cwd=ROOT,
@@ -229,7 +283,8 @@ def start_if_wanted(argv: list[str]) -> None:
     """The first routed command in an interactive terminal starts a warm process for the next
     ones (a script or a batch job does not: nothing is left behind it unasked)."""
     interactive = sys.stdin.isatty() and sys.stderr.isatty()
-    if enabled() and routed(argv) and (interactive or os.environ.get("DAPO_WARM") == "1"):
+    wanted = interactive or os.environ.get("DAPO_WARM") == "1"
+    if enabled() and argv and argv[0] in STARTERS and wanted:
         start()
 
 
@@ -271,40 +326,50 @@ def _ask(message: dict[str, Any], timeout: float) -> dict[str, Any] | None:
 
 class Server:
     """The warm process's loop: accept commands, fork a child for each, report its exit code;
-    end when stopped, stale, or idle for ``idle_s``."""
+    end when stopped (``dapo warm stop``, SIGTERM), stale, or idle for ``idle_s``. A command's
+    error never ends the loop: the commands still running need it for their exit codes."""
 
     def __init__(self, path: Path, idle_s: float):
-        self.path, self.idle_s = path, idle_s
+        self.path, self.idle_s, self.pid = path, idle_s, os.getpid()
         self.children: dict[int, socket.socket] = {}  # pid -> its client's connection
         self.killing: dict[int, float] = {}  # pid -> when SIGKILL follows the SIGTERM
         self.selector = selectors.DefaultSelector()
         self.listener: socket.socket | None = None
-        self.stopping, self.last_used = False, time.monotonic()
+        self.lock: int | None = None
+        self.stopping, self.terminated, self.last_used = False, False, time.monotonic()
         self.fingerprint = fingerprint()
+        self.modules: dict[str, int] = {}  # file -> mtime of what was imported
 
     def bind(self) -> bool:
-        """Listen on the socket, replacing a dead process's leftover; False where a live warm
-        process has it."""
-        if _connect(5.0) is not None:
+        """Listen on the socket; False where a live warm process holds it (a lock held for
+        life: two started at once cannot both bind)."""
+        if not _private_dir():
             return False
-        self.path.unlink(missing_ok=True)
-        old = os.umask(0o077)  # the socket runs code as its owner: nobody else may connect
+        self.lock = os.open(self.path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.listener.bind(str(self.path))
-        finally:
-            os.umask(old)
+            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        self.path.unlink(missing_ok=True)  # a killed process's leftover
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(self.path))
         self.listener.listen(16)
         self.selector.register(self.listener, selectors.EVENT_READ)
         return True
 
+    def ready(self) -> None:
+        """Imports done: remember what they read, and from when idleness counts."""
+        self.modules = _module_files()
+        self.last_used = time.monotonic()
+
     def serve(self) -> dict[str, Any] | None:
         """Run until the end (None), or, in a forked child, return the command it must run."""
-        self.last_used = time.monotonic()  # idle from when it is ready
         while self.children or not self._done():
+            if self.terminated:
+                self._stop()
             for key, _ in self.selector.select(timeout=0.2):
                 if key.fileobj is self.listener:
-                    if job := self._accept():
+                    if (job := self._accept()) is not None:
                         return job
                 else:  # a client's connection: readable only at EOF (its process has gone)
                     self._client_gone(key.fileobj)
@@ -317,69 +382,94 @@ class Server:
 
     def _accept(self) -> dict[str, Any] | None:
         conn, _ = self.listener.accept()
-        self.last_used = time.monotonic()
+        self.last_used, fds = time.monotonic(), []
         try:
             conn.settimeout(10.0)
             _, fds, _, _ = socket.recv_fds(conn, 1, 3)
             message = _recv(conn)
-        except OSError:
-            conn.close()
-            return None
-        if message is None:
-            _close_fds(fds)
-            conn.close()
-            return None
-        if "op" in message:
-            self._answer(conn, message["op"])
-            return None
-        if message.get("fingerprint") != self.fingerprint:
-            _close_fds(fds)
-            with conn:
-                _send(conn, {"stale": True})
-            self._stop()  # the next command starts a fresh one
-            return None
-        pid = os.fork()
-        if pid == 0:
-            self._in_child(conn)
-            return {**message, "fds": fds}
+            if message is not None and "op" in message:
+                self._answer(conn, message["op"])
+            elif message is not None and (why := self._stale(message)) is not None:
+                print(f"stale ({why}): ending", flush=True)
+                _send(conn, {"stale": why})
+                self._stop()  # the next command starts a fresh one
+            elif message is not None and not _gave_up(conn):
+                return self._fork(conn, message, fds)  # which owns the connection and fds now
+        except Exception as e:  # noqa: BLE001 (one request's failure; the others go on)
+            print(f"a request failed: {e!r}", flush=True)
         _close_fds(fds)
-        print(f"pid {pid}: {' '.join(message['argv'])} (in {message['cwd']})", flush=True)
-        _send(conn, {"pid": pid})
+        conn.close()
+        return None
+
+    def _fork(self, conn: socket.socket, message: dict[str, Any], fds: list[int]) -> Any:
+        try:
+            pid = os.fork()
+        except OSError as e:
+            print(f"fork failed: {e!r}", flush=True)
+            _close_fds(fds)
+            conn.close()
+            return None
+        if pid == 0:
+            until_work_begins()  # not the warm process's handlers, from the first instant
+            with contextlib.suppress(OSError):
+                os.setpgid(0, 0)
+                _send(conn, {"pid": os.getpid()})  # the command runs: the client never starts
+            self._in_child(conn)  # it cold, whatever becomes of the warm process
+            return {**message, "fds": fds}
+        with contextlib.suppress(OSError):  # both sides, as a shell does: no signal is lost to
+            os.setpgid(pid, pid)  # a group that does not exist yet
+        _close_fds(fds)
+        print(f"pid {pid}: dapo {' '.join(message['argv'][1:])} (in {message['cwd']})", flush=True)
         self.children[pid] = conn
         self.selector.register(conn, selectors.EVENT_READ)
+        return None
+
+    def _stale(self, message: dict[str, Any]) -> str | None:
+        """Why this process must not run the command (None: it may)."""
+        if message.get("fingerprint") != self.fingerprint:
+            return "its code, packages or import-time settings differ"
+        if changed := [f for f, t in self.modules.items() if _mtime(f) != t]:
+            return f"{changed[0]} changed since it was imported"
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            return "CUDA was initialised in the warm process: children cannot use it"
         return None
 
     def _answer(self, conn: socket.socket, op: str) -> None:
         reply = {"pid": os.getpid(), "running": len(self.children), "ready": True}
         if op == "stop":
             self._stop()
-        with conn:
-            _send(conn, reply)
+        _send(conn, reply)
 
     def _stop(self) -> None:
         if self.listener is not None:
             self.selector.unregister(self.listener)
             self.listener.close()
             self.listener = None
-            self.path.unlink(missing_ok=True)
+            if os.getpid() == self.pid:  # never a forked child's doing
+                self.path.unlink(missing_ok=True)
         self.stopping = True
 
     def _in_child(self, conn: socket.socket) -> None:
-        """Drop the server's sockets in the forked child (the socket file stays: it is the
-        server's)."""
+        """Drop the server's sockets and lock in the forked child (the socket file stays: it
+        is the server's)."""
         for key in list(self.selector.get_map().values()):
             key.fileobj.close()
         for c in self.children.values():
             c.close()
         self.selector.close()
         conn.close()
+        if self.lock is not None:
+            os.close(self.lock)
 
     def _client_gone(self, conn: Any) -> None:
-        """A command's client exited without its exit code (killed): the command is stopped."""
+        """A command's client exited without its exit code (killed): the command is stopped
+        (continued first, if Ctrl-Z had stopped it)."""
         self.selector.unregister(conn)
         for pid, c in self.children.items():
             if c is conn:
                 _relay(pid, signal.SIGTERM)
+                _relay(pid, signal.SIGCONT)
                 self.killing[pid] = time.monotonic() + STOP_GRACE_S
 
     def _reap(self) -> None:
@@ -411,6 +501,37 @@ class Server:
         self.selector.close()
 
 
+def _gave_up(conn: socket.socket) -> bool:
+    """Whether the command's client has gone (Ctrl-C while this process still imported): its
+    command must not start on a terminal nobody waits on."""
+    timeout = conn.gettimeout()
+    conn.setblocking(False)  # a socket with a timeout waits for data whatever the flags say
+    try:
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    finally:
+        conn.settimeout(timeout)
+
+
+def _mtime(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _module_files() -> dict[str, int]:
+    """Every imported module's file and its modification time: an edit to any of them (an
+    editable package, a package patched in place) makes the warm process stale."""
+    found = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if path and (mtime := _mtime(path)) is not None:
+            found[path] = mtime
+    return found
+
+
 def _close_fds(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
@@ -418,41 +539,43 @@ def _close_fds(fds: list[int]) -> None:
 
 
 def become(job: dict[str, Any]) -> None:
-    """In the forked child: take the command's terminal, directory, environment, arguments and
-    import path, and its own process group (which the client relays signals to)."""
-    from flows.signals import until_work_begins
-
-    os.setpgid(0, 0)
+    """In the forked child: take the command's terminal, directory, environment, arguments,
+    import path, umask, CPUs and signal dispositions; its process group is its own (the client
+    relays signals to it)."""
     for target, fd in zip((0, 1, 2), job["fds"], strict=True):
         os.dup2(fd, target)
         os.close(fd)
     os.environ.clear()
     os.environ.update(job["env"])
     os.chdir(job["cwd"])
+    os.umask(job["umask"])
+    os.sched_setaffinity(0, job["cpus"])
     sys.argv, sys.path[:] = job["argv"], job["path"]
-    until_work_begins()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for sig in (signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_IGN if sig in job["ignored"] else signal.SIG_DFL)
     sys.stdout.reconfigure(line_buffering=sys.stdout.isatty())
     _refresh_consoles()
 
 
 def _refresh_consoles() -> None:
-    """Rich consoles made at import chose their colours for the warm process's log file: choose
-    again for the command's terminal."""
+    """Rich consoles made at import judged the warm process's log file (no colour, not
+    interactive): judge again for the command's terminal and environment."""
     from rich.console import Console
 
     for module in list(sys.modules.values()):
         console = getattr(module, "console", None)
         if isinstance(console, Console):
+            console.no_color = os.environ.get("NO_COLOR", "") != ""
+            console.is_interactive = console.is_terminal and not console.is_dumb_terminal
             console._color_system = console._detect_color_system()
 
 
 def serve_main() -> None:
     """``python -m flows.warm serve``: bind, import, serve; in a forked child, run the command."""
+    server = Server(socket_path(), float(os.environ.get("DAPO_WARM_IDLE_S", IDLE_S)))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    idle_s = float(os.environ.get("DAPO_WARM_IDLE_S", IDLE_S))
-    server = Server(socket_path(), idle_s)
+    signal.signal(signal.SIGTERM, lambda signum, frame: setattr(server, "terminated", True))
     if not server.bind():
         print("a warm process is running already", flush=True)
         return
@@ -461,10 +584,12 @@ def serve_main() -> None:
         for name in PRELOAD:
             importlib.import_module(name)
         gc.freeze()  # what the imports made stays shared with the children, not copied by GC
+        server.ready()
         print(f"pid {os.getpid()}: ready in {time.monotonic() - started:.1f}s", flush=True)
         job = server.serve()
     except BaseException:
-        server.close()
+        if os.getpid() == server.pid:
+            server.close()
         raise
     if job is not None:  # the forked child
         become(job)

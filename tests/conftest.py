@@ -7,7 +7,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("DAPO_WARM", "0")  # no test command runs in a developer's warm process
+os.environ["DAPO_WARM"] = "0"  # no test command runs in a developer's warm process
 
 TINY_OVERRIDES = [
     "synthetic.max_operand=9",

@@ -54,6 +54,32 @@ def test_only_commands_that_import_torch_go_to_the_warm_process(monkeypatch):
     assert warm.run(["train"]) is None  # a launcher's rank runs itself
 
 
+def test_a_socket_directory_others_can_open_is_never_used(tmp_path, monkeypatch):
+    """The socket runs code as its owner: a directory another user made (or opened to others)
+    means no warm process, neither used nor started."""
+    monkeypatch.setenv("DAPO_WARM_DIR", str(tmp_path))
+    where = warm.socket_path().parent
+    where.mkdir(mode=0o755)
+    where.chmod(0o755)  # whatever the umask
+    assert warm._connect() is None and warm.start(quiet=True) is None
+    assert list(where.iterdir()) == []
+    where.chmod(0o700)
+    assert warm._private_dir()
+
+
+def test_an_imported_file_edited_since_makes_the_warm_process_stale(tmp_path, monkeypatch):
+    monkeypatch.setenv("DAPO_WARM_DIR", str(tmp_path))
+    server = warm.Server(warm.socket_path(), idle_s=60)
+    module = tmp_path / "mod.py"
+    module.write_text("x = 1\n")
+    server.modules = {str(module): warm._mtime(str(module))}
+    request = {"fingerprint": server.fingerprint}
+    assert server._stale(request) is None
+    assert "differ" in server._stale({"fingerprint": "another"})
+    os.utime(module, ns=(1, 1))
+    assert server._stale(request) == f"{module} changed since it was imported"
+
+
 @pytest.fixture
 def warm_dir(monkeypatch):
     """A short socket directory (Unix socket paths are short), the warm process's settings for
@@ -84,6 +110,17 @@ def _wait_gone(pid: int, timeout_s: float) -> bool:
     return False
 
 
+def _state_becomes(pid: int, states: str, timeout_s: float = 10.0) -> bool:
+    """Whether ``pid``'s state (/proc: R running, S sleeping, T stopped) is one of ``states``
+    within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in states:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def _dapo(args, cwd, **kw):
     return subprocess.Popen(
         [sys.executable, "-c", DAPO, *args],
@@ -103,8 +140,9 @@ def _served(log: Path) -> list[str]:
 @pytest.mark.slow
 def test_a_warm_process_runs_commands_as_a_cold_start_would(tiny_cfg, tmp_path, warm_dir):
     """Output and exit codes come back through the client; a one-line error stays one line;
-    Ctrl-C reaches the command (exit 130, 'interrupted'); a command whose import-time settings
-    differ runs cold and ends the stale warm process; `stop` ends it and its socket."""
+    the terminal's signals reach the command as a cold one's (a SIGHUP ignored under nohup,
+    Ctrl-Z stops and SIGCONT continues it, Ctrl-C ends it: exit 130, 'interrupted'); a command
+    whose import-time settings differ runs cold and ends the stale warm process."""
     params = tmp_path / "params.json"
     params.write_text(json.dumps(resolve(tiny_cfg.to_dict()).to_dict()))
     base = ["train", "--params", str(params), "--no-track"]
@@ -119,7 +157,7 @@ def test_a_warm_process_runs_commands_as_a_cold_start_would(tiny_cfg, tmp_path, 
     assert ok.returncode == 0, out
     assert "done: 2 steps" in out and (tmp_path / "ok" / "final").is_dir()
     (ran, ended) = _served(log)
-    assert ran.endswith(f"(in {tmp_path})") and "train --params" in ran
+    assert ran.endswith(f"(in {tmp_path.resolve()})") and "train --params" in ran
     assert ended == f"{ran.split(':')[0]}: exit 0"
     assert int(ran.split()[1].rstrip(":")) != ok.pid  # the child ran it, not the client
 
@@ -131,12 +169,21 @@ def test_a_warm_process_runs_commands_as_a_cold_start_would(tiny_cfg, tmp_path, 
 
     run = tmp_path / "long"
     long = _dapo(
-        [*base, "--run-dir", str(run), "-S", "train.steps=500"], tmp_path, start_new_session=True
+        [*base, "--run-dir", str(run), "-S", "train.steps=500"],
+        tmp_path,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),  # as nohup does
     )
     deadline = time.monotonic() + 60
     while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").stat().st_size):
         assert long.poll() is None and time.monotonic() < deadline, long.stdout.read()
         time.sleep(0.1)
+    child = int(_served(log)[-1].split()[1].rstrip(":"))
+    os.killpg(long.pid, signal.SIGHUP)  # the terminal closed: ignored, as the client ignores it
+    os.killpg(long.pid, signal.SIGTSTP)  # Ctrl-Z: the command stops, and its client
+    assert _state_becomes(child, "T") and _state_becomes(long.pid, "T")
+    os.killpg(long.pid, signal.SIGCONT)  # fg
+    assert _state_becomes(child, "RS") and _state_becomes(long.pid, "RS")
     os.killpg(long.pid, signal.SIGINT)  # Ctrl-C in its terminal: the client's group only
     out, _ = long.communicate(timeout=30)
     assert long.returncode == 130, out
@@ -146,7 +193,7 @@ def test_a_warm_process_runs_commands_as_a_cold_start_would(tiny_cfg, tmp_path, 
     stale = _dapo(
         [*base, "--run-dir", str(tmp_path / "cold"), "-S", "train.steps=1"],
         tmp_path,
-        env={"TOKENIZERS_PARALLELISM": "true"},  # read by tokenizers when imported
+        env={"TORCH_DAPO_TEST": "1"},  # a TORCH* variable: torch may read it when imported
     )
     out, _ = stale.communicate(timeout=120)
     assert stale.returncode == 0, out
@@ -155,10 +202,16 @@ def test_a_warm_process_runs_commands_as_a_cold_start_would(tiny_cfg, tmp_path, 
 
 
 @pytest.mark.slow
-def test_stop_and_idle_end_the_warm_process(warm_dir, monkeypatch):
+def test_stop_ends_the_warm_process_and_its_socket(warm_dir):
     assert warm.start(quiet=True) and (found := warm.wait_ready(timeout=120))
     assert warm.stop() == {**found, "running": 0}
     assert _wait_gone(found["pid"], 15) and not warm.socket_path().exists()
-    monkeypatch.setenv("DAPO_WARM_IDLE_S", "1")
-    assert warm.start(quiet=True) and (found := warm.wait_ready(timeout=120))
-    assert _wait_gone(found["pid"], 15) and not warm.socket_path().exists()
+
+
+def test_idle_counts_from_ready_and_ends_the_loop(tmp_path, monkeypatch):
+    monkeypatch.setenv("DAPO_WARM_DIR", str(tmp_path))
+    server = warm.Server(warm.socket_path(), idle_s=0.5)
+    server.ready()
+    assert not server._done()
+    time.sleep(0.6)
+    assert server._done()

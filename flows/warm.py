@@ -582,7 +582,10 @@ def serve_main() -> None:
     try:
         started = time.monotonic()
         for name in PRELOAD:
-            importlib.import_module(name)
+            try:
+                importlib.import_module(name)
+            except ImportError as e:  # an optional part: its commands import it themselves
+                print(f"not preloaded: {name} ({e})", flush=True)
         gc.freeze()  # what the imports made stays shared with the children, not copied by GC
         server.ready()
         print(f"pid {os.getpid()}: ready in {time.monotonic() - started:.1f}s", flush=True)

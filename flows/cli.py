@@ -811,21 +811,12 @@ CurateOpt = Annotated[
 
 
 def _orchestration_env() -> None:
-    """Defaults for Prefect and MLflow, as `make` exports them: telemetry off, time for the
-    embedded Prefect server to start on a busy machine, and a Prefect home of this project's own
-    (``.prefect/``: its flow runs, not every clone's in ``~/.prefect``). Set before Prefect is
-    imported; a value already in the environment wins."""
-    from tasks.params import REPO_ROOT
+    """The defaults of ``flows.environment`` (for ``python -m flows.cli``: the ``dapo`` entry
+    point has applied them already), set before Prefect is imported; and no traceback for a
+    user's error inside a flow run."""
+    from flows.environment import apply_defaults
 
-    for key, value in {
-        "PREFECT_HOME": str(REPO_ROOT / ".prefect"),
-        "DO_NOT_TRACK": "true",
-        "MLFLOW_DISABLE_TELEMETRY": "true",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "DVC_NO_ANALYTICS": "1",
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
-    }.items():
-        os.environ.setdefault(key, value)
+    apply_defaults()
     from tasks.orchestration import quiet_user_error_tracebacks
 
     quiet_user_error_tracebacks()

@@ -7,11 +7,13 @@ from __future__ import annotations
 import sys
 
 from flows import warm
+from flows.environment import apply_defaults
 from flows.signals import until_work_begins
 
 
 def main() -> None:
     until_work_begins()
+    apply_defaults()
     argv = sys.argv[1:]
     code = warm.run(argv)
     if code is not None:

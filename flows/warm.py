@@ -52,9 +52,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from flows.environment import ROOT, apply_defaults
 from flows.signals import until_work_begins
 
-ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("flows", "tasks", "dapo_core")
 CLI = "flows.cli"
 """The module whose typer ``app`` a forked child runs (the ``dapo`` entry point's)."""
@@ -391,8 +391,8 @@ class Server:
                 self._answer(conn, message["op"])
             elif message is not None and (why := self._stale(message)) is not None:
                 print(f"stale ({why}): ending", flush=True)
+                self._stop()  # first: the command, run cold, starts a fresh one at once
                 _send(conn, {"stale": why})
-                self._stop()  # the next command starts a fresh one
             elif message is not None and not _gave_up(conn):
                 return self._fork(conn, message, fds)  # which owns the connection and fds now
         except Exception as e:  # noqa: BLE001 (one request's failure; the others go on)
@@ -448,6 +448,9 @@ class Server:
             self.listener = None
             if os.getpid() == self.pid:  # never a forked child's doing
                 self.path.unlink(missing_ok=True)
+        if self.lock is not None:  # a fresh warm process may start while this one finishes
+            os.close(self.lock)  # the commands it runs (their children closed their copies)
+            self.lock = None
         self.stopping = True
 
     def _in_child(self, conn: socket.socket) -> None:
@@ -461,6 +464,7 @@ class Server:
         conn.close()
         if self.lock is not None:
             os.close(self.lock)
+            self.lock = None
 
     def _client_gone(self, conn: Any) -> None:
         """A command's client exited without its exit code (killed): the command is stopped
@@ -573,6 +577,7 @@ def _refresh_consoles() -> None:
 
 def serve_main() -> None:
     """``python -m flows.warm serve``: bind, import, serve; in a forked child, run the command."""
+    apply_defaults()  # as the `dapo` entry point does before it computes its fingerprint
     server = Server(socket_path(), float(os.environ.get("DAPO_WARM_IDLE_S", IDLE_S)))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda signum, frame: setattr(server, "terminated", True))

@@ -58,11 +58,7 @@ def run_sweep(scratch: Path, seeds: str, workers: int) -> Path:
     """The README's sweep in ``scratch``; returns the sweep's directory (ablation.csv)."""
     env = {
         **os.environ,
-        "PREFECT_HOME": str(scratch / "prefect"),
-        "DO_NOT_TRACK": "true",
-        "MLFLOW_DISABLE_TELEMETRY": "true",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "DVC_NO_ANALYTICS": "1",
+        "PREFECT_HOME": str(scratch / "prefect"),  # the rest of dapo's defaults: flows.environment
         "HF_HUB_OFFLINE": "1",
     }
     cmd = [

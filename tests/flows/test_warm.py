@@ -97,28 +97,24 @@ def warm_dir(monkeypatch):
     shutil.rmtree(where, ignore_errors=True)
 
 
-def _wait_gone(pid: int, timeout_s: float) -> bool:
-    """Whether ``pid`` exits within ``timeout_s`` (a zombie has: this test started it)."""
+def _state_becomes(pid: int, states: str, timeout_s: float = 10.0) -> bool:
+    """Whether ``pid``'s state (/proc: R running, S sleeping, T stopped, Z exited but not
+    reaped, X gone) is one of ``states`` within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                return True
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def _state_becomes(pid: int, states: str, timeout_s: float = 10.0) -> bool:
-    """Whether ``pid``'s state (/proc: R running, S sleeping, T stopped) is one of ``states``
-    within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in states:
+            state = "X"
+        if state in states:
             return True
         time.sleep(0.05)
     return False
+
+
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    """Whether ``pid`` exits within ``timeout_s`` (a zombie has: this test started it)."""
+    return _state_becomes(pid, "ZX", timeout_s)
 
 
 def _dapo(args, cwd, **kw):

@@ -1,19 +1,30 @@
-"""Check the README's chain-ladder table from scratch: ``python -m bench.ladder_check``.
+"""Check the README's chain tables from a fresh clone: ``python -m bench.ladder_check`` (the
+Table 1 ladder) or ``python -m bench.ladder_check --table algorithms`` (the eight algorithms).
 
-Runs the README's sweep (``dapo ablate -c configs/chain.yaml --seeds 0,1,2,3,4``) as a new user
-would on a fresh clone: the embedded model built anew, in a scratch directory with its own MLflow
-store, run directory and Prefect home, so nothing cached here (a model, queued runs) takes part.
-Then it prints each rung's avg@8 beside the README's and says whether the README's value lies in
-the sweep's 95% CI. Takes the sweep's time (about half an hour on 2 cores); ``--keep`` keeps the
-scratch directory.
+Does what a new user would, in a scratch directory with its own MLflow store, run directory and
+Prefect home, so nothing cached here (queued runs, an earlier build) takes part:
+
+1. the reference run (``dapo model check``'s: 5 RL steps from the shipped chain checkpoint),
+   whose final weights this machine reproduces bit for bit when its kernels are pinned
+   (``tasks.determinism``); it says which if not;
+2. the README's sweep (``dapo ablate -c configs/chain.yaml --seeds 0,1,2,3,4``, with the
+   table's variants) from the same shipped checkpoint: nothing is built;
+3. each row beside the README's value, and whether that value lies in the sweep's 95% CI.
+
+Exits 0 when every README value lies in the sweep's CI. Ctrl-C (or SIGTERM) stops the sweep as
+Ctrl-C stops ``dapo ablate`` (its runs end KILLED, its workers and server stop) and exits 130;
+``--keep`` keeps the scratch directory.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,19 +33,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from tasks.models.build import dir_digest
-
 ROOT = Path(__file__).resolve().parents[1]
-README_ROW = re.compile(r"^\| `([+\w]+)` \| ([0-9.]+) \(([0-9.]+)-([0-9.]+)\) \|")
-README_DIGEST = re.compile(r"chain model's digest[^`]*`((?:sha256|size):[0-9a-f]+)`")
+CHAIN = ROOT / "configs" / "chain.yaml"
+README_ROW = re.compile(r"^\| `([+\w]+)` \| (?:\*\*)?([0-9.]+) \(([0-9.]+)-([0-9.]+)\)(?:\*\*)? \|")
+STOP_WAIT_S = 120.0  # what the sweep's own clean-up may take before it is killed
+PR_SET_PDEATHSIG = 1
 
 
-def readme_ladder(readme: Path = ROOT / "README.md") -> dict[str, float]:
-    """The chain ladder's avg@8 per variant, as the README's table gives it (the table with rows
-    of the form ``| `variant` | 0.802 (0.772-0.834) |`` whose variants are the Table 1 rungs; the
-    algorithms' table has the same form)."""
-    from dapo_core.ablation import ABLATION_LADDER
-
+def readme_tables(readme: Path = ROOT / "README.md") -> list[dict[str, float]]:
+    """Every table of the README with rows of the form ``| `variant` | 0.802 (0.772-0.834) |``:
+    ``{variant: avg@8}`` each, in the README's order."""
     tables: list[dict[str, float]] = [{}]
     for line in readme.read_text().splitlines():
         m = README_ROW.match(line)
@@ -42,19 +50,34 @@ def readme_ladder(readme: Path = ROOT / "README.md") -> dict[str, float]:
             tables[-1][m.group(1)] = float(m.group(2))
         elif tables[-1]:
             tables.append({})
-    for rows in tables:
-        if list(rows) == list(ABLATION_LADDER):
+    return [t for t in tables if t]
+
+
+def readme_table(which: str, readme: Path = ROOT / "README.md") -> dict[str, float]:
+    """The README's first chain table of ``which`` kind: ``ladder`` (its variants are the Table 1
+    rungs) or ``algorithms`` (its variants are algorithm presets, ``dapo`` first)."""
+    from dapo_core.ablation import ABLATION_LADDER, ALGORITHM_PRESETS
+
+    for rows in readme_tables(readme):
+        if which == "ladder" and list(rows) == list(ABLATION_LADDER):
             return rows
-    raise SystemExit(f"no ladder table found in {readme}")
+        if which == "algorithms" and len(rows) > 1 and set(rows) <= set(ALGORITHM_PRESETS):
+            return rows
+    raise SystemExit(f"no {which} table found in {readme}")
 
 
-def readme_digest(readme: Path = ROOT / "README.md") -> str | None:
-    """The digest of the chain model the README's table was measured from."""
-    m = README_DIGEST.search(readme.read_text())
-    return m.group(1) if m else None
+def readme_ladder(readme: Path = ROOT / "README.md") -> dict[str, float]:
+    return readme_table("ladder", readme)
 
 
-def run_sweep(scratch: Path, seeds: str, workers: int) -> Path:
+def _die_with_parent() -> None:
+    """In the sweep's process: SIGTERM when this check dies, however it dies (Linux), so a
+    killed check never leaves a sweep training headless."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def run_sweep(scratch: Path, variants: list[str], seeds: str, workers: int) -> Path:
     """The README's sweep in ``scratch``; returns the sweep's directory (ablation.csv)."""
     env = {
         **os.environ,
@@ -63,25 +86,38 @@ def run_sweep(scratch: Path, seeds: str, workers: int) -> Path:
     }
     cmd = [
         str(Path(sys.executable).with_name("dapo")),
-        "ablate",
-        "-c",
-        str(ROOT / "configs" / "chain.yaml"),
-        "--seeds",
-        seeds,
-        "--workers",
-        str(workers),
-        "--run-name",
-        "ladder-check",
-        "-S",
-        f"tiny.path={scratch / 'models' / 'tiny-chain'}",
-        "-S",
-        f"tracking.tracking_uri=sqlite:///{scratch / 'mlflow.db'}",
-        "-S",
-        f"train.out_dir={scratch / 'runs'}",
+        *("ablate", "-c", str(CHAIN), "--seeds", seeds, "--workers", str(workers)),
+        *("--variants", ",".join(variants), "--run-name", "ladder-check"),
+        *("-S", f"tracking.tracking_uri=sqlite:///{scratch / 'mlflow.db'}"),
+        *("-S", f"train.out_dir={scratch / 'runs'}"),
     ]
     print("running:", " ".join(cmd), flush=True)
-    subprocess.run(cmd, cwd=ROOT, env=env, check=True)
+    # A session of its own: a terminal's Ctrl-C reaches this process only, which passes one
+    # interrupt on and waits for the sweep's clean-up (subprocess.run would SIGKILL it).
+    child = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, start_new_session=True, preexec_fn=_die_with_parent
+    )
+    try:
+        code = child.wait()
+    except KeyboardInterrupt:
+        stop(child)
+        raise
+    if code:
+        raise SystemExit(f"the sweep failed (exit {code}); its output is above")
     return scratch / "runs" / "ladder-check"
+
+
+def stop(child: subprocess.Popen) -> None:
+    """Interrupt the sweep once, as Ctrl-C would, and wait for its clean-up; kill its process
+    group if the clean-up outlasts ``STOP_WAIT_S``."""
+    with contextlib.suppress(ProcessLookupError):
+        child.send_signal(signal.SIGINT)
+    try:
+        child.wait(STOP_WAIT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
 
 
 def compare(table: pd.DataFrame, readme: dict[str, float]) -> int:
@@ -98,33 +134,55 @@ def compare(table: pd.DataFrame, readme: dict[str, float]) -> int:
     return misses
 
 
+def reference(scratch: Path) -> None:
+    """Run the reference run in ``scratch`` and say whether this machine reproduced it."""
+    from flows.models import check_reference
+    from tasks.params import load_params
+
+    r = check_reference(load_params(None, [CHAIN]), scratch)
+    if r.reproduced:
+        print(f"reference run: {r.got}, the shipped one: this machine computes the same bits")
+    else:
+        print(
+            f"reference run: {r.got}, the release recorded {r.want}: this machine rounds "
+            f"differently (kernels {r.kernels}), so runs here are other draws of the same "
+            "experiment; the table below is still the test"
+        )
+
+
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--table", choices=("ladder", "algorithms"), default="ladder")
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
     args = ap.parse_args()
-    readme, digest = readme_ladder(), readme_digest()
+    signal.signal(signal.SIGTERM, _terminate)
+    readme = readme_table(args.table)
     scratch = Path(tempfile.mkdtemp(prefix="dapo-ladder-"))
     t0 = time.perf_counter()
     try:
-        sweep = run_sweep(scratch, args.seeds, args.workers)
+        reference(scratch)
+        sweep = run_sweep(scratch, list(readme), args.seeds, args.workers)
         table = pd.read_csv(sweep / "ablation.csv")
-        built = dir_digest(scratch / "models" / "tiny-chain")
+    except KeyboardInterrupt:
+        print("interrupted: the sweep stopped; run the same command to start again")
+        sys.exit(130)
     finally:
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
-    print(f"sweep with the model build: {(time.perf_counter() - t0) / 60:.1f} min")
-    print(f"chain model built here: {built}; the README's: {digest}")
-    if built != digest:
-        print(
-            "this machine built another chain model than the README's table came from: the "
-            "build is sensitive to rounding (README, 'Ranking the rungs'), so expect other numbers"
-        )
+    print(f"sweep: {(time.perf_counter() - t0) / 60:.1f} min")
     misses = compare(table, readme)
     print("the README's table holds" if not misses else f"{misses} README values outside the CI")
     sys.exit(1 if misses else 0)
 
 
 if __name__ == "__main__":
+    from tasks.determinism import pin_kernels
+
+    pin_kernels()  # the reference run runs in this process, as `dapo` would run it
     main()

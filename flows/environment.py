@@ -1,7 +1,8 @@
 """The environment every ``dapo`` command runs in: defaults set before any library is imported
 (a value already in the environment wins). Telemetry off, as the Makefile exports it; time for
-an embedded Prefect server to start on a busy machine; and a Prefect home of this project's own
-(``.prefect/``: its flow runs, not every clone's in ``~/.prefect``).
+an embedded Prefect server to start on a busy machine; a Prefect home of this project's own
+(``.prefect/``: its flow runs, not every clone's in ``~/.prefect``); and CPU kernels pinned so
+that every x86-64 machine with AVX2 computes the same bits (``tasks.determinism``).
 
 Standard library only: the ``dapo`` entry point applies these before it looks for a warm process
 (``flows.warm``), whose fingerprint includes them, so a command started by ``make`` and one typed
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from tasks.determinism import pin_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = {
@@ -26,3 +29,4 @@ DEFAULTS = {
 def apply_defaults() -> None:
     for key, value in DEFAULTS.items():
         os.environ.setdefault(key, value)
+    pin_kernels()

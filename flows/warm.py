@@ -78,6 +78,7 @@ PRELOAD = (
 IMPORT_TIME_ENV = (
     *("HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "TORCH", "PYTORCH", "CUDA", "NCCL"),
     *("OMP_", "MKL_", "OPENBLAS", "KMP_", "MLFLOW_", "PREFECT_", "PYTHON", "LD_", "USE_", "DS_"),
+    *("ATEN_", "ONEDNN_", "DNNL_", "DAPO_PORTABLE"),
     *("XDG_", "HOME", "TMPDIR", "TQDM_", "LANG", "LC_", "DO_NOT_TRACK", "NO_COLOR"),
 )
 """Prefixes of the environment variables libraries may read once, when imported."""

@@ -8,6 +8,8 @@ import random
 import numpy as np
 import torch
 
+from tasks.determinism import kernels_in_effect
+
 
 def configure_torch(cpu_threads: int) -> str:
     """The device to use; and torch's thread count for host ops (``train.cpu_threads``; 0 keeps
@@ -22,6 +24,13 @@ def configure_torch(cpu_threads: int) -> str:
     # warning that it "was unable to detect" a GPU on every command.
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     return "cpu"
+
+
+def kernel_tags() -> dict[str, str]:
+    """The kernels this process computes with (``tasks.determinism``) and torch's version: two
+    runs compare bit for bit only when both match."""
+    cpu = torch.backends.cpu.get_cpu_capability()
+    return {**kernels_in_effect(cpu), "runtime.torch": torch.__version__}
 
 
 def quiet_transformers() -> None:

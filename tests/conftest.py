@@ -3,7 +3,11 @@
 import os
 
 import pytest
-import torch
+
+from tasks.determinism import pin_kernels
+
+pin_kernels()  # as every `dapo` command does, before torch is imported
+import torch  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -21,6 +25,7 @@ TINY_OVERRIDES = [
     "tiny.num_heads=2",
     "tiny.num_kv_heads=1",
     "tiny.warm_start_steps=30",
+    "tiny.warm_start_target=0",  # all 30 steps: no validation sampling in the fixture
     "tiny.warm_start_batch=16",
     "rollout.group_size=4",
     "rollout.max_response_len=6",

@@ -94,7 +94,8 @@ def is_built(path: Path, spec: dict[str, Any]) -> bool:
 def ensure_built(out: Path, spec: dict[str, Any], build: Callable[[Path], Any], what: str) -> Path:
     """``out`` as built by ``build(staging_dir)`` from ``spec``: reused when its record says so,
     otherwise built (by this process, or by another one this process waits for) and published
-    atomically with its record. ``what`` names the model in messages."""
+    atomically with its record. ``what`` names the model in messages; a dict that ``build``
+    returns is kept in the record as ``build`` (how the build went: steps, scores)."""
     if is_built(out, spec):
         return out
     with build_lock(out, what):
@@ -104,8 +105,10 @@ def ensure_built(out: Path, spec: dict[str, Any], build: Callable[[Path], Any], 
         _remove_leftovers(out)
         staged = out.with_name(f".{out.name}.build-{os.getpid()}")
         try:
-            build(staged)
+            info = build(staged)
             record = {"spec": spec, "digest": dir_digest(staged)}
+            if isinstance(info, dict):
+                record["build"] = info
             (staged / BUILD_RECORD).write_text(json.dumps(record, indent=2))
             publish(staged, out)
         finally:

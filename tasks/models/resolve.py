@@ -1,8 +1,9 @@
 """``model.name_or_path`` as something ``from_pretrained`` loads: a directory or a hub id.
 
 The one place that knows the names the project makes itself: ``tiny`` (the embedded default,
-built), the packaged models of ``tasks.models.fetch`` (``smollm2-135m-instruct``: fetched), and
-local ``.gguf`` files (converted once into ``data/models/<stem>``).
+shipped under ``checkpoints/`` or built), the packaged models of ``tasks.models.fetch``
+(``smollm2-135m-instruct``: fetched), and local ``.gguf`` files (converted once into
+``data/models/<stem>``).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from pathlib import Path
 
 from dapo_core.config import Config
 from tasks.data.version import tracked_md5
+from tasks.models import shipped
 from tasks.models.build import is_built
 from tasks.models.fetch import KNOWN, convert_gguf, fetch_model, gguf_model_dir, model_dir
-from tasks.models.tiny import TINY, build_spec, ensure_tiny_model
+from tasks.models.tiny import TINY, build_spec, ensure_tiny_model, shipped_key
 from tasks.models.warm_start import ensure_warm_started
 from tasks.params import repo_path
 
@@ -54,8 +56,9 @@ def existing_model_path(cfg: Config) -> Path | None:
     built (or warm-started, fetched, converted) or is a hub id."""
     name = cfg.model.name_or_path
     if name == TINY:
+        checkpoint = shipped.find(shipped_key(cfg)) if cfg.tiny.shipped else None
         path = repo_path(cfg.tiny.path)
-        return path if is_built(path, build_spec(cfg)) else None
+        return checkpoint or (path if is_built(path, build_spec(cfg)) else None)
     if name in KNOWN or name.endswith(".gguf") or cfg.model.warm_start_steps > 0:
         return None
     path = Path(name).expanduser()

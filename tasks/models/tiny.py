@@ -9,6 +9,7 @@ with Qwen2's pre-tokenization, because transformers rebuilds a ``Qwen2Tokenizer`
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -21,10 +22,24 @@ from dapo_core.problem import Problem
 from dapo_core.synthetic import solution
 from tasks.data import splits as data_splits
 from tasks.data.splits import splits
-from tasks.models import loading, warm_start
+from tasks.data.version import problems_digest
+from tasks.models import loading, shipped, warm_start
 from tasks.models.build import code_digest, ensure_built, library_versions
 from tasks.models.loading import save_model_dir, transformers_quietly
 from tasks.params import repo_path
+from tasks.runtime import kernel_tags
+
+log = logging.getLogger(__name__)
+
+# The eval settings a warm start's stopping rule samples with (tasks.models.warm_start).
+STOP_RULE_EVAL_KEYS = (
+    "n_samples",
+    "temperature",
+    "top_p",
+    "max_response_len",
+    "seed",
+    "answer_format",
+)
 
 TINY = "tiny"
 PAD, BOS, EOS = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
@@ -92,16 +107,37 @@ def build_tiny_model(tiny: TinyModelConfig, train: list[Problem], out_dir: Path,
     return save_model_dir(Qwen2ForCausalLM(config), tokenizer, out_dir)
 
 
+def build_settings(cfg: Config) -> dict:
+    """The settings that say which embedded model a config asks for (seed included; not where
+    it goes, nor whether a shipped one may serve)."""
+    raw = cfg.to_dict()
+    tiny = {k: v for k, v in raw["tiny"].items() if k not in ("path", "shipped")}
+    settings = {
+        "tiny": tiny,
+        "synthetic": raw["synthetic"],
+        "source": cfg.data.source,
+        "val_size": cfg.data.val_size,
+    }
+    if cfg.tiny.warm_start_target > 0:  # the stopping rule samples as evaluation does
+        settings["eval"] = {k: raw["eval"][k] for k in STOP_RULE_EVAL_KEYS}
+    return settings
+
+
+def shipped_key(cfg: Config) -> dict:
+    """What a shipped checkpoint must have been built for to serve ``cfg``: the same settings,
+    and the same training split (a generator changed since would have it trained on problems
+    that are now validation or test)."""
+    return {**build_settings(cfg), "train_digest": problems_digest(splits(cfg).train)}
+
+
 def build_spec(cfg: Config) -> dict:
     """Everything the embedded model's build depends on: a directory built from anything else
     is stale (another task, another split, other build code or libraries) and is rebuilt."""
     return {
-        "tiny": {k: v for k, v in cfg.to_dict()["tiny"].items() if k != "path"},  # seed too
-        "synthetic": cfg.to_dict()["synthetic"],
-        "source": cfg.data.source,
-        "val_size": cfg.data.val_size,
+        **build_settings(cfg),
         "code": code_digest(*BUILD_MODULES),
         "libraries": library_versions(),
+        "kernels": kernel_tags(),  # another kernel level rounds, and so builds, differently
     }
 
 
@@ -112,13 +148,36 @@ def ensure_tiny_model(cfg: Config) -> Path:
 
     The tokenizer and the warm start see the training split only (``tasks.data.splits``): a
     validation or test problem learned here would inflate every later score on it."""
+    if cfg.tiny.shipped:
+        checkpoint = shipped.find(shipped_key(cfg))
+        if checkpoint is not None:
+            return checkpoint
+    return build_tiny(cfg)
+
+
+def build_tiny(cfg: Config) -> Path:
+    """The embedded model built into ``tiny.path`` (or reused from an earlier build of the same
+    spec there), whether or not a checkpoint ships for it."""
     t = cfg.tiny
 
-    def build(into: Path) -> None:
-        train = splits(cfg).train
-        build_tiny_model(t, train, into, t.seed)
+    def build(into: Path) -> dict:
+        data = splits(cfg)
+        build_tiny_model(t, data.train, into, t.seed)
+        stop = None
+        if t.warm_start_target > 0:
+            score = warm_start.validation_score(cfg, data.val)
+            stop = warm_start.StopRule(t.warm_start_target, t.warm_start_eval_every, score)
         steps, lr, batch = t.warm_start_steps, t.warm_start_lr, t.warm_start_batch
-        warm_start.warm_start(into, train, steps, lr, batch, t.seed)
+        result = warm_start.warm_start(into, data.train, steps, lr, batch, t.seed, stop)
+        if stop and not result.reached(stop.target):
+            log.warning(
+                "embedded model: the warm start ended at validation avg@k %.3f after %d steps, "
+                "below tiny.warm_start_target %.3f; raise tiny.warm_start_steps to reach it",
+                result.checks[-1][1],
+                result.steps,
+                stop.target,
+            )
+        return {"warm_start": result.record()}
 
     return ensure_built(repo_path(t.path), build_spec(cfg), build, "embedded model")
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import random
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.progress import Progress
@@ -50,24 +53,62 @@ def sft_batch(tokenizer, problems: list[Problem]) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": attn, "labels": lab}
 
 
+@dataclass(frozen=True)
+class StopRule:
+    """End the warm start once ``score(model, tokenizer)`` (a validation accuracy) reaches
+    ``target``, checked every ``every`` steps and after the last one."""
+
+    target: float
+    every: int
+    score: Callable[[Any, Any], float]
+
+
+@dataclass(frozen=True)
+class WarmStartResult:
+    losses: list[float]
+    checks: list[tuple[int, float]] = field(default_factory=list)  # (step, validation score)
+
+    @property
+    def steps(self) -> int:
+        return len(self.losses)
+
+    def reached(self, target: float) -> bool:
+        return bool(self.checks) and self.checks[-1][1] >= target
+
+    def record(self) -> dict[str, Any]:
+        """What a build record keeps of the warm start."""
+        out: dict[str, Any] = {"steps": self.steps, "final_loss": round(self.losses[-1], 6)}
+        if self.checks:
+            out["validation_checks"] = [[step, round(v, 6)] for step, v in self.checks]
+        return out
+
+
 def warm_start(
-    model_dir: Path, train: list[Problem], steps: int, lr: float, batch: int, seed: int
-) -> list[float]:
+    model_dir: Path,
+    train: list[Problem],
+    steps: int,
+    lr: float,
+    batch: int,
+    seed: int,
+    stop: StopRule | None = None,
+) -> WarmStartResult:
     """Train ``model_dir`` in place for ``steps`` supervised steps on batches drawn from ``train``
-    (the training split, answered in the DAPO format); returns the losses."""
+    (the training split, answered in the DAPO format), or fewer when ``stop`` says it reached its
+    target."""
     transformers = transformers_quietly()
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    losses = []
+    losses: list[float] = []
+    checks: list[tuple[int, float]] = []
     with Progress(transient=True) as progress:
         bar = progress.add_task("warm start (supervised)", total=steps)
-        for _ in range(steps):
+        for step in range(1, steps + 1):
+            model.train()
             loss = model(**sft_batch(tokenizer, rng.sample(train, min(batch, len(train))))).loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -75,8 +116,43 @@ def warm_start(
             opt.step()
             losses.append(loss.item())
             progress.update(bar, advance=1, description=f"warm start loss {loss.item():.3f}")
+            if stop and (step % stop.every == 0 or step == steps):
+                model.eval()
+                checks.append((step, stop.score(model, tokenizer)))
+                progress.update(bar, description=f"warm start val {checks[-1][1]:.3f}")
+                if checks[-1][1] >= stop.target:
+                    break
     model.save_pretrained(model_dir)
-    return losses
+    return WarmStartResult(losses, checks)
+
+
+def validation_score(cfg: Config, problems: list[Problem]) -> Callable[[Any, Any], float]:
+    """The score a warm start's stopping rule reads: avg@k on ``problems`` (the validation split)
+    sampled as evaluation samples (``eval.n_samples``, temperature, top_p, seed), so the target
+    is on the scale of the avg@k a run reports."""
+    from dapo_core.reward import score
+    from tasks.rollout.factory import make_generator
+    from tasks.rollout.generators import sample_problems
+
+    e = cfg.eval
+
+    def avg_at_k(model, tokenizer) -> float:
+        generator = make_generator(cfg, model, tokenizer, "")
+        texts, _, _ = sample_problems(
+            generator,
+            tokenizer,
+            problems,
+            e.n_samples,
+            e.temperature,
+            e.top_p,
+            e.max_response_len,
+            seed=e.seed,
+        )
+        truths = [p.answer for p in problems for _ in range(e.n_samples)]
+        acc = [score(t, a, e.answer_format).acc for t, a in zip(texts, truths, strict=True)]
+        return sum(acc) / len(acc)
+
+    return avg_at_k
 
 
 def ensure_warm_started(cfg: Config, base: str, root: Path | None = None) -> Path:

@@ -20,6 +20,7 @@ from dapo_core.config import Config
 from tasks.data.version import data_version
 from tasks.models.resolve import model_md5
 from tasks.params import REPO_ROOT
+from tasks.runtime import kernel_tags
 
 
 def git_commit(root: Path = REPO_ROOT) -> str:
@@ -101,6 +102,7 @@ def run_tags(cfg: Config, kind: str, variant: str | None = None, **extra: Any) -
         "variant": variant or variant_of(cfg),
         "seed": str(cfg.train.seed),
         "dapo.flow": kind,
+        **kernel_tags(),
     }
     md5 = model_md5(cfg)
     if md5:

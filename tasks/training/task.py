@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 from typing import Any
 
 from dapo_core import metric_names as metric
@@ -18,6 +19,7 @@ from dapo_core.errors import TrainingInterrupted
 from tasks.data.splits import splits
 from tasks.data.version import problems_digest
 from tasks.evaluation.evaluate import evaluate_policy
+from tasks.models import shipped
 from tasks.models.build import model_dir_digest
 from tasks.models.resolve import resolve_model_path
 from tasks.orchestration import deferred_signals, interrupts, run_logger, stage_task
@@ -166,9 +168,12 @@ def _train(
     # the model it starts from (built first if need be: a fresh clone's first run too), with
     # the run's thread count: a build on every core beside a sweep's other workers crawls
     configure_torch(cfg.train.cpu_threads)
-    model_digest = model_dir_digest(resolve_model_path(cfg))
+    model_path = resolve_model_path(cfg)
+    model_digest = model_dir_digest(model_path)
     if model_digest:  # None for a hub id
         digests["model.digest"] = model_digest
+    if shipped.is_shipped(model_path):  # the project's released starting checkpoint
+        digests["model.shipped"] = Path(model_path).name
     tags = {**run_tags(cfg, kind, variant, run_dir=str(rd)), **digests, **(extra_tags or {})}
     try:  # every way out of here ends the MLflow run: FINISHED, KILLED or FAILED
         if track:

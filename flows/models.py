@@ -1,0 +1,146 @@
+"""``dapo model build``: the embedded model built anew on this machine, scored, and compared with
+the checkpoint the project ships for the same settings (``tasks.models.shipped``); with
+``--ship NAME``, released as that checkpoint."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dapo_core import metric_names as metric
+from dapo_core.config import Config
+from dapo_core.errors import PipelineError
+from tasks.models import shipped
+from tasks.models.build import library_versions, read_record
+from tasks.models.tiny import TINY, build_tiny, shipped_key
+from tasks.runtime import configure_torch, kernel_tags
+from tasks.tracking.provenance import git_commit, git_dirty
+
+
+@dataclass(frozen=True)
+class Start:
+    """A model's digest and its avg@k on the test split before any RL (its starting score)."""
+
+    digest: str
+    avg_at_k: float
+    ci: tuple[float, float]
+
+    def shown(self) -> str:
+        low, high = self.ci
+        return f"{self.digest}, avg@k {self.avg_at_k:.3f} ({low:.3f}-{high:.3f})"
+
+
+@dataclass(frozen=True)
+class BuildReport:
+    path: Path
+    built: Start
+    warm_start: dict[str, Any]
+    shipped_as: str | None  # the shipped checkpoint for the same settings, if any
+    shipped: Start | None
+
+    @property
+    def same_as_shipped(self) -> bool:
+        return self.shipped is not None and self.built.digest == self.shipped.digest
+
+
+def build_and_compare(cfg: Config, ship_as: str | None = None) -> BuildReport:
+    """Build the embedded model of ``cfg`` into ``tiny.path``, score it, find the shipped one
+    for the same settings; with ``ship_as``, release the build under that name."""
+    if cfg.model.name_or_path != TINY:
+        raise PipelineError(
+            f"dapo model build builds the embedded model; model.name_or_path is "
+            f"{cfg.model.name_or_path!r} (use -S model.name_or_path=tiny)"
+        )
+    configure_torch(cfg.train.cpu_threads)
+    path = build_tiny(cfg)
+    record = read_record(path) or {}
+    built = _start(cfg, path, record["digest"])
+    key = shipped_key(cfg)
+    ours = shipped.find(key)
+    release = (read_record(ours) or {}).get("release", {}) if ours else {}
+    before = Start(**release["start"]) if release.get("start") else None
+    if ship_as:
+        about = {
+            "start": {"digest": built.digest, "avg_at_k": built.avg_at_k, "ci": list(built.ci)},
+            "commit": git_commit() + (" (uncommitted changes)" if git_dirty() == "true" else ""),
+            "kernels": kernel_tags(),
+            "libraries": library_versions(),
+        }
+        out = shipped.ship(path, ship_as, key, about)
+        with tempfile.TemporaryDirectory(prefix="dapo-reference-") as scratch:
+            digest = reference_run(cfg, Path(scratch))  # from the checkpoint just shipped
+        reference = {"overrides": list(REFERENCE_OVERRIDES), "digest": digest}
+        shipped.annotate(out, reference_run=reference)
+    return BuildReport(
+        path, built, record.get("build", {}).get("warm_start", {}), ours and ours.name, before
+    )
+
+
+def _start(cfg: Config, path: Path, digest: str) -> Start:
+    from tasks.evaluation.evaluate import evaluate_model
+
+    _, result = evaluate_model(cfg, model_path=str(path))
+    m = result.metrics
+    ci = (m[metric.AVG_AT_K_CI_LOW], m[metric.AVG_AT_K_CI_HIGH])
+    return Start(digest, m[metric.AVG_AT_K], ci)
+
+
+REFERENCE_STEPS = 5
+REFERENCE_OVERRIDES = (f"train.steps={REFERENCE_STEPS}", "train.checkpoint_every=0")
+"""The short reference run: ``dapo train -c PRESET -S train.steps=5 -S train.checkpoint_every=0
+--no-track`` from the shipped checkpoint. Its final weights are the same bits on every machine
+whose kernels are pinned (``tasks.determinism``); the release records their digest."""
+
+
+def reference_run(cfg: Config, scratch: Path) -> str:
+    """The digest of the final weights of the reference run of ``cfg`` (run in ``scratch``)."""
+    from dapo_core.config_loader import resolve
+    from flows.stages import preflight_if_new
+    from tasks.models.build import dir_digest
+    from tasks.orchestration import without_prefect
+    from tasks.rundir import RunDir
+    from tasks.training.task import train_task
+
+    cfg = resolve(cfg.to_dict(), overrides=REFERENCE_OVERRIDES)
+    run = str(scratch / "reference")
+    with without_prefect(), RunDir(run).writer():
+        train_task(
+            cfg,
+            run,
+            kind="train",
+            run_name="reference",
+            variant=None,
+            max_steps=None,
+            progress=False,
+            resume=False,
+            track=False,
+            preflight=preflight_if_new(cfg, run),
+        )
+    return dir_digest(Path(run) / "final")
+
+
+@dataclass(frozen=True)
+class ReferenceCheck:
+    checkpoint: str  # the shipped checkpoint's name
+    want: str | None  # the reference run's digest its release records (None: not recorded)
+    got: str
+    kernels: dict[str, str]
+
+    @property
+    def reproduced(self) -> bool:
+        return self.got == self.want
+
+
+def check_reference(cfg: Config, scratch: Path) -> ReferenceCheck:
+    """Run the reference run from the shipped checkpoint of ``cfg`` and compare its final weights
+    with the digest the release recorded."""
+    path = shipped.find(shipped_key(cfg))
+    if path is None:
+        raise PipelineError(
+            "no checkpoint ships for these settings, so there is no reference run to compare "
+            "with (the presets that ship one: params.yaml and configs/chain.yaml)"
+        )
+    want = (read_record(path) or {}).get("release", {}).get("reference_run", {}).get("digest")
+    return ReferenceCheck(path.name, want, reference_run(cfg, scratch), kernel_tags())

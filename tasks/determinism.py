@@ -1,0 +1,71 @@
+"""Which CPU kernels compute a run, so that every x86-64 machine with AVX2 computes the same bits.
+
+Standard library only: the ``dapo`` entry point pins these before torch is imported (torch, MKL
+and oneDNN read them once, at load). What they pin, and what no setting pins, is in
+docs/determinism.md:
+
+- ATen's kernel level (``ATEN_CPU_CAPABILITY``): its AVX-512 kernels reduce in another order than
+  its AVX2 ones, so an AVX-512 machine and an AVX2 one round differently from the first step;
+- MKL's code path (``MKL_CBWR``, Conditional Numerical Reproducibility): torch's CPU wheel does
+  its matrix products in MKL, which otherwise picks a path per CPU (and per matrix shape on AMD);
+- oneDNN's instruction set (``ONEDNN_MAX_CPU_ISA``).
+
+AVX2 is the newest level every x86-64 CPU of the last decade has. ``DAPO_PORTABLE_KERNELS=0``
+leaves each library to its own choice (faster on some CPUs, and machine-specific)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PORTABLE_KERNELS = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_CBWR": "AVX2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+}
+SWITCH = "DAPO_PORTABLE_KERNELS"
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The CPU's feature flags (Linux); empty where they cannot be read."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
+def portable_kernels(flags: set[str] | None = None) -> dict[str, str]:
+    """The pins this machine can take: all of them on a CPU with AVX2 and FMA (ATen's AVX2
+    kernels use both and would crash without them), none elsewhere or when switched off."""
+    if os.environ.get(SWITCH, "1") == "0":
+        return {}
+    flags = cpu_flags() if flags is None else flags
+    return dict(PORTABLE_KERNELS) if {"avx2", "fma"} <= flags else {}
+
+
+def pin_kernels() -> None:
+    """Set the pins this machine can take (a value already set wins), before torch is imported."""
+    for key, value in portable_kernels().items():
+        os.environ.setdefault(key, value)
+
+
+def kernels_in_effect(cpu_capability: str) -> dict[str, str]:
+    """What decided this process's CPU rounding, as a run's tags: ATen's level as torch reports
+    it (``cpu_capability``), MKL's and oneDNN's settings, and whether all three are the portable
+    pins (``runtime.portable_kernels``: only then do two machines' runs compare bit for bit)."""
+    mkl = os.environ.get("MKL_CBWR", "")
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "")
+    portable = (
+        cpu_capability.upper() == PORTABLE_KERNELS["ATEN_CPU_CAPABILITY"].upper()
+        and mkl == PORTABLE_KERNELS["MKL_CBWR"]
+        and isa == PORTABLE_KERNELS["ONEDNN_MAX_CPU_ISA"]
+    )
+    return {
+        "runtime.cpu_capability": cpu_capability,
+        "runtime.mkl_cbwr": mkl or "native",
+        "runtime.onednn_isa": isa or "native",
+        "runtime.portable_kernels": str(portable).lower(),
+    }

@@ -1,0 +1,159 @@
+"""Shipped starting checkpoints: found for the settings they were built for, digest-checked,
+used without a build, released by `dapo model build --ship`; and the warm start's stopping rule."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from dapo_core.config import ConfigError
+from dapo_core.config_loader import resolve
+from dapo_core.errors import PipelineError
+from tasks.data.splits import splits
+from tasks.models import shipped, tiny, warm_start
+from tasks.models.build import BUILD_RECORD, dir_digest, read_record
+from tasks.params import load_params
+
+ROOT = Path(__file__).resolve().parents[2]
+PRESETS = {"tiny-arith": [], "tiny-chain": [ROOT / "configs" / "chain.yaml"]}
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_each_preset_finds_its_shipped_checkpoint(name):
+    """The shipped checkpoints serve today's settings and training split: a change to either
+    (a generator, a split rule, a tiny.* value) fails here until it is re-shipped."""
+    cfg = load_params(None, PRESETS[name])
+    found = shipped.find(tiny.shipped_key(cfg))
+    assert found == shipped.SHIPPED_ROOT / name
+    release = read_record(found)["release"]
+    assert release["digest"] == dir_digest(found)
+    assert release["start"]["digest"] == release["digest"]
+    assert release["kernels"]["runtime.portable_kernels"] == "true"  # built where it travels
+
+
+def test_the_embedded_model_starts_from_the_shipped_checkpoint_without_a_build(tmp_path):
+    cfg = load_params(overrides=[f"tiny.path={tmp_path / 'built'}"])
+    assert tiny.ensure_tiny_model(cfg) == shipped.SHIPPED_ROOT / "tiny-arith"
+    assert not (tmp_path / "built").exists()
+
+
+def test_shipped_false_or_other_settings_build_instead(tmp_path, monkeypatch):
+    built = []
+    monkeypatch.setattr(tiny, "build_tiny", lambda cfg: built.append(cfg) or tmp_path)
+    for override in ("tiny.shipped=false", "tiny.seed=7", "synthetic.num_train=799"):
+        assert tiny.ensure_tiny_model(load_params(overrides=[override])) == tmp_path
+    assert len(built) == 3
+
+
+def _copy_release(tmp_path: Path, monkeypatch) -> Path:
+    root = tmp_path / "checkpoints"
+    shutil.copytree(shipped.SHIPPED_ROOT / "tiny-arith", root / "tiny-arith")
+    monkeypatch.setattr(shipped, "SHIPPED_ROOT", root)
+    return root / "tiny-arith"
+
+
+def test_a_damaged_checkpoint_is_refused_with_the_way_to_restore_it(tmp_path, monkeypatch):
+    copy = _copy_release(tmp_path, monkeypatch)
+    key = tiny.shipped_key(load_params())
+    assert shipped.find(key, copy.parent) == copy
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # one bit of one weight
+    weights.write_bytes(bytes(data))
+    with pytest.raises(PipelineError, match="git checkout -- .*tiny-arith"):
+        shipped.find(key, copy.parent)
+
+
+def test_ship_then_annotate_releases_a_build_with_its_record(tiny_cfg, tmp_path, monkeypatch):
+    monkeypatch.setattr(shipped, "SHIPPED_ROOT", tmp_path / "checkpoints")
+    key = tiny.shipped_key(tiny_cfg)
+    assert shipped.find(key, shipped.SHIPPED_ROOT) is None
+    out = shipped.ship(Path(tiny_cfg.tiny.path), "tiny-test", key, {"start": {"avg_at_k": 0.1}})
+    shipped.annotate(out, reference_run={"digest": "sha256:0"})
+    assert shipped.find(key, shipped.SHIPPED_ROOT) == out and shipped.is_shipped(out)
+    release = read_record(out)["release"]
+    assert release["key"] == key and release["digest"] == dir_digest(Path(tiny_cfg.tiny.path))
+    assert release["rule"] == shipped.SELECTION_RULE and release["start"]["avg_at_k"] == 0.1
+    assert release["reference_run"] == {"digest": "sha256:0"}
+    assert sorted(p.name for p in out.parent.iterdir()) == ["tiny-test"]  # no staging left
+
+
+def test_the_readme_quotes_the_shipped_releases():
+    """The digests and starting scores the README states are the releases' own."""
+    readme = (ROOT / "README.md").read_text()
+    for name in PRESETS:
+        release = json.loads((shipped.SHIPPED_ROOT / name / BUILD_RECORD).read_text())["release"]
+        assert release["digest"] in readme, name
+    chain = read_record(shipped.SHIPPED_ROOT / "tiny-chain")["release"]
+    assert chain["reference_run"]["digest"] in readme
+    assert re.search(rf"{chain['start']['avg_at_k']:.3f}", readme)
+
+
+# The stopping rule of the warm start.
+
+
+def _fresh_copy(tiny_cfg, tmp_path: Path, name: str) -> Path:
+    out = tmp_path / name
+    shutil.copytree(tiny_cfg.tiny.path, out)
+    return out
+
+
+def test_the_warm_start_stops_at_the_first_check_on_target(tiny_cfg, tmp_path):
+    scores = iter([0.1, 0.2, 0.5, 0.9])
+    rule = warm_start.StopRule(target=0.5, every=3, score=lambda model, tok: next(scores))
+    train = splits(tiny_cfg).train
+    result = warm_start.warm_start(
+        _fresh_copy(tiny_cfg, tmp_path, "a"), train, 20, 1e-3, 4, 0, rule
+    )
+    assert result.steps == 9 and result.checks == [(3, 0.1), (6, 0.2), (9, 0.5)]
+    assert result.reached(0.5) and not result.reached(0.6)
+
+
+def test_checks_do_not_change_what_the_warm_start_trains(tiny_cfg, tmp_path):
+    """Sampling for a check leaves the training RNG and weights alone: stopped at step 6, the
+    model is the one 6 steps without checks make."""
+    train = splits(tiny_cfg).train
+    checked = _fresh_copy(tiny_cfg, tmp_path, "checked")
+    plain = _fresh_copy(tiny_cfg, tmp_path, "plain")
+    score = warm_start.validation_score(tiny_cfg, splits(tiny_cfg).val)
+    calls = []
+
+    def counted(model, tok):
+        calls.append(score(model, tok))
+        return 1.0 if len(calls) == 3 else 0.0
+
+    warm_start.warm_start(checked, train, 50, 1e-3, 4, 0, warm_start.StopRule(0.5, 2, counted))
+    warm_start.warm_start(plain, train, 6, 1e-3, 4, 0)
+    assert len(calls) == 3 and all(0 <= c <= 1 for c in calls)
+    assert dir_digest(checked) == dir_digest(plain)
+
+
+def test_a_build_that_misses_its_target_says_how_to_reach_it(tiny_cfg, tmp_path, caplog):
+    cfg = resolve(
+        tiny_cfg.to_dict(),
+        overrides=[
+            f"tiny.path={tmp_path / 'm'}",
+            "tiny.warm_start_steps=2",
+            "tiny.warm_start_target=0.99",
+            "tiny.warm_start_eval_every=1",
+        ],
+    )
+    torch.manual_seed(0)
+    path = tiny.build_tiny(cfg)
+    record = read_record(path)["build"]["warm_start"]
+    assert record["steps"] == 2 and len(record["validation_checks"]) == 2
+    assert "raise tiny.warm_start_steps" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [("tiny.warm_start_target=1", "below 1"), ("tiny.warm_start_eval_every=0", ">= 1")],
+)
+def test_stop_rule_settings_are_checked(tiny_cfg, override, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve(tiny_cfg.to_dict(), overrides=[override])

@@ -14,7 +14,12 @@ Each section compares against a baseline measured in the same run and prints its
 8. start-up: ``dapo train`` to its first step with a temporary Prefect server and with the
    project's running one (``bench.startup``);
 9. rollouts that overlap training (``train.rollout_ranks=1``) against the synchronous step:
-   steps per minute, waits and held-out avg@8 (``bench.async``).
+   steps per minute, waits and held-out avg@8 (``bench.async``);
+10. the portable kernels every command pins against each library's own choice for this CPU
+    (``bench.kernels``).
+
+Not here, for their length: ``bench.ladder_check`` (a README table from a fresh sweep) and
+``bench.build_seeds`` (where the embedded model's build lands for several build seeds).
 
 ``--quick`` runs fewer repeats (for a smoke check, not for figures to quote).
 """
@@ -38,6 +43,7 @@ QUICK_ARGS = {
     "compaction": ["--repeats", "1", "-P", "8"],
     "startup": ["--trials", "1"],
     "async": ["--steps", "5", "--settings", "sync,s1"],
+    "kernels": ["--trials", "1"],
 }
 
 

@@ -2,7 +2,7 @@
 
 0. the DVC data stages (``dvc repro``), so that ``dvc status`` is clean afterwards (the pipeline
    itself skips them for the synthetic source, whose problems it generates);
-1. ``dapo pipeline``: the tiny model built and warm-started on first use, DAPO
+1. ``dapo pipeline``: from the shipped tiny model (``checkpoints/tiny-arith``), DAPO
    training with validation every ``eval.every_n_steps`` steps, and the final evaluation, all in one
    MLflow run of the ``dapo-pipeline`` experiment;
 2. ``dapo ablate`` with fewer steps per variant: the paper's ladder (naive GRPO -> ... -> DAPO), a

@@ -83,3 +83,64 @@ def test_ladder_check_reads_the_readme_tables_and_judges_by_their_ci(capsys):
     assert ladder_check.compare(inside, readme) == 0
     assert ladder_check.compare(outside, readme) == 1
     assert "NO" in capsys.readouterr().out
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_ladder_check_interrupts_its_sweep_once_and_waits_for_its_clean_up(tmp_path):
+    """Ctrl-C to the check passes one SIGINT to the sweep and waits for its clean-up (before,
+    subprocess.run SIGKILLed it after 0.25 s, stranding its server and workers)."""
+    import subprocess
+    import sys
+
+    from bench import ladder_check
+
+    marker = tmp_path / "cleaned"
+    code = (
+        "import signal, sys, time\n"
+        "def bye(*a):\n"
+        "    time.sleep(1.0)\n"  # a clean-up that takes a while
+        f"    open({str(marker)!r}, 'a').write('x')\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGINT, bye)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    ladder_check.stop(child)
+    assert child.returncode == 0 and marker.read_text() == "x"
+
+
+def test_ladder_check_sweep_dies_with_the_check(tmp_path):
+    """SIGKILL of the check (an OOM kill, a scheduler's) ends its sweep too (parent-death
+    signal), instead of leaving it training headless."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import subprocess, sys\n"
+        "from bench.ladder_check import _die_with_parent\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],\n"
+        "                     start_new_session=True, preexec_fn=_die_with_parent)\n"
+        "print(c.pid, flush=True)\n"
+        "c.wait()\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pid = int(parent.stdout.readline())
+    assert _alive(pid)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)

@@ -144,3 +144,25 @@ def test_ladder_check_sweep_dies_with_the_check(tmp_path):
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(pid)
+
+
+def test_across_starts_says_which_differences_hold_from_every_start():
+    import pandas as pd
+
+    from bench.across_starts import score_rows
+
+    def table(delta_b, clear_b, delta_c, clear_c):
+        return pd.DataFrame(
+            [
+                {"variant": "a", "avg_at_k": 0.5, "delta": None, "distinguishable": False},
+                {"variant": "b", "avg_at_k": 0.6, "delta": delta_b, "distinguishable": clear_b},
+                {"variant": "c", "avg_at_k": 0.4, "delta": delta_c, "distinguishable": clear_c},
+            ]
+        )
+
+    rows = score_rows([table(0.1, True, -0.05, False), table(0.2, True, 0.01, False)])
+    assert rows[0] == "| `a` | 0.500 / 0.500 | | |"
+    assert rows[1].endswith("| +0.100 / +0.200 | **+ from every start** |")
+    assert rows[2].endswith("| -0.050 / +0.010 | flips with the start |")
+    same_sign = score_rows([table(0.1, True, 0.0, False), table(0.1, False, 0.0, False)])
+    assert same_sign[1].endswith("same sign (+), CI spans 0 from 1 start(s) |")

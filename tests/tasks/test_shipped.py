@@ -157,3 +157,36 @@ def test_a_build_that_misses_its_target_says_how_to_reach_it(tiny_cfg, tmp_path,
 def test_stop_rule_settings_are_checked(tiny_cfg, override, message):
     with pytest.raises(ConfigError, match=message):
         resolve(tiny_cfg.to_dict(), overrides=[override])
+
+
+# The commands.
+
+
+def test_dapo_model_build_reports_its_build_and_that_none_ships_for_it(tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from tests.conftest import TINY_OVERRIDES
+
+    sets = [a for o in [*TINY_OVERRIDES, f"tiny.path={tmp_path / 'm'}"] for a in ("-S", o)]
+    out = CliRunner().invoke(app, ["model", "build", *sets])
+    assert out.exit_code == 0, out.output
+    digest = dir_digest(tmp_path / "m")
+    assert f"built: {tmp_path / 'm'} after 30 warm-start steps; {digest}, avg@k" in out.output
+    assert "no checkpoint ships for these settings" in out.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["model", "check", "-S", "tiny.seed=3"], "no checkpoint ships for these settings"),
+        (["model", "build", "-S", "model.name_or_path=gpt2"], "builds the embedded model"),
+    ],
+)
+def test_model_commands_refuse_what_they_cannot_do_in_one_line(args, message):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 2 and message in out.output and "Traceback" not in out.output

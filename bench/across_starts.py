@@ -33,12 +33,14 @@ def score_rows(tables: list[pd.DataFrame]) -> list[str]:
         shown = " / ".join(f"{d:+.3f}" for d in deltas)
         clear = [bool(r["distinguishable"]) for r in rows]
         signs = {_sign(d) for d in deltas}
-        if all(clear) and len(signs) == 1:
-            verdict = f"**{signs.pop()} from every start**"
-        elif len(signs) == 1:
-            verdict = f"same sign ({signs.pop()}), CI spans 0 from {clear.count(False)} start(s)"
-        else:
+        if not any(clear):
+            verdict = "CI spans 0 from every start"
+        elif len(signs) > 1:
             verdict = "flips with the start"
+        elif all(clear):
+            verdict = f"**{signs.pop()} from every start**"
+        else:
+            verdict = f"same sign ({signs.pop()}), clear of 0 from {sum(clear)} of {len(clear)}"
         out.append(f"| `{variant}` | {scores} | {shown} | {verdict} |")
     return out
 
@@ -68,7 +70,8 @@ def main(argv: list[str] | None = None) -> None:
     if all(m.exists() for m in mechanisms):
         print("\n| rung | signal | change per start | as the paper says? |")
         print("|---|---|---|---|")
-        print("\n".join(mechanism_rows([pd.read_csv(m) for m in mechanisms])))
+        frames = [pd.read_csv(m, keep_default_na=False) for m in mechanisms]  # "n/a" verdicts
+        print("\n".join(mechanism_rows(frames)))
 
 
 if __name__ == "__main__":

@@ -160,9 +160,10 @@ def test_across_starts_says_which_differences_hold_from_every_start():
             ]
         )
 
-    rows = score_rows([table(0.1, True, -0.05, False), table(0.2, True, 0.01, False)])
+    rows = score_rows([table(0.1, True, -0.05, True), table(0.2, True, 0.01, False)])
     assert rows[0] == "| `a` | 0.500 / 0.500 | | |"
     assert rows[1].endswith("| +0.100 / +0.200 | **+ from every start** |")
     assert rows[2].endswith("| -0.050 / +0.010 | flips with the start |")
-    same_sign = score_rows([table(0.1, True, 0.0, False), table(0.1, False, 0.0, False)])
-    assert same_sign[1].endswith("same sign (+), CI spans 0 from 1 start(s) |")
+    some = score_rows([table(0.1, True, -0.01, False), table(0.1, False, 0.02, False)])
+    assert some[1].endswith("same sign (+), clear of 0 from 1 of 2 |")
+    assert some[2].endswith("CI spans 0 from every start |")

@@ -9,7 +9,8 @@ Prefect home, so nothing cached here (queued runs, an earlier build) takes part:
    (``tasks.determinism``); it says which if not;
 2. the README's sweep (``dapo ablate -c configs/chain.yaml --seeds 0,1,2,3,4``, with the
    table's variants) from the same shipped checkpoint: nothing is built;
-3. each row beside the README's value, and whether that value lies in the sweep's 95% CI.
+3. each row beside the README's value, whether that value lies in the sweep's 95% CI, and
+   whether it is the same value (it is, on pinned kernels: the same bits).
 
 Exits 0 when every README value lies in the sweep's CI. Ctrl-C (or SIGTERM) stops the sweep as
 Ctrl-C stops ``dapo ablate`` (its runs end KILLED, its workers and server stop) and exits 130;
@@ -123,14 +124,16 @@ def stop(child: subprocess.Popen) -> None:
 def compare(table: pd.DataFrame, readme: dict[str, float]) -> int:
     """Print the sweep against the README; the number of README values outside the sweep's CI."""
     misses = 0
-    print(f"{'variant':22} {'README':>8} {'this sweep [95% CI]':>26}  within")
+    print(f"{'variant':22} {'README':>8} {'this sweep [95% CI]':>26}  within  same to 3 d.p.")
     for row in table.to_dict("records"):
         want = readme.get(row["variant"])
         inside = want is not None and row["ci_low"] <= want <= row["ci_high"]
+        same = want is not None and f"{row['avg_at_k']:.3f}" == f"{want:.3f}"
         misses += not inside
         ci = f"{row['avg_at_k']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
         shown = "-" if want is None else f"{want:.3f}"
-        print(f"{row['variant']:22} {shown:>8} {ci:>26}  {'yes' if inside else 'NO'}")
+        verdict = f"{'yes' if inside else 'NO':6}  {'yes' if same else 'no'}"
+        print(f"{row['variant']:22} {shown:>8} {ci:>26}  {verdict}")
     return misses
 
 

@@ -10,6 +10,7 @@ learned here would inflate every later score on it.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
 from collections.abc import Callable
@@ -77,7 +78,9 @@ class WarmStartResult:
 
     def record(self) -> dict[str, Any]:
         """What a build record keeps of the warm start."""
-        out: dict[str, Any] = {"steps": self.steps, "final_loss": round(self.losses[-1], 6)}
+        out: dict[str, Any] = {"steps": self.steps}
+        if self.losses:  # none with warm_start_steps=0
+            out["final_loss"] = round(self.losses[-1], 6)
         if self.checks:
             out["validation_checks"] = [[step, round(v, 6)] for step, v in self.checks]
         return out
@@ -136,8 +139,10 @@ def validation_score(cfg: Config, problems: list[Problem]) -> Callable[[Any, Any
 
     e = cfg.eval
 
+    hf = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, backend="hf"))
+
     def avg_at_k(model, tokenizer) -> float:
-        generator = make_generator(cfg, model, tokenizer, "")
+        generator = make_generator(hf, model, tokenizer, "")  # the model in memory, not a file
         texts, _, _ = sample_problems(
             generator,
             tokenizer,

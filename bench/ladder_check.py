@@ -67,10 +67,6 @@ def readme_table(which: str, readme: Path = ROOT / "README.md") -> dict[str, flo
     raise SystemExit(f"no {which} table found in {readme}")
 
 
-def readme_ladder(readme: Path = ROOT / "README.md") -> dict[str, float]:
-    return readme_table("ladder", readme)
-
-
 def _die_with_parent() -> None:
     """In the sweep's process: SIGTERM when this check dies, however it dies (Linux), so a
     killed check never leaves a sweep training headless."""

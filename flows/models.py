@@ -97,27 +97,14 @@ whose kernels are pinned (``tasks.determinism``); the release records their dige
 def reference_run(cfg: Config, scratch: Path) -> str:
     """The digest of the final weights of the reference run of ``cfg`` (run in ``scratch``)."""
     from dapo_core.config_loader import resolve
-    from flows.stages import preflight_if_new
+    from flows.stages import train_config
     from tasks.models.build import dir_digest
     from tasks.orchestration import without_prefect
-    from tasks.rundir import RunDir
-    from tasks.training.task import train_task
 
     cfg = resolve(cfg.to_dict(), overrides=REFERENCE_OVERRIDES)
     run = str(scratch / "reference")
-    with without_prefect(), RunDir(run).writer():
-        train_task(
-            cfg,
-            run,
-            kind="train",
-            run_name="reference",
-            variant=None,
-            max_steps=None,
-            progress=False,
-            resume=False,
-            track=False,
-            preflight=preflight_if_new(cfg, run),
-        )
+    with without_prefect():
+        train_config(cfg, run, "reference", progress=False, resume=False, track=False)
     return dir_digest(Path(run) / "final")
 
 

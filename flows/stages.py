@@ -71,6 +71,20 @@ def train(
     cfg = load_config(params, config, overrides, variant)
     name = run_name or (Path(run_dir).name if run_dir else default_run_name("train"))
     target = run_dir or str(run_dir_for(cfg, name))
+    return train_config(cfg, target, name, variant, max_steps, progress, resume, track)
+
+
+def train_config(
+    cfg: Config,
+    target: str,
+    name: str,
+    variant: str | None = None,
+    max_steps: int | None = None,
+    progress: bool = True,
+    resume: bool = True,
+    track: bool = True,
+) -> TrainSummary:
+    """:func:`train` for a resolved config, in the run directory ``target``."""
     with RunDir(target).writer():  # the one writer, across the task's retries too
         return train_task(
             cfg,

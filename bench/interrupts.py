@@ -141,9 +141,14 @@ def prefect_states(home: Path) -> list[str]:
         return [row[0] for row in conn.execute("select state_type from flow_run")]
 
 
+def trial_home(scratch: Path, trial: Trial) -> Path:
+    """The Prefect home of ``trial`` (its run directories and model build go there too)."""
+    return scratch / f"prefect-{trial.command}-{trial.phase}-{trial.sig}-{trial.to}"
+
+
 def run_trial(trial: Trial, scratch: Path, model: Path, uri: str, extra: list[str] = ()) -> Outcome:
     """Run ``trial`` (``extra``: arguments every command gets, e.g. ``--params FILE``)."""
-    home = scratch / f"prefect-{trial.command}-{trial.phase}-{trial.sig}-{trial.to}"
+    home = trial_home(scratch, trial)
     log = home.with_suffix(".log")
     env = {
         **os.environ,

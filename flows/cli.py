@@ -1319,7 +1319,8 @@ def reproduce(
 
     if tracking_uri:
         os.environ["MLFLOW_TRACKING_URI"] = tracking_uri  # the new run goes to the same store
-    with _server():
+    # a check runs no flow: no Prefect server to start for it
+    with contextlib.nullcontext() if check_only else _server():
         out = reproduce_run(
             run_id, tracking_uri, run_name=run_name, check_only=check_only, strict=strict
         )

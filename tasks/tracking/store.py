@@ -286,5 +286,12 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 
 
 def mlflow_env() -> dict[str, str]:
-    """Environment for MLflow subprocesses: telemetry off."""
-    return {**os.environ, "DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    """Environment for MLflow subprocesses: telemetry off, and no job-execution consumers (a
+    pool of processes per server for MLflow's GenAI jobs, which this project does not run;
+    a user's own setting wins)."""
+    return {
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+        **os.environ,
+        "DO_NOT_TRACK": "true",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+    }

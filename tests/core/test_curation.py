@@ -202,9 +202,9 @@ PATHOLOGICAL = [
 
 
 def test_integerize_time_is_bounded():
-    start = time.perf_counter()
+    start = time.process_time()  # CPU seconds: a busy machine does not inflate them
     results = [integerize(answer) for answer in PATHOLOGICAL]
-    assert time.perf_counter() - start < 10
+    assert time.process_time() - start < 10
     assert results[:-1] == [None] * (len(PATHOLOGICAL) - 1)
     assert results[-1] == Integerized(1, "integer", "")
 
@@ -472,12 +472,12 @@ def test_decontaminator_speed_synthetic():
     vocab = [f"w{i}" for i in range(3000)]
     evals = [" ".join(rng.choices(vocab, k=80)) for _ in range(60)]
     train = [" ".join(rng.choices(vocab, k=70)) for _ in range(18_000)]
-    start = time.perf_counter()
+    start = time.process_time()  # CPU seconds: a busy machine does not inflate them
     deco = Decontaminator(evals, corpus=train)
     flagged = sum(deco.match(p) is not None for p in train)
-    elapsed = time.perf_counter() - start
+    cpu_s = time.process_time() - start
     assert flagged == 0
-    assert elapsed < 15, elapsed
+    assert cpu_s < 15, cpu_s
 
 
 # ---------------------------------------------------------------------------------------------
@@ -523,12 +523,12 @@ def test_dapo17k_against_aime(record_property):
     ]
     ids, texts = zip(*evals, strict=True)
 
-    start = time.perf_counter()
+    start = time.process_time()  # CPU seconds: a busy machine does not inflate them
     deco = Decontaminator(texts, ids, corpus=problems)
     flagged = [i for i, problem in enumerate(problems) if deco.match(problem) is not None]
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
 
-    print(f"DAPO-17K rows {len(problems)}: flagged {len(flagged)} in {elapsed:.2f}s")
+    print(f"DAPO-17K rows {len(problems)}: flagged {len(flagged)} in {elapsed:.2f} CPU s")
     record_property("dapo17k_flagged", len(flagged))
     assert len(problems) == 17_917
     assert all(deco.match(text) == key for key, text in evals)  # each eval problem finds itself

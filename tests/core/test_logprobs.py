@@ -102,6 +102,7 @@ DEVICES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 def test_compiled_chunk_kernels_equal_the_log_softmax_on_wide_bf16_logits(device):
     """The fused head's two kernels, compiled as CUDA runs them, on bf16 logits of a wide

@@ -538,12 +538,12 @@ def test_adversarial_input_is_bounded(text: str) -> None:
     # an integer, an integer past the cap, and a ground truth that Math-Verify judges
     for truth in ("1", "9" * 5_000, "\\frac{1}{2}"):
         for answer_format in ("dapo", "boxed", "minerva", "auto"):
-            start = time.perf_counter()
+            start = time.process_time()  # CPU seconds: a busy machine does not inflate them
             result = score(text, truth, answer_format)
-            elapsed = time.perf_counter() - start
+            cpu_s = time.process_time() - start
             assert isinstance(result, Score)
             assert result.score in (1.0, -1.0)
-            assert elapsed < 2.0, f"{answer_format}: took {elapsed:.2f} s"
+            assert cpu_s < 2.0, f"{answer_format}: took {cpu_s:.2f} CPU s"
 
 
 def test_megabyte_of_answer_lines_still_finds_the_last() -> None:
@@ -616,10 +616,10 @@ BRACE_RUNS = {
 @pytest.mark.parametrize("text", BRACE_RUNS.values(), ids=BRACE_RUNS.keys())
 @pytest.mark.parametrize("answer_format", ["dapo", "auto"])
 def test_answer_line_after_unbalanced_braces_is_read(text: str, answer_format: str) -> None:
-    start = time.perf_counter()
+    start = time.process_time()
     result = score(text, "540", answer_format)
     assert result == Score(1.0, True, "540")
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0  # CPU seconds (quadratic scans took minutes)
 
 
 # --- answer formats ---------------------------------------------------------------------------
@@ -782,9 +782,9 @@ def test_a_judgement_past_its_deadline_is_not_equivalent(monkeypatch, in_thread:
 
     def work() -> None:
         try:
-            start = time.perf_counter()
+            start = time.process_time()  # the stubborn judge spins: CPU time bounds it too
             outcome.append(score("Answer: 0.125", gold).acc)
-            outcome.append(time.perf_counter() - start)
+            outcome.append(time.process_time() - start)
             time.sleep(0.4)  # a withdrawn deadline must not fire later
             outcome.append(score("Answer: 7", "7").acc)
         except BaseException as e:  # reported below
@@ -821,6 +821,6 @@ def test_the_deadline_counts_cpu_time_not_waiting(monkeypatch) -> None:
 @pytest.mark.parametrize("truth", list(ADVERSARIAL.values())[:8], ids=list(ADVERSARIAL)[:8])
 def test_adversarial_ground_truth_is_bounded(truth: str) -> None:
     """A ground truth is read for a marked answer too (a worked solution): bounded the same."""
-    start = time.perf_counter()
+    start = time.process_time()
     result = score("Answer: 1", truth, "auto")
-    assert isinstance(result, Score) and time.perf_counter() - start < 2.0
+    assert isinstance(result, Score) and time.process_time() - start < 2.0  # CPU seconds

@@ -8,6 +8,7 @@ Flows read a params file written from the session's tiny config (``flow_params``
 import json
 import logging
 import os
+import shutil
 
 import pytest
 
@@ -30,13 +31,24 @@ for _k, _v in {
 
 
 @pytest.fixture(scope="session")
-def prefect_harness(tmp_path_factory):
+def prefect_harness(tmp_path_factory, empty_stores):
+    """Prefect's test harness (a server on a temporary SQLite database), its database copied
+    from the run's migrated one: the harness would otherwise migrate a new one itself."""
+    from unittest import mock
+
+    import prefect.testing.utilities as harness
     from prefect.settings import PREFECT_HOME, PREFECT_LOCAL_STORAGE_PATH, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
 
     home = tmp_path_factory.mktemp("prefect_home")
+    database = tmp_path_factory.mktemp("prefect_harness")
+    # the harness keeps its database as prefect-test.db in a directory it asks mkdtemp for
+    shutil.copyfile(empty_stores / "prefect" / "prefect.db", database / "prefect-test.db")
     updates = {PREFECT_HOME: str(home), PREFECT_LOCAL_STORAGE_PATH: str(home / "storage")}
-    with temporary_settings(updates=updates), prefect_test_harness(server_startup_timeout=90):
+    with (
+        temporary_settings(updates=updates),
+        mock.patch.object(harness, "mkdtemp", lambda: str(database)),
+        harness.prefect_test_harness(server_startup_timeout=90),
+    ):
         yield
 
 

@@ -5,7 +5,6 @@ import json
 import math
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.interrupts import processes_of
 from dapo_core.ablation import ABLATION_LADDER, PAPER_TABLE1_AIME24
 from dapo_core.ablation_stats import MECHANISM_SIGNALS
 from dapo_core.config import ConfigError
@@ -289,6 +287,7 @@ def _cli_env(tmp_path, mlflow_uri=None):
     return env
 
 
+@pytest.mark.slow
 def test_pool_without_a_shared_server_says_what_to_do(tmp_path):
     cmd = [sys.executable, "-m", "flows.cli", "ablate", "--pool", "gpu-nodes", "--seeds", "0"]
     out = subprocess.run(cmd, env=_cli_env(tmp_path), capture_output=True, text=True, timeout=120)
@@ -296,49 +295,6 @@ def test_pool_without_a_shared_server_says_what_to_do(tmp_path):
     assert "--pool needs a Prefect server" in out.stderr and "Traceback" not in out.stderr
     home = tmp_path / "prefect"  # importing Prefect creates its home, but nothing ran
     assert not (home / "prefect.db").exists() and not (home / "logs").exists()
-
-
-@pytest.mark.slow
-def test_two_local_workers_consume_one_pool(flow_cfg, tmp_path):
-    """`dapo ablate --workers 2`: a local server and two workers; each (variant, seed) is a flow
-    run one of them picks up; the parent gathers both from MLflow; nothing is left running."""
-    from dapo_core.config_loader import resolve
-
-    cfg = resolve(flow_cfg.to_dict(), overrides=["train.steps=2", "eval.every_n_steps=0"])
-    params = tmp_path / "params.json"
-    params.write_text(json.dumps(cfg.to_dict()))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cmd = [
-        *(sys.executable, "-m", "flows.cli", "ablate", "--params", str(params)),
-        *("--variants", "grpo,+overlong_filtering", "--seeds", "0", "--workers", "2"),
-        *("--run-name", "ablate-pool", "--no-curate"),
-    ]
-    out = subprocess.run(
-        cmd, env=_cli_env(tmp_path, uri), capture_output=True, text=True, timeout=600
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "2 runs on 2 local workers" in out.stdout + out.stderr
-    # its logs reached the server before it stopped: none retried against the stopped one
-    assert "Error logging to API" not in out.stdout + out.stderr
-    logs = tmp_path / "prefect" / "logs"
-    # Both workers may race for one run (the server aborts the loser's submission), so count the
-    # runs each one actually started.
-    ran = {w: (logs / f"worker-{w}.log").read_text().count("Beginning subflow run") for w in (0, 1)}
-    assert ran == {0: 1, 1: 1}, ran  # each worker ran one of the two
-    (parent,) = [r for r in store.search_runs(cfg, "ablate", uri=uri) if r["name"] == "ablate-pool"]
-    assert parent["status"] == "FINISHED"
-    children = store.search_runs(
-        cfg, "ablate", f"tags.mlflow.parentRunId = '{parent['run_id']}'", uri=uri
-    )
-    assert sorted(c["name"] for c in children) == ["+overlong_filtering seed0", "grpo seed0"]
-    assert all(c["status"] == "FINISHED" and "eval/avg_at_k" in c["metrics"] for c in children)
-    arts = set(store.list_artifacts(parent["run_id"], uri=uri))
-    assert {"ablation/table.csv", "ablation/mechanisms.csv", "ablation/table.png"} <= arts
-    # the server and both workers are gone with the command
-    port = re.search(r"flow runs at http://127\.0\.0\.1:(\d+)", out.stdout + out.stderr)[1]
-    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", int(port)), timeout=2):
-        pass
-    assert not processes_of(tmp_path / "prefect")  # nor any flow run's process
 
 
 def test_a_failed_child_is_reported_and_the_others_still_run(tiny_cfg, monkeypatch):
@@ -447,6 +403,7 @@ def test_an_unknown_pool_is_refused_before_anything_is_written(flows_env, flow_c
     assert not [r for r in store.search_runs(flow_cfg, "ablate") if r["name"] == "ablate-nopool"]
 
 
+@pytest.mark.slow
 def test_a_wrong_variant_or_baseline_is_one_line_before_anything_runs(tmp_path):
     for args, said in (
         (["--variants", "dapo,gpso"], "unknown variant(s) gpso; Table 1 rungs: grpo"),

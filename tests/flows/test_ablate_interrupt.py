@@ -1,12 +1,14 @@
-"""Stopping a ``dapo ablate --workers N`` sweep: its flow runs are cancelled while its server is
-up, nothing it started is left running, and the next sweep on the same Prefect home runs only its
-own runs (issue 30, item 3). Real processes, real signals, the tiny model."""
+"""``dapo ablate --workers N`` as real processes, real signals, the tiny model: two local workers
+share a sweep and a child killed mid-run is resubmitted; a stopped sweep's flow runs are cancelled
+while its server is up, nothing it started is left running, and the next sweep on the same Prefect
+home runs only its own runs (issue 30, item 3)."""
 
 import contextlib
 import json
 import os
 import re
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -99,7 +101,7 @@ def _submit_foreign_run(url: str, like: dict, run_dir: str) -> str:
 
 @pytest.mark.slow
 def test_an_interrupted_sweep_cancels_its_runs_and_the_next_runs_only_its_own(
-    flow_cfg, mlflow_uri, tmp_path, leave_nothing_running
+    flow_cfg, mlflow_uri, tmp_path, prefect_home, leave_nothing_running
 ):
     """Ctrl-C once a child trains: every run of the sweep ends CANCELLED, nothing it started is
     left, one line says so; the next sweep on the same Prefect home runs its own runs only, not
@@ -138,10 +140,9 @@ def test_an_interrupted_sweep_cancels_its_runs_and_the_next_runs_only_its_own(
     (line,) = [ln for ln in out.splitlines() if ln.startswith("interrupted")]
     assert "sweep sweep-one stopped" in line and "queued and 2 running" in line, line
     assert "--run-name sweep-one" in line
-    # The sweep's server, workers and children's processes within ~10 s; the command's own exit
-    # adds the interpreter's clean-up (seconds of garbage collection on a busy machine).
-    assert cleanup_s < 12 and exit_s < 30, out[-3000:]
-    assert not processes_of(home)
+    # The sweep's server, workers and children's processes are gone, before its exit (within
+    # _stop_times' minute: how fast is a figure of `python -m bench.interrupts`).
+    assert not processes_of(home), out[-3000:]
 
     ours = [r for r in _flow_runs(home) if "sweep-one" in r["parameters"]["run_dir"]]
     assert sorted(r["name"] for r in ours) == sorted(f"{v} seed0" for v in four.split(","))
@@ -271,14 +272,17 @@ def test_cancel_sweep_ends_queued_runs_and_asks_running_ones_to_stop(monkeypatch
 
 
 @pytest.mark.slow
-def test_a_child_killed_mid_run_is_resubmitted_and_resumes(
-    flow_cfg, mlflow_uri, tmp_path, leave_nothing_running
+def test_two_local_workers_share_a_sweep_and_a_child_killed_mid_run_resumes(
+    flow_cfg, tmp_path, prefect_home, fresh_mlflow_uri, leave_nothing_running
 ):
-    """Issue 23 item 4: SIGKILL the process running one child of `dapo ablate --workers 2` once
-    it has a checkpoint (a worker's flow run dies as an OOM kill or a node's would): its worker
-    reports it crashed, the sweep submits it again, and it resumes from its checkpoint; the sweep
-    ends with every row ok, the child's metrics once per step and its MLflow run FINISHED."""
-    runs, uri, steps = tmp_path / "runs", mlflow_uri, 16
+    """`dapo ablate --workers 2`: a local server and two workers; each (variant, seed) is a flow
+    run one of them picks up; the parent gathers both from MLflow; nothing is left running.
+
+    In the same sweep (one sweep's start-up, not two), issue 23 item 4: SIGKILL the process
+    running one child once it has a checkpoint (a flow run dies as an OOM kill or a node's
+    would): its worker reports it crashed, the sweep submits it again, and it resumes from its
+    checkpoint; every row ends ok, the child's metrics once per step, its MLflow run FINISHED."""
+    runs, uri, steps = tmp_path / "runs", fresh_mlflow_uri, 16
     settings = [f"train.steps={steps}", "train.checkpoint_every=2", "train.max_stalled_steps=0"]
     cfg = resolve(
         flow_cfg.to_dict(), overrides=[*settings, "eval.every_n_steps=0", f"train.out_dir={runs}"]
@@ -286,10 +290,10 @@ def test_a_child_killed_mid_run_is_resubmitted_and_resumes(
     params = tmp_path / "params.json"
     params.write_text(json.dumps(cfg.to_dict()))
     log = tmp_path / "sweep.log"
-    sweep = _sweep(tmp_path, params, "killed", "grpo,+overlong_filtering", "0", uri, log)
+    sweep = _sweep(tmp_path, params, "ablate-pool", "grpo,+overlong_filtering", "0", uri, log)
     checkpoints = _wait_for(
         "a checkpoint",
-        lambda: list(runs.glob("killed/*/seed0/checkpoints/step_*")),
+        lambda: list(runs.glob("ablate-pool/*/seed0/checkpoints/step_*")),
         sweep,
         log,
         240,
@@ -298,21 +302,38 @@ def test_a_child_killed_mid_run_is_resubmitted_and_resumes(
     writer = json.loads((run_dir / ".lock").read_text())["pid"]  # the process writing the run
     os.kill(writer, signal.SIGKILL)
     assert sweep.wait(timeout=400) == 0, log.read_text()[-3000:]
-    assert not processes_of(tmp_path / "prefect")
+    out = log.read_text()
+    assert "2 runs on 2 local workers" in out
+    # its logs reached the server before it stopped: none retried against the stopped one
+    assert "Error logging to API" not in out
+    # Both workers may race for one run (the server aborts the loser's submission), so count the
+    # runs each one actually started: one each, and the killed one once more.
+    logs = prefect_home / "logs"
+    ran = [(logs / f"worker-{w}.log").read_text().count("Beginning subflow run") for w in (0, 1)]
+    assert min(ran) >= 1 and sum(ran) == 3, ran
+    # the server and both workers are gone with the command, nor is any flow run's process left
+    port = re.search(r"flow runs at http://127\.0\.0\.1:(\d+)", out)[1]
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", int(port)), timeout=2):
+        pass
+    assert not processes_of(prefect_home)
+
     import pandas as pd
 
-    assert pd.read_csv(runs / "killed" / "ablation.csv")["status"].tolist() == ["ok", "ok"]
+    assert pd.read_csv(runs / "ablate-pool" / "ablation.csv")["status"].tolist() == ["ok", "ok"]
     rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, steps + 1))  # each step once
-    named = [
-        r for r in _flow_runs(tmp_path / "prefect") if r["parameters"]["run_dir"] == str(run_dir)
-    ]
+    named = [r for r in _flow_runs(prefect_home) if r["parameters"]["run_dir"] == str(run_dir)]
     assert sorted(r["state"] for r in named) == ["COMPLETED", "CRASHED"]  # killed, then again
-    parent = [r for r in store.search_runs(cfg, "ablate", uri=uri) if r["name"] == "killed"]
+    (parent,) = [r for r in store.search_runs(cfg, "ablate", uri=uri) if r["name"] == "ablate-pool"]
+    assert parent["status"] == "FINISHED"
     children = store.search_runs(
-        cfg, "ablate", f"tags.mlflow.parentRunId = '{parent[0]['run_id']}'", uri=uri
+        cfg, "ablate", f"tags.mlflow.parentRunId = '{parent['run_id']}'", uri=uri
     )
-    assert sorted(c["status"] for c in children) == ["FINISHED", "FINISHED"]  # one run each
+    assert sorted(c["name"] for c in children) == ["+overlong_filtering seed0", "grpo seed0"]
+    # one MLflow run each, the resumed one included
+    assert all(c["status"] == "FINISHED" and "eval/avg_at_k" in c["metrics"] for c in children)
+    arts = set(store.list_artifacts(parent["run_id"], uri=uri))
+    assert {"ablation/table.csv", "ablation/mechanisms.csv", "ablation/table.png"} <= arts
 
 
 class _Server:

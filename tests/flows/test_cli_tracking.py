@@ -2,6 +2,7 @@
 
 import re
 
+import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
@@ -15,6 +16,7 @@ def _run_id(output: str) -> str:
     return found.group(1)
 
 
+@pytest.mark.slow
 def test_cli_train_and_evaluate_are_tracked(flows_env, flow_cfg, flow_params, tmp_path):
     mlflow_uri = flows_env
     runner = CliRunner()
@@ -107,6 +109,7 @@ def test_interrupted_training_says_how_to_continue_and_ends_the_run_killed(
     assert read_run(run_id, flows_env)["status"] == "KILLED"
 
 
+@pytest.mark.slow
 def test_without_a_prefect_server_train_never_imports_prefect(flow_params, tmp_path):
     """No Prefect server configured or running: `dapo train` runs its flow's function and leaves
     Prefect unimported (~2 s of every such command)."""

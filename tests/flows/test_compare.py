@@ -40,6 +40,7 @@ def _children(cfg, parent_id):
     return store.search_runs(cfg, "compare", f"tags.mlflow.parentRunId = '{parent_id}'")
 
 
+@pytest.mark.slow
 def test_every_method_and_seed_is_trained_evaluated_and_tabled(compared):
     from flows.compare import METHODS
 
@@ -120,6 +121,7 @@ def test_an_interrupt_ends_the_parent_killed_and_says_how_to_resume(
     assert parent["status"] == "KILLED"
 
 
+@pytest.mark.slow
 def test_an_unknown_method_is_one_line_before_anything_runs(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env.update(PREFECT_HOME=str(tmp_path / "prefect"), HF_HUB_OFFLINE="1")
@@ -130,6 +132,7 @@ def test_an_unknown_method_is_one_line_before_anything_runs(tmp_path):
     assert not (tmp_path / "prefect" / "prefect.db").exists()  # nothing ran
 
 
+@pytest.mark.slow
 def test_a_failed_run_is_in_the_table_and_fails_the_parent_the_others_go_on(
     flows_env, flow_cfg, flow_params, monkeypatch
 ):

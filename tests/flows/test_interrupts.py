@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench.interrupts import Trial, run_trial
+from bench.interrupts import Trial, run_trial, trial_home
 from dapo_core.config_loader import resolve
 from tasks.models.resolve import resolve_model_path
 
@@ -36,13 +36,14 @@ def setting(flow_cfg, mlflow_uri, tmp_path_factory):
     ],
     ids=lambda t: f"{t.command}-{t.phase}-SIG{t.sig}-{t.to}",
 )
-def test_a_signal_to_the_group_ends_the_command_with_its_records(setting, trial):
+def test_a_signal_to_the_group_ends_the_command_with_its_records(setting, trial, seed_prefect_home):
     scratch, model, uri, params = setting
     extra = params + (LONGER_EVAL if trial.phase == "evaluation" else [])
+    seed_prefect_home(trial_home(scratch, trial))
     out = run_trial(trial, scratch, model, uri, extra)
-    assert out.exit_code == 130, out.last_line
+    # exited by itself (run_trial waits up to a minute; how fast is `python -m bench.interrupts`)
+    assert out.exit_code == 130, out
     assert out.last_line.startswith("interrupted:"), out.last_line
-    assert out.seconds < 10, out
     assert not out.traceback and not out.left, out
     # the runs it started: MLflow KILLED, Prefect CANCELLED (written while the server was up);
     # `dapo train` without a server runs its flow as a function: no Prefect run at all
@@ -102,6 +103,7 @@ except KeyboardInterrupt:
 """
 
 
+@pytest.mark.slow
 def test_a_clean_up_that_hangs_is_cut_short_and_leaves_nothing():
     """The backstop for an interrupt whose clean-up hangs (seen once in 48 trials of the
     interrupt matrix, not reproduced since): after CLEANUP_DEADLINE_S the command kills the
@@ -116,15 +118,14 @@ def test_a_clean_up_that_hangs_is_cut_short_and_leaves_nothing():
         [sys.executable, "-c", HUNG_CLEAN_UP], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     server = int(proc.stdout.readline())
-    start = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    err = proc.communicate(timeout=30)[1].decode()
-    assert proc.returncode == 130 and time.monotonic() - start < 10
+    err = proc.communicate(timeout=60)[1].decode()  # without the backstop: 600 s
+    assert proc.returncode == 130
     assert err.strip().splitlines() == [
         "interrupted: the clean-up did not finish within 1s, so the command stopped without it; "
         "its run directory is consistent: --resume continues it"
     ]
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # a hang guard: gone at once when the backstop works
     while time.monotonic() < deadline:  # its session was killed with it
         try:
             os.kill(server, 0)

@@ -25,8 +25,8 @@ def _dapo(*args, env):
 
 
 @pytest.mark.slow
-def test_a_started_server_is_used_by_commands_and_stopped_whole(tmp_path, flow_cfg):
-    home = tmp_path / "prefect"
+def test_a_started_server_is_used_by_commands_and_stopped_whole(tmp_path, flow_cfg, prefect_home):
+    home = prefect_home
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env.update(PREFECT_HOME=str(home), HF_HUB_OFFLINE="1", DO_NOT_TRACK="true")
     assert srv.running_server(home) is None

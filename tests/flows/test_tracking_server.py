@@ -244,7 +244,9 @@ def _serve(backend: str, port: int, log) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-def test_a_tracking_server_away_mid_run_is_caught_up_when_back(tiny_cfg, tmp_path, monkeypatch):
+def test_a_tracking_server_away_mid_run_is_caught_up_when_back(
+    tiny_cfg, tmp_path, monkeypatch, fresh_mlflow_uri
+):
     """Issue 23, item 4: the server goes away (killed) while a run logs, and comes back on the
     same address: the steps logged meanwhile were buffered, and every step reaches it once."""
     from tasks.tracking import tracker as tracking
@@ -252,7 +254,7 @@ def test_a_tracking_server_away_mid_run_is_caught_up_when_back(tiny_cfg, tmp_pat
 
     for key in tracking.HTTP_DEFAULTS:
         monkeypatch.setenv(key, {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}.get(key, "5"))
-    backend, port = f"sqlite:///{tmp_path / 'mlflow.db'}", _free_port()
+    backend, port = fresh_mlflow_uri, _free_port()
     uri = f"http://127.0.0.1:{port}"
     with (tmp_path / "server.log").open("w") as log:
         server = _serve(backend, port, log)

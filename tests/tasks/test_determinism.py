@@ -64,6 +64,7 @@ def test_this_suite_runs_on_the_pinned_kernels():
     assert torch.backends.cpu.get_cpu_capability() == "AVX2"
 
 
+@pytest.mark.slow
 @needs_pins
 def test_the_dapo_entry_point_pins_the_kernels_before_torch_loads():
     env = {k: v for k, v in os.environ.items() if not k.startswith(tuple(PORTABLE_KERNELS))}
@@ -77,6 +78,7 @@ def test_the_dapo_entry_point_pins_the_kernels_before_torch_loads():
     assert out.stdout.split() == ["AVX2", "AVX2"]
 
 
+@pytest.mark.slow
 @needs_pins
 def test_the_chain_reference_run_reproduces_the_release_bit_for_bit(tmp_path):
     """The determinism contract: 5 RL steps of the chain preset from its shipped checkpoint end

@@ -109,6 +109,7 @@ def _length_parity(response: str, answer: str):
     return Score(1.0 if right else -1.0, right, None)
 
 
+@pytest.mark.slow
 def test_iterative_dpo_mines_each_round_from_the_policy_before(
     cfg, pairs_file, tmp_path, monkeypatch
 ):

@@ -220,6 +220,7 @@ def test_published_benchmarks_keep_every_problem_and_answer(tiny_cfg, name):
             assert kept[row["problem"].strip()] == published
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not PUBLISHED["math-500"][0].exists(), reason="real data not here")
 def test_math_500_is_judged_as_published(tiny_cfg):
     """All 500 problems stay (78 of them had no integer form; 91 had their answer rewritten by

@@ -77,9 +77,19 @@ FLOW_OVERRIDES = [
 
 @pytest.fixture(scope="session")
 def flow_cfg(tiny_cfg, tmp_path_factory):
-    """The tiny config the flows run: 2 steps, validation every step, 2 samples per problem."""
+    """The tiny config the flows run: 2 steps, validation every step, 2 samples per problem.
+
+    Its model is built here, once, into a directory of its own: fewer validation and test
+    problems are other build settings than ``tiny_cfg``'s, and two settings sharing one
+    directory would rebuild it back and forth (in every command a flow test starts)."""
+    from tasks.models.resolve import resolve_model_path
+
     runs = tmp_path_factory.mktemp("runs")
-    return resolve(tiny_cfg.to_dict(), overrides=[*FLOW_OVERRIDES, f"train.out_dir={runs}"])
+    model = tmp_path_factory.mktemp("flow_tiny") / "model"
+    overrides = [*FLOW_OVERRIDES, f"train.out_dir={runs}", f"tiny.path={model}"]
+    cfg = resolve(tiny_cfg.to_dict(), overrides=overrides)
+    resolve_model_path(cfg)
+    return cfg
 
 
 def write_params(cfg, path) -> str:

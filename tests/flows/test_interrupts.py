@@ -4,6 +4,7 @@ sessions of their own, real signals; the full matrix (every phase, to the group 
 process) is ``python -m bench.interrupts``."""
 
 import json
+import shutil
 
 import pytest
 
@@ -11,19 +12,23 @@ from bench.interrupts import Trial, run_trial, trial_home
 from dapo_core.config_loader import resolve
 from tasks.models.resolve import resolve_model_path
 
-# Long enough that the signal lands inside the phase: more problems to evaluate.
-LONGER_EVAL = ["-S", "synthetic.num_test=200", "-S", "eval.n_samples=32"]
+# Long enough that the signal lands inside the phase: more samples to draw. (More test problems
+# would be other build settings: a model built again, inside the trial.)
+LONGER_EVAL = ["-S", "eval.n_samples=512"]
 
 
 @pytest.fixture(scope="module")
-def setting(flow_cfg, mlflow_uri, tmp_path_factory):
+def setting(flow_cfg, empty_stores, tmp_path_factory):
     scratch = tmp_path_factory.mktemp("interrupts")
     # the test model learns nothing: the stall guard would end training before the signal
     overrides = [f"train.out_dir={scratch / 'runs'}", "train.max_stalled_steps=0"]
     cfg = resolve(flow_cfg.to_dict(), overrides=overrides)
     params = scratch / "params.json"
     params.write_text(json.dumps(cfg.to_dict()))
-    return scratch, resolve_model_path(cfg), mlflow_uri, ["--params", str(params)]
+    # a store of the trials' own: only the commands under test write to it
+    shutil.copyfile(empty_stores / "mlflow.db", scratch / "mlflow.db")
+    uri = f"sqlite:///{scratch / 'mlflow.db'}"
+    return scratch, resolve_model_path(cfg), uri, ["--params", str(params)]
 
 
 @pytest.mark.slow

@@ -206,13 +206,42 @@ def arm_watchdog(deadline_s: float | None = None) -> None:
     timer.start()
 
 
+def redeliver_lost_interrupts(signum: int) -> None:
+    """Deliver ``signum`` again, a moment later, if the exception its handler raises is lost.
+
+    Python runs a signal's handler at the next bytecode of the main thread, which may belong to
+    a garbage-collection callback or a ``__del__``; what such code raises is not raised but
+    reported as "Exception ignored" (``sys.unraisablehook``), and the command would go on as if
+    never stopped. A lost interrupt is delivered again, once the callback is over; where the
+    clean-up already runs (:func:`deferred_signals`), the repeat is ignored."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_redelivers", None) is not None:
+        previous._redelivers[0] = signum
+        return
+    lost = [signum]
+
+    def hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, Exception) or unraisable.exc_value is None:
+            previous(unraisable)  # an ordinary error in a callback: reported as usual
+            return
+        timer = threading.Timer(0.1, os.kill, (os.getpid(), lost[0]))
+        timer.daemon = True
+        timer.start()
+
+    hook._redelivers = lost  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
 def watched(handler: Any) -> Any:
-    """``handler`` (a Python signal handler) that first arms the clean-up watchdog."""
+    """``handler`` (a Python signal handler) that first arms the clean-up watchdog, and has an
+    interrupt it raises delivered again if the exception is lost (see
+    :func:`redeliver_lost_interrupts`)."""
     if getattr(handler, "_arms_watchdog", False) or not callable(handler):
         return handler
 
     def arming(signum: int, frame: Any) -> Any:
         arm_watchdog()
+        redeliver_lost_interrupts(signum)
         return handler(signum, frame)
 
     arming._arms_watchdog = True  # type: ignore[attr-defined]

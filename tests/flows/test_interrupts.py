@@ -14,7 +14,7 @@ from tasks.models.resolve import resolve_model_path
 
 # Long enough that the signal lands inside the phase: more samples to draw. (More test problems
 # would be other build settings: a model built again, inside the trial.)
-LONGER_EVAL = ["-S", "eval.n_samples=512"]
+LONGER_EVAL = ["-S", "eval.n_samples=1024"]
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +178,42 @@ def test_a_signal_ends_the_rollout_process_with_the_trainer(setting, sig, to):
     assert out.seconds < 10, out
     assert not out.traceback and not out.left, out
     assert out.mlflow and set(out.mlflow) == {"KILLED"}, out
+
+
+LOST_IN_A_CALLBACK = """
+import os, signal, time
+from tasks import orchestration
+
+def stop(signum, frame):
+    raise KeyboardInterrupt
+
+signal.signal(signal.SIGTERM, orchestration.watched(stop))
+
+class Dying:
+    def __del__(self):  # as a garbage-collection callback: what it raises is not raised
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(10_000):  # the handler runs at one of these bytecodes
+            pass
+
+try:
+    Dying()
+    for _ in range(100):
+        time.sleep(0.1)  # the command's work goes on
+    print("the signal was ignored", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_an_interrupt_raised_inside_a_garbage_collection_callback_is_not_lost():
+    """A SIGTERM whose handler ran inside a ``__del__`` (seen: a weakref callback during
+    evaluation) raised into nowhere, and the command ran to the end with exit 0: it is
+    delivered again, and this time stops the command."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", LOST_IN_A_CALLBACK], capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.strip() == "interrupted", out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and "ignored" not in out.stderr, out.stderr

@@ -24,6 +24,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["DAPO_WARM"] = "0"  # no test command runs in a developer's warm process
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker more than the cores (at most ``--maxprocesses``). Many tests wait
+    on what they started (a server coming up, a child process importing torch), so a third
+    worker on 2 cores keeps them busy (docs/testing.md has what it gained)."""
+    return (os.cpu_count() or 1) + 1
+
+
 def pytest_collection_modifyitems(items):
     """The slow tests first (stable otherwise): the workers start the long ones early and fill
     the end of the run with the many short ones, instead of waiting on one long test last."""

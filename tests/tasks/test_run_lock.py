@@ -71,10 +71,10 @@ def _same_weights(a: Path, b: Path) -> bool:
 
 @pytest.mark.slow
 def test_two_concurrent_resumes_one_runs_the_other_is_refused(tiny_cfg, tmp_path):
-    """Two `dapo train --resume DIR` at once (real processes): one trains to the end, the other
-    exits 2 in one line naming the first's pid, before Prefect or MLflow start."""
+    """Two `dapo train --resume DIR` at once (real processes): one trains on, the other exits 2
+    in one line naming the first's pid, before Prefect or MLflow start, and writes nothing."""
     # enough steps left that the first is still training when the second has started up
-    cfg = resolve(tiny_cfg.to_dict(), overrides=["train.steps=400", "train.max_stalled_steps=0"])
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["train.steps=2000", "train.max_stalled_steps=0"])
     run = tmp_path / "run"
     run_training(cfg, RunDir(run), progress=False, max_steps=2)
     cmd = [sys.executable, "-m", "flows.cli", "train", "--resume", str(run), "--no-track"]
@@ -90,7 +90,9 @@ def test_two_concurrent_resumes_one_runs_the_other_is_refused(tiny_cfg, tmp_path
                 text=True,
                 timeout=120,
             )
-            assert first.wait(timeout=300) == 0, (tmp_path / "first.log").read_text()[-3000:]
+            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            first.send_signal(signal.SIGINT)  # stopped as Ctrl-C stops it: no need to finish
+            assert first.wait(timeout=120) == 130, (tmp_path / "first.log").read_text()[-3000:]
         finally:
             first.kill()
     assert second.returncode == 2, second.stderr[-3000:]
@@ -98,8 +100,8 @@ def test_two_concurrent_resumes_one_runs_the_other_is_refused(tiny_cfg, tmp_path
     assert len(errors) == 1 and f"pid {first.pid}" in errors[0] and "--resume" in errors[0]
     assert "Traceback" not in second.stderr
     assert not (tmp_path / "prefect-second" / "prefect.db").exists()  # no flow run began
-    assert _steps(run) == list(range(1, 401))  # one line per step, none twice
-    assert (run / "final" / "model.safetensors").exists()
+    steps = _steps(run)
+    assert len(steps) > 2 and steps == list(range(1, len(steps) + 1))  # one line each, none twice
 
 
 @pytest.mark.slow

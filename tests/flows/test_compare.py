@@ -58,6 +58,7 @@ def test_every_method_and_seed_is_trained_evaluated_and_tabled(compared):
     assert max(len(line) for line in table.attrs["terminal"].splitlines()) <= 80
 
 
+@pytest.mark.slow
 def test_the_methods_that_learn_from_preferences_pay_for_the_mined_responses(compared):
     _, table = compared
     root = Path(table.attrs["dir"])
@@ -71,6 +72,7 @@ def test_the_methods_that_learn_from_preferences_pay_for_the_mined_responses(com
     assert all(r["responses"] == r["curve"][0][0] for r in dpo)  # nothing generated in training
 
 
+@pytest.mark.slow
 def test_the_runs_nest_under_one_parent_in_mlflow(compared, flow_cfg):
     from flows.compare import METHODS
 
@@ -93,6 +95,7 @@ def test_the_runs_nest_under_one_parent_in_mlflow(compared, flow_cfg):
             assert "k1" in c["params"]["algo.kl.name"] and "reward" in c["params"]["algo.kl.where"]
 
 
+@pytest.mark.slow
 def test_the_same_command_again_resumes_from_the_records(compared, flow_cfg):
     from flows.compare import compare_flow
 

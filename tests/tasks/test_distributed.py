@@ -81,11 +81,19 @@ def updates(tiny_cfg, tmp_path_factory):
     return tmp
 
 
+CASE_IDS = ["zero2", "zero3", "zero3-kl", "zero2-ppo", "zero3-ppo"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "case", range(len(CASES)), ids=["zero2", "zero3", "zero3-kl", "zero2-ppo", "zero3-ppo"]
-)
-def test_two_ranks_equal_one(tiny_cfg, updates, case):
+def test_two_ranks_equal_one(tiny_cfg, updates, subtests):
+    """Every case, each a subtest: one test item, so that the suite's workers never split the
+    cases and launch the shared ranks twice."""
+    for case, name in enumerate(CASE_IDS):
+        with subtests.test(case=name):
+            _two_ranks_equal_one(tiny_cfg, updates, case)
+
+
+def _two_ranks_equal_one(tiny_cfg, updates, case):
     stage, kl, variant = CASES[case]
     cfg = _case_config(tiny_cfg, stage, kl, variant)
     one, two = torch.load(updates / f"one{case}.pt"), torch.load(updates / f"two{case}.pt")
@@ -159,11 +167,16 @@ def resumed_runs(tiny_cfg, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", range(len(RESUME_CASES)), ids=["zero2", "zero3", "zero3-ppo"])
-def test_resumed_multi_rank_run_reproduces_the_uninterrupted_one(resumed_runs, case):
+def test_resumed_multi_rank_run_reproduces_the_uninterrupted_one(resumed_runs, subtests):
     """2 ranks: 4 steps straight, against 2 steps, a stop, and a resume from the checkpoint.
     Under ZeRO-3 the checkpoint's per-rank optimizer state carries the weight partitions (the
-    critic's too, under ppo)."""
+    critic's too, under ppo). Each case a subtest of one item (the cases share one launch)."""
+    for case, name in enumerate(["zero2", "zero3", "zero3-ppo"]):
+        with subtests.test(case=name):
+            _resumed_reproduces(resumed_runs, case)
+
+
+def _resumed_reproduces(resumed_runs, case):
     from safetensors.torch import load_file
 
     variant = RESUME_CASES[case][1]

@@ -41,7 +41,20 @@ def _children(cfg, parent_id):
 
 
 @pytest.mark.slow
-def test_every_method_and_seed_is_trained_evaluated_and_tabled(compared):
+def test_one_compare_sweep(compared, flow_cfg, subtests):
+    """What one `dapo compare` sweep (two seeds) must show, each a subtest of one item: the sweep
+    is the expensive part, and the suite's workers would each run it for a test of their own."""
+    for check in (
+        _every_method_and_seed_is_trained_evaluated_and_tabled,
+        _the_methods_that_learn_from_preferences_pay_for_the_mined_responses,
+        _the_runs_nest_under_one_parent_in_mlflow,
+        _the_same_command_again_resumes_from_the_records,  # last: it runs the command again
+    ):
+        with subtests.test(check.__name__.strip("_")):
+            check(compared, flow_cfg)
+
+
+def _every_method_and_seed_is_trained_evaluated_and_tabled(compared, flow_cfg):
     from flows.compare import METHODS
 
     _, table = compared
@@ -58,8 +71,7 @@ def test_every_method_and_seed_is_trained_evaluated_and_tabled(compared):
     assert max(len(line) for line in table.attrs["terminal"].splitlines()) <= 80
 
 
-@pytest.mark.slow
-def test_the_methods_that_learn_from_preferences_pay_for_the_mined_responses(compared):
+def _the_methods_that_learn_from_preferences_pay_for_the_mined_responses(compared, flow_cfg):
     _, table = compared
     root = Path(table.attrs["dir"])
     records = [json.loads(line) for line in (root / "records.jsonl").read_text().splitlines()]
@@ -72,8 +84,7 @@ def test_the_methods_that_learn_from_preferences_pay_for_the_mined_responses(com
     assert all(r["responses"] == r["curve"][0][0] for r in dpo)  # nothing generated in training
 
 
-@pytest.mark.slow
-def test_the_runs_nest_under_one_parent_in_mlflow(compared, flow_cfg):
+def _the_runs_nest_under_one_parent_in_mlflow(compared, flow_cfg):
     from flows.compare import METHODS
 
     _, table = compared
@@ -95,8 +106,7 @@ def test_the_runs_nest_under_one_parent_in_mlflow(compared, flow_cfg):
             assert "k1" in c["params"]["algo.kl.name"] and "reward" in c["params"]["algo.kl.where"]
 
 
-@pytest.mark.slow
-def test_the_same_command_again_resumes_from_the_records(compared, flow_cfg):
+def _the_same_command_again_resumes_from_the_records(compared, flow_cfg):
     from flows.compare import compare_flow
 
     params, table = compared

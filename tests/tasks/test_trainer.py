@@ -122,10 +122,18 @@ def _weights(run_dir):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_resume_reproduces_uninterrupted_run(tiny_cfg, tmp_path, dtype):
-    """bfloat16: weights in bf16, float32 master copies in the optimizer's checkpoint."""
+def test_resume_reproduces_uninterrupted_run(tiny_cfg, tmp_path, dtype, monkeypatch):
+    """bfloat16: weights in bf16, float32 master copies in the optimizer's checkpoint. A reward
+    the tiny model earns from step 1 (response-length parity): every step updates, so a resume
+    that lost the optimizer's state (or anything else an update reads) would differ."""
+    from types import SimpleNamespace
+
+    from tasks.training import trainer
+
+    monkeypatch.setattr(trainer, "score", lambda r, _: SimpleNamespace(acc=len(r) % 2 == 0))
     cfg = resolve(tiny_cfg.to_dict(), overrides=["train.steps=4", f"model.dtype={dtype}"])
     full = run_training(cfg, RunDir(tmp_path / "full"), progress=False)
+    assert all(r["train/kept_group_frac"] > 0 for r in full.history)  # real updates each step
     first = run_training(cfg, RunDir(tmp_path / "cut"), progress=False, max_steps=2)
     assert first.steps == 2 and not (tmp_path / "cut" / "final").exists()
     with pytest.raises(FileExistsError, match="--resume"):

@@ -206,6 +206,9 @@ def arm_watchdog(deadline_s: float | None = None) -> None:
     timer.start()
 
 
+_last_interrupt: list[int] = []  # the signal the last watched handler ran for
+
+
 def redeliver_lost_interrupts(signum: int) -> None:
     """Deliver ``signum`` again, a moment later, if the exception its handler raises is lost.
 
@@ -214,22 +217,18 @@ def redeliver_lost_interrupts(signum: int) -> None:
     reported as "Exception ignored" (``sys.unraisablehook``), and the command would go on as if
     never stopped. A lost interrupt is delivered again, once the callback is over; where the
     clean-up already runs (:func:`deferred_signals`), the repeat is ignored."""
-    previous = sys.unraisablehook
-    if getattr(previous, "_redelivers", None) is not None:
-        previous._redelivers[0] = signum
+    if not _last_interrupt:
+        sys.unraisablehook = functools.partial(_redeliver, sys.unraisablehook)
+    _last_interrupt[:] = [signum]
+
+
+def _redeliver(previous: Any, unraisable: Any) -> None:
+    if isinstance(unraisable.exc_value, Exception) or unraisable.exc_value is None:
+        previous(unraisable)  # an ordinary error in a callback: reported as usual
         return
-    lost = [signum]
-
-    def hook(unraisable: Any) -> None:
-        if isinstance(unraisable.exc_value, Exception) or unraisable.exc_value is None:
-            previous(unraisable)  # an ordinary error in a callback: reported as usual
-            return
-        timer = threading.Timer(0.1, os.kill, (os.getpid(), lost[0]))
-        timer.daemon = True
-        timer.start()
-
-    hook._redelivers = lost  # type: ignore[attr-defined]
-    sys.unraisablehook = hook
+    timer = threading.Timer(0.1, os.kill, (os.getpid(), _last_interrupt[0]))
+    timer.daemon = True
+    timer.start()
 
 
 def watched(handler: Any) -> Any:

@@ -15,7 +15,8 @@ tokens per second and of milliseconds per generated position (the call's time / 
 included) are printed, with each baseline's time over ours.
 
 On CUDA ours decodes with CUDA graphs (``tasks.rollout.graphs``); the ``eager`` side is the same
-sampler with ``graphs=False`` (the lean step launched kernel by kernel).
+sampler with ``graphs=False`` (the lean step launched kernel by kernel), the ``lean`` side the
+graphs over the step as it was before fused kernels (``LEAN_OPTIONS``, eager sampling).
 
 Models (``--model``): ``tiny``, the embedded Qwen2 with random weights (fp32); ``qwen2.5-0.5b``,
 Qwen2.5-0.5B's shape with random weights and its 151,936-token vocabulary, and
@@ -40,13 +41,14 @@ from bench import common
 from bench.mfu import SHAPES, build_model
 from tasks.models.loading import chat_prompt, load_policy
 from tasks.rollout.generators import HFGenerator
+from tasks.rollout.graphs import LEAN_OPTIONS
 
-SIDES = ("ours", "eager", "generate", "static")
+SIDES = ("ours", "lean", "eager", "generate", "static")
 
 
-def sampler(model, tok, L: int, graphs: bool | None = None) -> HFGenerator:
-    """Our sampler, forced to L tokens per sample (``graphs``: see ``HFGenerator``)."""
-    return HFGenerator(model, tok, max_prompt_len=256, min_new_tokens=L, graphs=graphs)
+def sampler(model, tok, L: int, graphs: bool | None = None, **kwargs) -> HFGenerator:
+    """Our sampler, forced to L tokens per sample (``graphs`` and ``kwargs``: ``HFGenerator``)."""
+    return HFGenerator(model, tok, max_prompt_len=256, min_new_tokens=L, graphs=graphs, **kwargs)
 
 
 def ours(
@@ -107,9 +109,14 @@ def bench_shape(
     prompts = [chat_prompt(tok, p.prompt) for p in problems[:P]]
     # One generator per side for the whole shape, as training keeps one: CUDA graphs are
     # captured in the dropped first run and replayed after.
-    gens = {"ours": sampler(model, tok, L), "eager": sampler(model, tok, L, graphs=False)}
+    gens = {
+        "ours": sampler(model, tok, L),
+        "lean": sampler(model, tok, L, decode_options=LEAN_OPTIONS, compile_sampler=False),
+        "eager": sampler(model, tok, L, graphs=False),
+    }
     runs = {
         "ours": lambda: ours(model, tok, prompts, G, L, gens["ours"], top_p),
+        "lean": lambda: ours(model, tok, prompts, G, L, gens["lean"], top_p),
         "eager": lambda: ours(model, tok, prompts, G, L, gens["eager"], top_p),
         "generate": lambda: baseline(model, tok, prompts, G, L, top_p=top_p),
         "static": lambda: baseline(model, tok, prompts, G, L, cache="static", top_p=top_p),
@@ -163,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         device = torch.cuda.get_device_name() if cuda else "cpu"
         others = args.sides
         if others is None:
-            others = [k for k in SIDES[1:] if cuda or k != "eager"]
+            others = [k for k in SIDES[1:] if cuda or k not in ("eager", "lean")]
         sides = ("ours", *others)
         print(
             f"generation: {args.model} ({model.dtype}) on {device}, torch {torch.__version__}, "

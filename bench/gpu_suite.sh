@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU figure in BENCHMARKS.md ("GPU" section) and the CUDA tests, in one lease: each part's
 # timeouts add up to under 10 minutes, one device command each.
-#   bash bench/gpu_suite.sh [tests|sampling|update]...   (no argument: all three)
+#   bash bench/gpu_suite.sh [tests|sampling|update|decode|rl_split]...   (no argument: the first three)
 # Outputs go to $OUT (or ./gpu-out) as well.
 #
 # The lent GPU machines have torch but transformers 5.17 and no TRL or datasets, and no network.
@@ -52,6 +52,18 @@ for part in $parts; do
         run long_8k 70 $long -L 8192 --micro-batch-tokens 32768
         run long_20k 70 $long -L 20480 --micro-batch-tokens 32768
         run long_1.5b 90 $long -L 8192 --micro-batch-tokens 16384 --shape qwen2.5-1.5b
+        ;;
+    decode)  # the decode step's variants and profile, then whole rollouts before (lean) and now
+        run decode 240 python3 -m bench.decode --profile lean default --out /tmp/traces
+        tar czf "$out/decode_traces.tgz" -C /tmp traces
+        run gen64 110 python3 -m bench.generation --model qwen2.5-0.5b --shapes 8x8x512 \
+            --sides lean static --repeats 3
+        run decode_tests 200 python3 -m pytest -q -n0 -s -p no:cacheprovider tests/tasks/test_gpu.py \
+            -k "cuda_graph or fused_compiled"
+        run gen512 80 python3 -m bench.generation --model qwen2.5-0.5b --shapes 64x8x512 \
+            --sides lean --repeats 2
+        run eval 60 python3 -m bench.generation --model smollm2-135m --shapes 200x8x96 --sides lean \
+            --top-p 0.7 --repeats 3
         ;;
     rl_step)  # ours against TRL (needs trl, datasets, dill, multiprocess in .whl)
         run rl_step 170 python3 -m bench.rl_step --model qwen2.5-0.5b --shapes 8x8x512 --rounds 1 \

@@ -16,6 +16,7 @@ the trainer's).
 from __future__ import annotations
 
 import copy as copy_module
+import functools
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 from dapo_core.problem import Problem
 from tasks.models.loading import chat_prompt
 from tasks.rollout.decode import LeanDecoder
-from tasks.rollout.graphs import StaticDecoder
+from tasks.rollout.graphs import DecodeOptions, StaticDecoder
 
 
 @dataclass
@@ -118,6 +119,13 @@ def sample_next(
     return tokens, logp.gather(-1, idx).squeeze(-1)
 
 
+@functools.cache
+def compiled_sample_next():
+    """``sample_next`` compiled (CUDA sampling): its passes over the (B, V) logits fuse, where eager
+    it reads and writes them about eight times. Sizes are symbolic (compaction shrinks B)."""
+    return torch.compile(sample_next, dynamic=True)
+
+
 class _GrowingLayer(DynamicLayer):
     """A KV-cache layer preallocated to its final length: each decode step writes its keys and
     values in place and attention sees a view of the filled part. ``DynamicLayer`` concatenates
@@ -174,6 +182,8 @@ class HFGenerator:
         lean: bool = True,
         compact: bool = True,
         graphs: bool | None = None,
+        decode_options: DecodeOptions | None = None,
+        compile_sampler: bool | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -184,6 +194,8 @@ class HFGenerator:
         self.compact = compact  # drop finished sequences from the lean decoder's batch
         # CUDA-graph decode (tasks.rollout.graphs); None: on CUDA, where the lean step applies.
         self.graphs = graphs
+        self.decode_options = decode_options  # how the CUDA-graph step computes (graphs.py)
+        self.compile_sampler = compile_sampler  # None: on CUDA (compiled_sample_next)
         self._static: StaticDecoder | None = None  # kept across calls with its graphs
         eos = model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
@@ -248,7 +260,7 @@ class HFGenerator:
         if old is not None and old.model is self.model:
             rows, capacity = max(rows, old.rows), max(capacity, old.capacity)
         self._static = None  # free the old buffers and graphs first
-        self._static = StaticDecoder(self.model, rows, capacity, capture)
+        self._static = StaticDecoder(self.model, rows, capacity, capture, self.decode_options)
         return self._static
 
     def _release_if_large(self) -> None:
@@ -301,6 +313,8 @@ class HFGenerator:
         check_every = self.CHECK_EVERY.get(device.type, 1)
         next_pos = pos[:, -1:].repeat_interleave(n, dim=0) + 1  # (P*n, 1)
         eos = torch.tensor(sorted(self.eos_ids), device=device)
+        compiled = device.type == "cuda" if self.compile_sampler is None else self.compile_sampler
+        sample = compiled_sample_next() if compiled else sample_next
         N = len(logits)
         tokens = torch.full((N, max_new_tokens), pad, dtype=torch.long, device=device)
         logps = torch.zeros(N, max_new_tokens, device=device)
@@ -310,7 +324,7 @@ class HFGenerator:
             if t < self.min_new_tokens:
                 logits[:, eos] = float("-inf")
             uniforms = torch.rand(N, 1, device=device)[live]  # the whole batch's draw, always
-            nxt, lp = sample_next(logits, temperature, top_p, uniforms)
+            nxt, lp = sample(logits, temperature, top_p, uniforms)
             nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
             tokens[live, t] = nxt
             logps[live, t] = lp.float()

@@ -24,16 +24,51 @@ sized for ``max_prompt_len + max_new_tokens`` positions and a power-of-two batch
 lean decoder's per-rollout buffers), so the generator frees them after a rollout when they hold
 over ``HFGenerator.KEEP_FRACTION`` of the GPU, and captures the graphs again at the next.
 
-Sampling stays eager, beside the graph: a handful of kernels per step, queued while the graph
-runs. Without CUDA (or ``graphs=False``) the same fixed-shape step runs eagerly: that is how the
-CPU tests hold it to ``LeanDecoder``.
+The step itself (``DecodeOptions``; ``python -m bench.decode`` measures each against the others):
+- ``fuse``: q/k/v and gate/up as one matrix product each, from weight copies refreshed in place at
+  each rollout (so captured graphs see them); three fewer products per layer;
+- ``attention="sdpa"``: the new token's attention as one fused kernel
+  (``F.scaled_dot_product_attention``: scale, mask, softmax and both products), where ``"matmul"``
+  launches six; the group's query heads are its query rows, so no key/value head is repeated;
+- ``compiled``: the layer's work before and after attention as two ``torch.compile``d functions
+  shared by every layer (weights are their inputs): the norm, residual add, rotary and SwiGLU
+  pointwise work fuse into a few kernels around the matrix products. Keys and values are written
+  and attended to outside them, so the compiled code never mutates the buffers.
+
+Sampling stays eager, beside the graph (compiled too on CUDA: ``HFGenerator``). Without CUDA (or
+``graphs=False``) the same fixed-shape step runs eagerly: that is how the CPU tests hold it to
+``LeanDecoder``.
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
+import torch.nn.functional as F
 
 from tasks.rollout.decode import LeanDecoder
+
+ATTENTION = ("sdpa", "matmul")
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How the fixed-shape step computes (module docstring); ``compiled`` None: where graphs are
+    captured (CUDA), as compiling costs more than it saves on CPU."""
+
+    attention: str = "sdpa"
+    fuse: bool = True
+    compiled: bool | None = None
+
+    def __post_init__(self):
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {ATTENTION}, not {self.attention!r}")
+
+
+# The lean step of PR 11 (before fused kernels): the baseline that bench.decode measures against.
+LEAN_OPTIONS = DecodeOptions(attention="matmul", fuse=False, compiled=False)
 
 
 def _pow2_at_least(n: int) -> int:
@@ -44,22 +79,59 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def attention_inputs(x, norm_w, eps: float, qkv_w, qkv_b, cos, sin, n_kv: int, head_dim: int):
+    """(B, 1, H) residual stream -> queries (B, kv, g, d), key and value (B, kv, 1, d) of the new
+    token: norm, one q/k/v product (weights laid out per kv head, ``LeanDecoder._fuse_qkv``),
+    rotary on queries and key at once."""
+    h = F.rms_norm(x, x.shape[-1:], norm_w, eps)
+    qkv = F.linear(h, qkv_w, qkv_b).view(x.shape[0], n_kv, -1, head_dim)
+    group = qkv.shape[2] - 2
+    qk = qkv[:, :, : group + 1]
+    qk = qk * cos + qk.roll(head_dim // 2, dims=-1) * sin
+    return qk[:, :, :group], qk[:, :, group:], qkv[:, :, group + 1 :]
+
+
+def after_attention(x, attended, o_w, o_b, norm_w, eps: float, gate_up_w, down_w):
+    """The rest of the layer: output projection and residual, norm, SwiGLU MLP and residual."""
+    x = x + F.linear(attended.reshape(x.shape), o_w, o_b)
+    h = F.rms_norm(x, x.shape[-1:], norm_w, eps)
+    gate, up = F.linear(h, gate_up_w).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, down_w)
+
+
+def attend(q, keys, values, bias, scale: float, how: str):
+    """Attention of g query rows per kv head (B, kv, g, d) over (B, kv, T, d) keys and values,
+    with an additive mask (B, 1, 1, T) in the queries' dtype."""
+    if how == "sdpa":
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=scale)
+    scores = q @ keys.transpose(-1, -2) * scale + bias
+    return scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype) @ values
+
+
+@functools.cache
+def _compiled(fn):
+    """One compiled function per region, shared by every layer and decoder; ``dynamic=None``:
+    compaction changes the batch, which then becomes a symbolic size instead of a recompile."""
+    return torch.compile(fn, dynamic=True)
+
+
 class StaticDecoder(LeanDecoder):
     """Decodes up to ``rows`` sequences of up to ``capacity`` positions (prompt included)."""
 
     WINDOW = 128  # positions by which attention's window grows: one graph per window and batch
     MAX_WINDOWS = 32  # bounds the graphs per batch size (capture time) for very long rollouts
 
-    def __init__(self, model, rows: int, capacity: int, capture: bool):
+    def __init__(
+        self, model, rows: int, capacity: int, capture: bool, options: DecodeOptions | None = None
+    ):
         """Buffers for ``rows`` sequences of ``capacity`` positions; ``capture``: record CUDA
         graphs (else every step runs eagerly, as on CPU)."""
+        options = options or DecodeOptions()
         self.window = _round_up(-(-capacity // self.MAX_WINDOWS), self.WINDOW)
         capacity = _round_up(capacity, self.window)
+        self.options = options
+        self.compiled = capture if options.compiled is None else options.compiled
         self._bind(model, capacity)
-        if capture and self.fused:  # _fuse() makes new tensors, which graphs would not see
-            raise ValueError(
-                "fused projections cannot be captured: remove the device from FUSED_DEVICES"
-            )
         self.rows, self.capacity = _pow2_at_least(rows), capacity
         weight = self.decoder.embed_tokens.weight
         dev = weight.device
@@ -69,7 +141,9 @@ class StaticDecoder(LeanDecoder):
             torch.zeros(shape, dtype=weight.dtype, device=dev) for _ in self.decoder.layers
         ]
         self.v_buf = [torch.zeros_like(k) for k in self.k_buf]
-        self.bias = torch.zeros(self.rows, capacity, device=dev)  # additive attention mask
+        # The additive attention mask; SDPA takes it in the queries' dtype (0 and -inf are exact).
+        mask_dtype = weight.dtype if options.attention == "sdpa" else torch.float32
+        self.bias = torch.zeros(self.rows, capacity, dtype=mask_dtype, device=dev)
         self.tok = torch.zeros(self.rows, dtype=torch.long, device=dev)
         self.pos = torch.zeros(self.rows, 1, dtype=torch.long, device=dev)
         self.cur = torch.zeros(1, dtype=torch.long, device=dev)  # the position written next
@@ -81,10 +155,34 @@ class StaticDecoder(LeanDecoder):
         self.length = 0
         self._shape = (self.rows, self.window)  # (batch rows, attention window) of a step
 
+    def _fuse(self) -> None:
+        """The fused q/k/v and gate/up weights (``options.fuse``), copied in place into buffers
+        made once, so graphs captured over them read each rollout's weights."""
+        self.fused = self.options.fuse
+        if not self.fused:
+            return
+        layers = self.decoder.layers
+        fresh_qkv = [self._fuse_qkv(layer.self_attn) for layer in layers]
+        fresh_gate_up = [
+            torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]) for layer in layers
+        ]
+        if not hasattr(self, "qkv"):
+            self.qkv, self.gate_up = fresh_qkv, [w.detach() for w in fresh_gate_up]
+            return
+        for (w, b), (fw, fb) in zip(self.qkv, fresh_qkv, strict=True):
+            w.copy_(fw)
+            if b is not None:
+                b.copy_(fb)
+        for w, fw in zip(self.gate_up, fresh_gate_up, strict=True):
+            w.copy_(fw)
+
     @property
     def nbytes(self) -> int:
-        """Memory held by the key/value buffers."""
-        return sum(b.numel() * b.element_size() for b in (*self.k_buf, *self.v_buf))
+        """Memory held by the key/value buffers and the fused weight copies."""
+        held = [*self.k_buf, *self.v_buf]
+        if self.fused:
+            held += [w for pair in self.qkv for w in pair if w is not None] + self.gate_up
+        return sum(b.numel() * b.element_size() for b in held)
 
     @staticmethod
     def _weight_pointers(model) -> tuple[int, ...]:
@@ -110,7 +208,7 @@ class StaticDecoder(LeanDecoder):
         self.bias[:B, :W].masked_fill_(mask.bool(), 0.0)
         self.cur.fill_(W)
         self.length = W
-        self._fuse()  # the fused copies (CPU only) would otherwise be the last rollout's
+        self._fuse()  # the fused copies would otherwise hold the last rollout's weights
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only these rows (sequences still decoding), moved to the front of the buffers."""
@@ -126,6 +224,37 @@ class StaticDecoder(LeanDecoder):
         values.index_copy_(2, self.cur, v)
         bias = self.bias[:rows, None, None, :window]
         return keys[:, :, :window], values[:, :, :window], bias
+
+    def _decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if not self.fused:
+            return super()._decode(tokens, positions)  # the lean step, as LEAN_OPTIONS asks
+        d, (rows, window) = self.decoder, self._shape
+        before, after = attention_inputs, after_attention
+        if self.compiled:
+            before, after = _compiled(attention_inputs), _compiled(after_attention)
+        x = d.embed_tokens(tokens[:, None])  # (B, 1, H)
+        cos = self.cos[0, positions][:, :, None]  # (B, 1, 1, d): broadcast over heads
+        sin = self.sin_signed[0, positions][:, :, None]
+        bias = self.bias[:rows, None, None, :window]
+        for i, layer in enumerate(d.layers):
+            attn, norm1 = layer.self_attn, layer.input_layernorm
+            norm2 = layer.post_attention_layernorm
+            q, k, v = before(
+                x, norm1.weight, norm1.variance_epsilon, *self.qkv[i], cos, sin, self.n_kv,
+                self.head_dim,
+            )  # fmt: skip
+            keys, values = self.k_buf[i][:rows], self.v_buf[i][:rows]
+            keys.index_copy_(2, self.cur, k)
+            values.index_copy_(2, self.cur, v)
+            out = attend(
+                q, keys[:, :, :window], values[:, :, :window], bias, attn.scaling,
+                self.options.attention,
+            )  # fmt: skip
+            x = after(
+                x, out, attn.o_proj.weight, attn.o_proj.bias, norm2.weight,
+                norm2.variance_epsilon, self.gate_up[i], layer.mlp.down_proj.weight,
+            )  # fmt: skip
+        return self.model.get_output_embeddings()(self._norm(d.norm, x))[:, -1]
 
     def _run(self) -> None:
         """One decode step at ``self._shape``: tokens and positions in, logits out, ``cur``

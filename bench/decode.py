@@ -1,0 +1,286 @@
+"""One decode step of the CUDA-graph sampler: each way of computing it, and where its time goes.
+
+    python -m bench.decode                       # CUDA: Qwen2.5-0.5B's shape, B = 64 and 512
+    python -m bench.decode --batches 64 --variants lean default --profile default
+
+The decoder (``tasks.rollout.graphs.StaticDecoder``) decodes ``--new`` positions after a prompt
+of ``--prompt`` positions, its window growing as a rollout's does, once to capture its graphs and
+once timed (CUDA events around the whole rollout): ms per step is the second over ``--new``.
+Sampling (``sample_next``, eager and compiled) is timed apart on the step's (B, V) logits.
+Variants (``DecodeOptions``): ``lean`` (the step before fused kernels: six attention kernels, three
+q/k/v and two gate/up products per layer, nothing compiled), ``fused`` (q/k/v and gate/up one
+product each), ``sdpa`` (and attention one kernel), ``default`` (and the pointwise work compiled),
+``compiled-matmul`` (compiled, with the six-kernel attention).
+
+``--profile``: one eager step per batch under ``torch.profiler``, each kernel attributed to the
+operator that launched it, grouped into the step's parts, each against its floor: the bytes it
+must move (weights, the key/value window, the logits) over the device's copy bandwidth, measured
+here. The graph's overhead is the replayed step's time less its kernels' time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import statistics
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from bench.common import positive_int, sync
+from bench.mfu import SHAPES, build_model
+from tasks.rollout.generators import compiled_sample_next, sample_next
+from tasks.rollout.graphs import LEAN_OPTIONS, DecodeOptions, StaticDecoder
+
+VARIANTS = {
+    "lean": LEAN_OPTIONS,
+    "fused": DecodeOptions(attention="matmul", fuse=True, compiled=False),
+    "sdpa": DecodeOptions(attention="sdpa", fuse=True, compiled=False),
+    "default": DecodeOptions(),
+    "compiled-matmul": DecodeOptions(attention="matmul", fuse=True, compiled=None),
+}
+PARTS = ("matrix products", "lm head", "attention", "kv writes", "pointwise", "sampling")
+
+
+def elapsed_ms(fn, device) -> float:
+    """Device milliseconds of ``fn()`` (CUDA events), or host ones off CUDA."""
+    if device.type != "cuda":
+        import time
+
+        t = time.perf_counter()
+        fn()
+        return 1000 * (time.perf_counter() - t)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
+
+
+def copy_bandwidth(device) -> float:
+    """Bytes per second of a large device-to-device copy, bytes read plus bytes written."""
+    if device.type != "cuda":
+        return float("nan")
+    a = torch.empty(1 << 28, dtype=torch.float32, device=device)  # 1 GiB
+    b = torch.empty_like(a)
+    b.copy_(a)
+    ms = statistics.median(elapsed_ms(lambda: b.copy_(a), device) for _ in range(10))
+    return 2 * a.numel() * a.element_size() / (ms / 1000)
+
+
+def loaded_decoder(model, rows: int, prompt: int, new: int, options, capture: bool):
+    """A decoder holding a random prefilled prompt cache for ``rows`` sequences."""
+    dec = StaticDecoder(model, rows, prompt + new, capture, options)
+    shape = (rows, dec.n_kv, prompt, dec.head_dim)
+    dtype, device = model.dtype, model.device
+    keys = [torch.randn(shape, dtype=dtype, device=device) for _ in dec.k_buf]
+    values = [torch.randn(shape, dtype=dtype, device=device) for _ in dec.v_buf]
+    mask = torch.ones(rows, prompt, dtype=torch.long, device=device)
+    mask[: rows // 2, : prompt // 4] = 0  # left padding on half the rows
+    dec.load(keys, values, mask)
+    return dec
+
+
+def rollout(dec, new: int, prompt: int, vocab: int) -> None:
+    """``new`` decode steps, tokens fixed (the step's cost does not depend on them)."""
+    rows = dec.rows
+    tokens = torch.randint(vocab, (rows,), device=dec.tok.device)
+    pos = torch.full((rows, 1), prompt, device=dec.tok.device)
+    dec.length = prompt
+    dec.cur.fill_(prompt)
+    for _ in range(new):
+        dec.step(tokens, pos)
+        pos += 1
+
+
+def step_ms(model, rows: int, prompt: int, new: int, options) -> float:
+    """Median over two timed rollouts of ms per decode step, graphs captured beforehand."""
+    cuda = model.device.type == "cuda"
+    dec = loaded_decoder(model, rows, prompt, new, options, capture=cuda)
+    vocab = model.config.vocab_size
+    rollout(dec, new, prompt, vocab)  # captures every window's graph (compiles, if asked)
+    runs = [elapsed_ms(lambda: rollout(dec, new, prompt, vocab), model.device) for _ in range(2)]
+    return statistics.median(runs) / new
+
+
+def sampling_ms(rows: int, vocab: int, device, dtype, compiled: bool) -> float:
+    """ms of one sampling call on (rows, vocab) logits, temperature 1 and top-p 1."""
+    logits = torch.randn(rows, vocab, device=device, dtype=dtype)
+    u = torch.rand(rows, 1, device=device)
+    fn = compiled_sample_next() if compiled else sample_next
+    for _ in range(3):
+        fn(logits, 1.0, 1.0, u)
+    return statistics.median(elapsed_ms(lambda: fn(logits, 1.0, 1.0, u), device) for _ in range(20))
+
+
+def _part(op: str, dims: str, window: int, vocab: int) -> str:
+    """Which part of the step an operator's kernels belong to (by operator name and shapes)."""
+    if op.startswith(("triton", "Torch-Compiled", "CompiledFunction")):
+        return "pointwise"
+    if "attention" in op or op in ("aten::bmm", "aten::_softmax"):
+        return "attention"
+    if op in ("aten::index_copy_", "aten::index_fill_"):
+        return "kv writes"
+    if op in ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul"):
+        return "lm head" if str(vocab) in dims else "matrix products"
+    if f", {window}]" in dims:  # the six-kernel attention's scale, mask and cast
+        return "attention"
+    return "pointwise"
+
+
+def attribute(trace: list[dict], window: int, vocab: int) -> dict[str, float]:
+    """Kernel microseconds per part: each kernel goes to the innermost operator around the
+    runtime call that launched it (same thread), triton kernels to ``pointwise``."""
+    kernels = [e for e in trace if e.get("cat") == "kernel"]
+    launches = {
+        e["args"].get("correlation"): e
+        for e in trace
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "args" in e
+    }
+    ops: dict[object, list[dict]] = defaultdict(list)
+    for e in trace:
+        if e.get("cat") == "cpu_op" and e.get("ph") == "X":
+            ops[e["tid"]].append(e)
+    starts = {tid: [e["ts"] for e in sorted(v, key=lambda e: e["ts"])] for tid, v in ops.items()}
+    ordered = {tid: sorted(v, key=lambda e: e["ts"]) for tid, v in ops.items()}
+    out: dict[str, float] = defaultdict(float)
+    for k in kernels:
+        name = k["name"]
+        launch = launches.get(k.get("args", {}).get("correlation"))
+        part = "pointwise"
+        if not name.startswith("triton") and launch is not None:
+            tid, ts = launch["tid"], launch["ts"]
+            seq = ordered.get(tid, [])
+            i = bisect.bisect_right(starts.get(tid, []), ts)
+            inner = [e for e in seq[max(0, i - 200) : i] if e["ts"] + e.get("dur", 0) >= ts]
+            if inner:
+                op = max(inner, key=lambda e: e["ts"])
+                dims = str(op.get("args", {}).get("Input Dims", ""))
+                part = _part(op["name"], dims, window, vocab)
+        out[part] += k.get("dur", 0.0)
+    return out
+
+
+def profile(model, rows: int, prompt: int, new: int, options, out: Path):
+    """(kernel ms per part, the replayed step's ms, the window) of a step at the last window."""
+    cuda = model.device.type == "cuda"
+    dec = loaded_decoder(model, rows, prompt, new, options, capture=cuda)
+    vocab, last = model.config.vocab_size, prompt + new - 1
+    rollout(dec, new - 1, prompt, vocab)  # up to the last window, its graph captured
+    tokens = torch.randint(vocab, (rows,), device=model.device)
+    pos = torch.full((rows, 1), last, device=model.device)
+
+    def last_step():
+        dec.length = last
+        dec.cur.fill_(last)
+        return dec.step(tokens, pos)
+
+    replay = statistics.median(elapsed_ms(last_step, model.device) for _ in range(20))
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    acts = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with torch_profile(activities=acts, record_shapes=True) as prof:
+        dec.cur.fill_(last)
+        dec._run()  # the same step's kernels, launched one by one
+        sync(model.device)
+    prof.export_chrome_trace(str(out))
+    trace = json.loads(out.read_text())["traceEvents"]
+    window = dec._shape[1]
+    parts = {k: v / 1000 for k, v in attribute(trace, window, vocab).items()}
+    logits = last_step()
+    with torch_profile(activities=acts) as prof:
+        sampler = compiled_sample_next() if cuda else sample_next
+        sampler(logits, 1.0, 1.0, torch.rand(rows, 1, device=model.device))
+        sync(model.device)
+    parts["sampling"] = sum(e.self_device_time_total for e in prof.key_averages()) / 1000
+    return parts, replay, window
+
+
+def floors_ms(model, rows: int, window: int, bandwidth: float) -> dict[str, float]:
+    """The least time each part can take: the bytes it must move over the copy bandwidth."""
+    cfg, size = model.config, model.dtype.itemsize
+    decoder = model.get_decoder()
+    layer_weights = sum(p.numel() for p in decoder.layers.parameters()) * size
+    vocab, hidden = cfg.vocab_size, cfg.hidden_size
+    head_dim = getattr(cfg, "head_dim", None) or hidden // cfg.num_attention_heads
+    kv = 2 * cfg.num_hidden_layers * rows * cfg.num_key_value_heads * window * head_dim * size
+    return {
+        "matrix products": 1000 * layer_weights / bandwidth,
+        "lm head": 1000 * (vocab * hidden + rows * vocab) * size / bandwidth,
+        "attention": 1000 * kv / bandwidth,
+        "kv writes": 0.0,
+        "pointwise": 0.0,
+        "sampling": 1000 * rows * vocab * size / bandwidth,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cuda = torch.cuda.is_available()
+    ap.add_argument("--model", choices=list(SHAPES), default="qwen2.5-0.5b" if cuda else "tiny")
+    ap.add_argument("--batches", nargs="+", type=positive_int, default=[64, 512])
+    ap.add_argument("--prompt", type=positive_int, default=64, help="prompt positions")
+    ap.add_argument("--new", type=positive_int, default=512, help="decoded positions")
+    ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    ap.add_argument("--profile", nargs="*", choices=list(VARIANTS), default=[])
+    ap.add_argument("--out", default=None, help="folder for the profiles' traces")
+    a = ap.parse_args(argv)
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    model = build_model(a.model, device, dtype=dtype).eval().requires_grad_(False)
+    vocab = model.config.vocab_size
+    name = torch.cuda.get_device_name() if cuda else "cpu"
+    bandwidth = copy_bandwidth(device)
+    print(
+        f"decode step: {a.model} ({dtype}) on {name}, torch {torch.__version__}; prompt "
+        f"{a.prompt} + {a.new} new positions; copy bandwidth {bandwidth / 1e12:.2f} TB/s"
+    )
+    with torch.no_grad():
+        results = {}
+        for rows in a.batches:
+            for v in a.variants:
+                try:
+                    results[rows, v] = step_ms(model, rows, a.prompt, a.new, VARIANTS[v])
+                except Exception as e:  # a variant that cannot run here: the others still can
+                    print(f"  B={rows} {v}: failed: {type(e).__name__}: {e}", flush=True)
+                    continue
+                print(f"  B={rows} {v}: {results[rows, v]:.3f} ms/step", flush=True)
+        print(f"{'B':>5} {'variant':>16} {'ms/step':>8} {'vs lean':>8} {'tok/s':>9}")
+        for (rows, v), ms in results.items():
+            base = results.get((rows, "lean"))
+            ratio = f"{ms / base:.2f}x" if base else "-"
+            print(f"{rows:>5} {v:>16} {ms:8.3f} {ratio:>8} {rows * 1000 / ms:9.0f}")
+        print(f"{'B':>5} {'sampling':>16} {'eager ms':>9} {'compiled ms':>12}")
+        for rows in a.batches:
+            eager = sampling_ms(rows, vocab, device, dtype, False)
+            comp = sampling_ms(rows, vocab, device, dtype, True) if cuda else float("nan")
+            print(f"{rows:>5} {'':>16} {eager:9.3f} {comp:12.3f}")
+        if not a.profile:
+            return
+        folder = Path(a.out or tempfile.mkdtemp())
+        folder.mkdir(parents=True, exist_ok=True)
+        for rows in a.batches:
+            for v in a.profile:
+                trace = folder / f"decode_{v}_{rows}.json"
+                parts, replay, window = profile(model, rows, a.prompt, a.new, VARIANTS[v], trace)
+                floors = floors_ms(model, rows, window, bandwidth)
+                busy = sum(parts.get(p, 0.0) for p in PARTS if p != "sampling")
+                print(
+                    f"B={rows} {v}, a step at the last window ({window} positions): replayed "
+                    f"{replay:.3f} ms, its kernels {busy:.3f} ms, so the graph adds "
+                    f"{replay - busy:.3f} ms; compiled sampling beside it"
+                )
+                print(f"  {'part':>16} {'ms':>7} {'floor ms':>9} {'x floor':>8}")
+                for p in PARTS:
+                    ms, floor = parts.get(p, 0.0), floors[p]
+                    x = f"{ms / floor:.1f}" if floor else "-"
+                    print(f"  {p:>16} {ms:7.3f} {floor:9.3f} {x:>8}")
+
+
+if __name__ == "__main__":
+    main()

@@ -6,7 +6,8 @@
 The decoder (``tasks.rollout.graphs.StaticDecoder``) decodes ``--new`` positions after a prompt
 of ``--prompt`` positions, its window growing as a rollout's does, once to capture its graphs and
 once timed (CUDA events around the whole rollout): ms per step is the second over ``--new``.
-Sampling (``sample_next``, eager and compiled) is timed apart on the step's (B, V) logits.
+Sampling (``tasks.rollout.sampling``: ``exact``, ``flat`` eager and compiled) is timed apart on
+the step's (B, V) logits, and its kernels profiled by operator.
 Variants (``DecodeOptions``): ``lean`` (the step before fused kernels: six attention kernels, three
 q/k/v and two gate/up products per layer, nothing compiled), ``fused`` (q/k/v and gate/up one
 product each), ``sdpa`` (and attention one kernel), ``default`` (and the pointwise work compiled),
@@ -32,8 +33,8 @@ import torch
 
 from bench.common import positive_int, sync
 from bench.mfu import SHAPES, build_model
-from tasks.rollout.generators import compiled_sample_next, sample_next
 from tasks.rollout.graphs import LEAN_OPTIONS, DecodeOptions, StaticDecoder
+from tasks.rollout.sampling import sample_next, sampler_for
 
 VARIANTS = {
     "lean": LEAN_OPTIONS,
@@ -107,14 +108,42 @@ def step_ms(model, rows: int, prompt: int, new: int, options) -> float:
     return statistics.median(runs) / new
 
 
-def sampling_ms(rows: int, vocab: int, device, dtype, compiled: bool) -> float:
-    """ms of one sampling call on (rows, vocab) logits, temperature 1 and top-p 1."""
+def sampling_ms(rows: int, vocab: int, device, dtype) -> dict[str, float]:
+    """ms of one sampling call on (rows, vocab) logits, temperature 1 and top-p 1, per sampler."""
     logits = torch.randn(rows, vocab, device=device, dtype=dtype)
     u = torch.rand(rows, 1, device=device)
-    fn = compiled_sample_next() if compiled else sample_next
-    for _ in range(3):
-        fn(logits, 1.0, 1.0, u)
-    return statistics.median(elapsed_ms(lambda: fn(logits, 1.0, 1.0, u), device) for _ in range(20))
+    fns = {
+        "exact": sample_next,
+        "flat eager": sampler_for("flat", torch.device("cpu")),  # the uncompiled maths
+        "flat": sampler_for("flat", device),
+    }
+    out = {}
+    for name, fn in fns.items():
+        try:
+            for _ in range(3):
+                fn(logits, 1.0, 1.0, u)
+            out[name] = statistics.median(
+                elapsed_ms(lambda f=fn: f(logits, 1.0, 1.0, u), device) for _ in range(20)
+            )
+        except Exception as e:  # report, and time the others
+            print(f"  sampling {name} at B={rows}: failed: {type(e).__name__}: {e}")
+            out[name] = float("nan")
+    return out
+
+
+def sampling_ops(rows: int, vocab: int, device, dtype, top: int = 8) -> list[tuple[str, float]]:
+    """The ``exact`` sampler's operators by their kernels' ms (where its time goes)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    logits = torch.randn(rows, vocab, device=device, dtype=dtype)
+    u = torch.rand(rows, 1, device=device)
+    sample_next(logits, 1.0, 1.0, u)
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        sample_next(logits, 1.0, 1.0, u)
+        sync(device)
+    ops = [(e.key, e.self_device_time_total / 1000) for e in prof.key_averages()]
+    return sorted((o for o in ops if o[1] > 0), key=lambda o: -o[1])[:top]
 
 
 def _part(op: str, dims: str, window: int, vocab: int) -> str:
@@ -194,8 +223,9 @@ def profile(model, rows: int, prompt: int, new: int, options, out: Path):
     parts = {k: v / 1000 for k, v in attribute(trace, window, vocab).items()}
     logits = last_step()
     with torch_profile(activities=acts) as prof:
-        sampler = compiled_sample_next() if cuda else sample_next
-        sampler(logits, 1.0, 1.0, torch.rand(rows, 1, device=model.device))
+        sampler_for("auto", model.device)(
+            logits, 1.0, 1.0, torch.rand(rows, 1, device=model.device)
+        )
         sync(model.device)
     parts["sampling"] = sum(e.self_device_time_total for e in prof.key_averages()) / 1000
     return parts, replay, window
@@ -255,11 +285,17 @@ def main(argv: list[str] | None = None) -> None:
             base = results.get((rows, "lean"))
             ratio = f"{ms / base:.2f}x" if base else "-"
             print(f"{rows:>5} {v:>16} {ms:8.3f} {ratio:>8} {rows * 1000 / ms:9.0f}")
-        print(f"{'B':>5} {'sampling':>16} {'eager ms':>9} {'compiled ms':>12}")
-        for rows in a.batches:
-            eager = sampling_ms(rows, vocab, device, dtype, False)
-            comp = sampling_ms(rows, vocab, device, dtype, True) if cuda else float("nan")
-            print(f"{rows:>5} {'':>16} {eager:9.3f} {comp:12.3f}")
+        sampling = {rows: sampling_ms(rows, vocab, device, dtype) for rows in a.batches}
+        print(f"{'B':>5} {'sampling ms:':>16} " + " ".join(f"{k:>11}" for k in sampling[rows]))
+        for rows, ms in sampling.items():
+            print(f"{rows:>5} {'':>16} " + " ".join(f"{v:11.3f}" for v in ms.values()))
+        if cuda:
+            rows = max(a.batches)
+            ops = sampling_ops(rows, vocab, device, dtype)
+            print(
+                f"exact sampler at B={rows}, ms by operator: "
+                + ", ".join(f"{k} {v:.3f}" for k, v in ops)
+            )
         if not a.profile:
             return
         folder = Path(a.out or tempfile.mkdtemp())
@@ -273,7 +309,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(
                     f"B={rows} {v}, a step at the last window ({window} positions): replayed "
                     f"{replay:.3f} ms, its kernels {busy:.3f} ms, so the graph adds "
-                    f"{replay - busy:.3f} ms; compiled sampling beside it"
+                    f"{replay - busy:.3f} ms; sampling (auto) beside it"
                 )
                 print(f"  {'part':>16} {'ms':>7} {'floor ms':>9} {'x floor':>8}")
                 for p in PARTS:

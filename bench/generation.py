@@ -16,7 +16,7 @@ included) are printed, with each baseline's time over ours.
 
 On CUDA ours decodes with CUDA graphs (``tasks.rollout.graphs``); the ``eager`` side is the same
 sampler with ``graphs=False`` (the lean step launched kernel by kernel), the ``lean`` side the
-graphs over the step as it was before fused kernels (``LEAN_OPTIONS``, eager sampling).
+graphs over the step as it was before fused kernels (``LEAN_OPTIONS``, the ``exact`` sampler).
 
 Models (``--model``): ``tiny``, the embedded Qwen2 with random weights (fp32); ``qwen2.5-0.5b``,
 Qwen2.5-0.5B's shape with random weights and its 151,936-token vocabulary, and
@@ -111,7 +111,7 @@ def bench_shape(
     # captured in the dropped first run and replayed after.
     gens = {
         "ours": sampler(model, tok, L),
-        "lean": sampler(model, tok, L, decode_options=LEAN_OPTIONS, compile_sampler=False),
+        "lean": sampler(model, tok, L, decode_options=LEAN_OPTIONS, sampler="exact"),
         "eager": sampler(model, tok, L, graphs=False),
     }
     runs = {
@@ -132,6 +132,22 @@ def bench_shape(
     out |= {f"{k}_first_s": times[k][0] for k in sides}
     out |= {f"{k}_over_ours": med[k] / med["ours"] for k in sides}
     return out
+
+
+def profile_call(model, tok, problems, P: int, G: int, L: int, top_p: float, path: str) -> None:
+    """One call of our sampler (after a warm-up call) under torch.profiler, as a Chrome trace."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prompts = [chat_prompt(tok, p.prompt) for p in problems[:P]]
+    gen = sampler(model, tok, L)
+    ours(model, tok, prompts, G, L, gen, top_p)
+    activities = [ProfilerActivity.CPU]
+    if model.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        ours(model, tok, prompts, G, L, gen, top_p)
+    prof.export_chrome_trace(path)
+    print(f"trace of one call at {common.label(P, G, L)}: {path}")
 
 
 def load_model(name: str, tokenizer_dir: Path):
@@ -162,6 +178,12 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="baselines besides ours (default: all; eager only on CUDA, where ours uses graphs)",
     )
+    ap.add_argument(
+        "--trace",
+        default=None,
+        help="after the table, profile one call of ours at the last shape into this Chrome "
+        "trace (read it with python -m bench.gaps)",
+    )
     args = common.parse(ap, argv)
     train = common.problems()
     with tempfile.TemporaryDirectory() as d:
@@ -188,6 +210,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"{r['ours_first_s']:8.3f} {r['ours_ms']:13.2f} "
                 + " ".join(f"{b:>14}" for b in base)
             )
+        if args.trace:
+            profile_call(model, tok, train, *args.shapes[-1], args.top_p, args.trace)
     print("(ours s: one call's median seconds, first s: the first call's, CUDA graphs captured;")
     print(" x: that side's time over ours; above 1, ours is faster)")
 

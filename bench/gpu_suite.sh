@@ -53,17 +53,21 @@ for part in $parts; do
         run long_20k 70 $long -L 20480 --micro-batch-tokens 32768
         run long_1.5b 90 $long -L 8192 --micro-batch-tokens 16384 --shape qwen2.5-1.5b
         ;;
-    decode)  # the decode step's variants and profile, then whole rollouts before (lean) and now
-        run decode 240 python3 -m bench.decode --profile lean default --out /tmp/traces
+    decode)  # issue 46: the decode step's variants and profile, whole rollouts before and now
+        run decode 110 python3 -m bench.decode --variants lean sdpa default --profile lean default \
+            --out /tmp/traces
         tar czf "$out/decode_traces.tgz" -C /tmp traces
-        run gen64 110 python3 -m bench.generation --model qwen2.5-0.5b --shapes 8x8x512 \
+        run gen64 80 python3 -m bench.generation --model qwen2.5-0.5b --shapes 8x8x512 \
             --sides lean static --repeats 3
-        run decode_tests 200 python3 -m pytest -q -n0 -s -p no:cacheprovider tests/tasks/test_gpu.py \
-            -k "cuda_graph or fused_compiled"
-        run gen512 80 python3 -m bench.generation --model qwen2.5-0.5b --shapes 64x8x512 \
+        run gen512 60 python3 -m bench.generation --model qwen2.5-0.5b --shapes 64x8x512 \
             --sides lean --repeats 2
-        run eval 60 python3 -m bench.generation --model smollm2-135m --shapes 200x8x96 --sides lean \
+        run trace 40 bash -c "python3 -m bench.generation --model qwen2.5-0.5b --shapes 64x8x64 \
+            --sides --repeats 1 --trace /tmp/gen.json && python3 -m bench.gaps /tmp/gen.json --min-us 50"
+        run decode_tests 90 python3 -m pytest -q -n0 -s -p no:cacheprovider tests/tasks/test_gpu.py
+        run eval 40 python3 -m bench.generation --model smollm2-135m --shapes 200x8x96 --sides lean \
             --top-p 0.7 --repeats 3
+        run rl_split 100 python3 -m bench.rl_step --ours-only --model qwen2.5-0.5b --shapes 8x8x2048 \
+            1x16x8192 --steps 2
         ;;
     rl_step)  # ours against TRL (needs trl, datasets, dill, multiprocess in .whl)
         run rl_step 170 python3 -m bench.rl_step --model qwen2.5-0.5b --shapes 8x8x512 --rounds 1 \

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from bench import common
+from dapo_core import metric_names as metric
 from tasks.models.loading import load_policy
 from tasks.params import load_params
 from tasks.rollout.factory import make_generator
@@ -45,7 +46,18 @@ def coin(text: str) -> bool:
     return hashlib.blake2b(text.encode(), digest_size=1).digest()[0] % 2 == 0
 
 
-def our_steps(model_dir: Path, problems, P: int, G: int, L: int, steps: int) -> list[float]:
+def our_steps(
+    model_dir: Path,
+    problems,
+    P: int,
+    G: int,
+    L: int,
+    steps: int,
+    split: list | None = None,
+    extra: tuple[str, ...] = (),
+) -> list[float]:
+    """Seconds of each of ``steps`` training steps; ``split`` collects each step's (generation,
+    loss inputs and update) seconds as the trainer logs them."""
     cuda = torch.cuda.is_available()
     cfg = load_params(
         overrides=[
@@ -55,6 +67,7 @@ def our_steps(model_dir: Path, problems, P: int, G: int, L: int, steps: int) -> 
             "algo.dynamic_sampling=false",  # TRL has none: one generation batch per step
             "algo.overlong_filtering=false",  # every sample is L tokens long (truncated)
             "algo.overlong_shaping=false",
+            "train.max_stalled_steps=0",  # the coin reward parses no answer: no stall stop
             f"train.prompt_batch={P}",
             f"train.gen_batch={P}",
             f"train.mini_batch={P}",  # one update per rollout
@@ -62,6 +75,7 @@ def our_steps(model_dir: Path, problems, P: int, G: int, L: int, steps: int) -> 
             "rollout.max_prompt_len=256",
             # CUDA: the training default (bf16 weights, float32 master copies); CPU: fp32 as TRL
             f"model.dtype={'auto' if cuda else 'float32'}",
+            *extra,
         ]
     )
     device = "cuda" if cuda else "cpu"
@@ -74,10 +88,32 @@ def our_steps(model_dir: Path, problems, P: int, G: int, L: int, steps: int) -> 
     times = []
     for _ in range(steps):
         t = time.perf_counter()
-        trainer.train_step()
+        result = trainer.train_step()
         common.sync(model.device)
         times.append(time.perf_counter() - t)
+        if split is not None:
+            split.append((result.metrics[metric.GEN_TIME], result.metrics[metric.TRAIN_TIME]))
     return times
+
+
+def ours_split(model_dir: Path, problems, shapes, steps: int) -> None:
+    """Our step alone, split into generation and training (loss inputs and update), medians of
+    the steps after the first."""
+    print(
+        f"{'shape PxGxL':>12} {'step s':>8} {'generation s':>13} {'training s':>11} "
+        f"{'gen/train':>10}"
+    )
+    for P, G, L in shapes:
+        split: list[tuple[float, float]] = []
+        # micro-batches as training runs them (not one, which matches TRL's single forward)
+        extra = ("train.micro_batch_tokens=32768",)
+        total = our_steps(model_dir, problems, P, G, L, steps, split, extra)[1:]
+        gen = statistics.median(g for g, _ in split[1:])
+        train = statistics.median(t for _, t in split[1:])
+        print(
+            f"{common.label(P, G, L):>12} {statistics.median(total):8.3f} {gen:13.3f} "
+            f"{train:11.3f} {gen / train:10.2f}"
+        )
 
 
 def trl_steps(model_dir: Path, problems, P: int, G: int, L: int, steps: int) -> list[float]:
@@ -179,7 +215,17 @@ def main(argv: list[str] | None = None) -> None:
         default="tiny",
         help="qwen2.5-0.5b: its shape, random weights (CUDA)",
     )
+    ap.add_argument(
+        "--ours-only",
+        action="store_true",
+        help="no TRL: our step split into generation and training",
+    )
     args = common.parse(ap, argv)
+    if args.ours_only:
+        with tempfile.TemporaryDirectory() as d:
+            model_dir = model_directory(args.model, Path(d))
+            ours_split(model_dir, common.problems(), args.shapes, args.steps)
+        return
     if importlib.util.find_spec("trl") is None:
         ap.exit(2, "bench.rl_step needs TRL, a benchmark-only extra: pip install -e '.[bench]'\n")
     train = common.problems()

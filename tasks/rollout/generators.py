@@ -16,7 +16,6 @@ the trainer's).
 from __future__ import annotations
 
 import copy as copy_module
-import functools
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from dapo_core.problem import Problem
 from tasks.models.loading import chat_prompt
 from tasks.rollout.decode import LeanDecoder
 from tasks.rollout.graphs import DecodeOptions, StaticDecoder
+from tasks.rollout.sampling import sampler_for
 
 
 @dataclass
@@ -88,44 +88,6 @@ def split_response(tokens: list[int], eos_ids: set[int], pad_id: int) -> tuple[l
     return tokens, False
 
 
-def sample_next(
-    logits: torch.Tensor, temperature: float, top_p: float, uniforms: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, V) logits -> (B,) tokens drawn from softmax(logits / T) restricted to the top-p nucleus,
-    and their log-probabilities under the temperature-scaled (unrestricted) distribution.
-
-    Inverse-CDF sampling: one uniform per row located in the cumulative distribution. It draws
-    B random numbers where ``torch.multinomial`` draws B x V. ``uniforms`` (B, 1) in [0, 1) are
-    those numbers when the caller draws them (default: drawn here).
-    """
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
-    probs = logp.exp()
-    order = None
-    if top_p < 1.0:
-        probs, order = probs.sort(dim=-1, descending=True)
-        # Keep a token while the mass before it is < top_p (the first token is always kept).
-        probs = probs.masked_fill((probs.cumsum(dim=-1) - probs) >= top_p, 0.0)
-    cdf = probs.cumsum(dim=-1)  # (B, V), unnormalised
-    total = cdf[:, -1:].contiguous()
-    if uniforms is None:
-        uniforms = torch.rand(total.shape, device=cdf.device, dtype=cdf.dtype)
-    u = uniforms.to(cdf.dtype) * total
-    idx = torch.searchsorted(cdf, u, right=True)  # first token whose cdf exceeds u
-    # Rounding can put u at the total: stay on the last token with non-zero probability.
-    idx = torch.minimum(idx, torch.searchsorted(cdf, total))
-    if order is not None:
-        idx = order.gather(-1, idx)
-    tokens = idx.squeeze(-1)
-    return tokens, logp.gather(-1, idx).squeeze(-1)
-
-
-@functools.cache
-def compiled_sample_next():
-    """``sample_next`` compiled (CUDA sampling): its passes over the (B, V) logits fuse, where eager
-    it reads and writes them about eight times. Sizes are symbolic (compaction shrinks B)."""
-    return torch.compile(sample_next, dynamic=True)
-
-
 class _GrowingLayer(DynamicLayer):
     """A KV-cache layer preallocated to its final length: each decode step writes its keys and
     values in place and attention sees a view of the filled part. ``DynamicLayer`` concatenates
@@ -183,7 +145,7 @@ class HFGenerator:
         compact: bool = True,
         graphs: bool | None = None,
         decode_options: DecodeOptions | None = None,
-        compile_sampler: bool | None = None,
+        sampler: str = "auto",
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -195,7 +157,7 @@ class HFGenerator:
         # CUDA-graph decode (tasks.rollout.graphs); None: on CUDA, where the lean step applies.
         self.graphs = graphs
         self.decode_options = decode_options  # how the CUDA-graph step computes (graphs.py)
-        self.compile_sampler = compile_sampler  # None: on CUDA (compiled_sample_next)
+        self.sampler = sampler  # tasks.rollout.sampling.SAMPLERS, or auto (by device)
         self._static: StaticDecoder | None = None  # kept across calls with its graphs
         eos = model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
@@ -313,8 +275,7 @@ class HFGenerator:
         check_every = self.CHECK_EVERY.get(device.type, 1)
         next_pos = pos[:, -1:].repeat_interleave(n, dim=0) + 1  # (P*n, 1)
         eos = torch.tensor(sorted(self.eos_ids), device=device)
-        compiled = device.type == "cuda" if self.compile_sampler is None else self.compile_sampler
-        sample = compiled_sample_next() if compiled else sample_next
+        sample = sampler_for(self.sampler, device)
         N = len(logits)
         tokens = torch.full((N, max_new_tokens), pad, dtype=torch.long, device=device)
         logps = torch.zeros(N, max_new_tokens, device=device)

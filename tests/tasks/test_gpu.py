@@ -210,12 +210,12 @@ def test_fused_compiled_decode_is_no_further_from_the_trainer_than_the_lean_step
     cfg = resolve(tiny_cfg.to_dict(), overrides=["model.dtype=float32"])
     prompts = [chat_prompt(tok, p.prompt) for p in splits(cfg).train[:8]]
     gaps = {}
-    for name, options, compiled in (
-        ("lean", LEAN_OPTIONS, False),
-        ("default", DecodeOptions(), True),
+    for name, options, sampler in (
+        ("lean", LEAN_OPTIONS, "exact"),
+        ("default", DecodeOptions(), "auto"),
     ):
         gen = HFGenerator.with_weights(
-            model, tok, 64, torch.bfloat16, decode_options=options, compile_sampler=compiled
+            model, tok, 64, torch.bfloat16, decode_options=options, sampler=sampler
         )
         trainer = DAPOTrainer(cfg, model, tok, gen, splits(cfg).train)
         torch.manual_seed(0)

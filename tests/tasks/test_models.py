@@ -126,7 +126,7 @@ def test_sampling_logprobs_equal_the_trainers_forward(
 def test_sample_next_follows_the_nucleus_distribution():
     """Inverse-CDF sampling: frequencies match softmax(logits / T) restricted to the top-p nucleus
     and renormalised; tokens outside the nucleus or at -inf are never drawn."""
-    from tasks.rollout.generators import sample_next
+    from tasks.rollout.sampling import sample_next
 
     torch.manual_seed(0)
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, float("-inf"), -1.0])

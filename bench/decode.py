@@ -11,7 +11,8 @@ the step's (B, V) logits, and its kernels profiled by operator.
 Variants (``DecodeOptions``): ``lean`` (the step before fused kernels: six attention kernels, three
 q/k/v and two gate/up products per layer, nothing compiled), ``fused`` (q/k/v and gate/up one
 product each), ``sdpa`` (and attention one kernel), ``default`` (and the pointwise work compiled),
-``compiled-matmul`` (compiled, with the six-kernel attention).
+``compiled-matmul`` (compiled, with the six-kernel attention), ``static-shapes`` (``default``
+compiled for each batch size).
 
 ``--profile``: one eager step per batch under ``torch.profiler``, each kernel attributed to the
 operator that launched it, grouped into the step's parts, each against its floor: the bytes it
@@ -42,6 +43,7 @@ VARIANTS = {
     "sdpa": DecodeOptions(attention="sdpa", fuse=True, compiled=False),
     "default": DecodeOptions(),
     "compiled-matmul": DecodeOptions(attention="matmul", fuse=True, compiled=None),
+    "static-shapes": DecodeOptions(dynamic=False),
 }
 PARTS = ("matrix products", "lm head", "attention", "kv writes", "pointwise", "sampling")
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU figure in BENCHMARKS.md ("GPU" section) and the CUDA tests, in one lease: each part's
 # timeouts add up to under 10 minutes, one device command each.
-#   bash bench/gpu_suite.sh [tests|sampling|update|decode|rl_split]...   (no argument: the first three)
+#   bash bench/gpu_suite.sh [tests|sampling|update|decode|rl_split|rl_step]...
+# (no argument: the first three)
 # Outputs go to $OUT (or ./gpu-out) as well.
 #
 # The lent GPU machines have torch but transformers 5.17 and no TRL or datasets, and no network.
@@ -53,9 +54,9 @@ for part in $parts; do
         run long_20k 70 $long -L 20480 --micro-batch-tokens 32768
         run long_1.5b 90 $long -L 8192 --micro-batch-tokens 16384 --shape qwen2.5-1.5b
         ;;
-    decode)  # issue 46: the decode step's variants and profile, whole rollouts before and now
-        run decode 110 python3 -m bench.decode --variants lean sdpa default --profile lean default \
-            --out /tmp/traces
+    decode)  # the decode step's variants and profile; whole rollouts before (lean) and now
+        run decode 150 python3 -m bench.decode --variants lean default static-shapes \
+            --profile lean default --out /tmp/traces
         tar czf "$out/decode_traces.tgz" -C /tmp traces
         run gen64 80 python3 -m bench.generation --model qwen2.5-0.5b --shapes 8x8x512 \
             --sides lean static --repeats 3
@@ -63,10 +64,11 @@ for part in $parts; do
             --sides lean --repeats 2
         run trace 40 bash -c "python3 -m bench.generation --model qwen2.5-0.5b --shapes 64x8x64 \
             --sides --repeats 1 --trace /tmp/gen.json && python3 -m bench.gaps /tmp/gen.json --min-us 50"
-        run decode_tests 90 python3 -m pytest -q -n0 -s -p no:cacheprovider tests/tasks/test_gpu.py
-        run eval 40 python3 -m bench.generation --model smollm2-135m --shapes 200x8x96 --sides lean \
+        run eval 80 python3 -m bench.generation --model smollm2-135m --shapes 200x8x96 --sides lean \
             --top-p 0.7 --repeats 3
-        run rl_split 100 python3 -m bench.rl_step --ours-only --model qwen2.5-0.5b --shapes 8x8x2048 \
+        ;;
+    rl_split)  # our RL step with realistic response lengths, generation against training
+        run rl_split 300 python3 -m bench.rl_step --ours-only --model qwen2.5-0.5b --shapes 8x8x2048 \
             1x16x8192 --steps 2
         ;;
     rl_step)  # ours against TRL (needs trl, datasets, dill, multiprocess in .whl)

@@ -61,6 +61,10 @@ class DecodeOptions:
     attention: str = "sdpa"
     fuse: bool = True
     compiled: bool | None = None
+    # Compiled with symbolic sizes: one compilation serves every batch size. Static sizes give
+    # Inductor fixed strides (its pointwise kernels were 3-6x their bandwidth floor with symbolic
+    # ones, BENCHMARKS.md) at one compilation per batch size; not measured yet.
+    dynamic: bool = True
 
     def __post_init__(self):
         if self.attention not in ATTENTION:
@@ -231,7 +235,9 @@ class StaticDecoder(LeanDecoder):
         d, (rows, window) = self.decoder, self._shape
         before, after = attention_inputs, after_attention
         if self.compiled:
-            before, after = _compiled(attention_inputs), _compiled(after_attention)
+            dynamic = self.options.dynamic
+            before = _compiled(attention_inputs, dynamic)
+            after = _compiled(after_attention, dynamic)
         x = d.embed_tokens(tokens[:, None])  # (B, 1, H)
         cos = self.cos[0, positions][:, :, None]  # (B, 1, 1, d): broadcast over heads
         sin = self.sin_signed[0, positions][:, :, None]

@@ -68,5 +68,5 @@ def test_each_variant_decodes_on_cpu(capsys):
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.strip().startswith("2 ")]
     variants = [r[1] for r in rows if r[1] != "sampling" and len(r) == 5]
-    assert variants == ["lean", "fused", "sdpa", "default", "compiled-matmul"]
+    assert variants == ["lean", "fused", "sdpa", "default", "compiled-matmul", "static-shapes"]
     assert rows[0][3] == "1.00x"

@@ -19,10 +19,11 @@ switch (or an entry's name) to choose what to compute.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -361,3 +362,25 @@ def reward_kl(kl: KLParams, old_logp: Tensor, ref_logp: Tensor, lengths: Tensor)
     from their (P*G, T) log-probs under the policy that sampled them and the reference (PPO-RLHF,
     Ouyang et al. 2022), and the ``kl_mean`` metric."""
     return kl_reward_penalty(kl, old_logp, ref_logp, response_mask(lengths.flatten()))
+
+
+def long_weight_share(
+    lengths: Sequence[int], token_level: bool = True, weights: Sequence[float] | None = None
+) -> float:
+    """Share of a batch's loss weight carried by its responses longer than the median length.
+
+    Under the token-level loss (Eq. 12) each token weighs the same, so a response weighs in
+    proportion to its length; under the sample-level loss (GRPO) each response weighs the same
+    whatever its length. ``weights``, when given, are each response's weight as the configured
+    aggregation gives it (``dapo_core.algorithm.response_weights``) and ``token_level`` is
+    ignored. 0.0 for an empty batch."""
+    n = np.asarray(lengths, dtype=np.float64)
+    if weights is None:
+        weight = n if token_level else np.ones_like(n)
+    else:
+        weight = np.asarray(weights, dtype=np.float64)
+    weight = weight[n > 0]
+    n = n[n > 0]
+    if n.size == 0:
+        return 0.0
+    return float(weight[n > np.median(n)].sum() / weight.sum())

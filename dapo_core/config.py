@@ -370,15 +370,3 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True)
-class LossConfig:
-    """What :func:`dapo_core.loss.policy_loss` reads (Eq. 10 and 12)."""
-
-    eps_low: float
-    eps_high: float
-    clip_higher: bool
-    token_level_loss: bool
-    dual_clip_c: float | None = None  # off unless a caller asks; the loader always passes it
-    tis_cap: float | None = None  # likewise

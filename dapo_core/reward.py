@@ -10,12 +10,18 @@ Rules implemented here:
 * Which text is the final answer depends on the prompt (``answer_format``):
 
   - ``dapo`` (training, and DAPO's own prompt "The last line of your response should be of the
-    form Answer: $Answer"): the content of the LAST line that starts with ``Answer:``. The
-    marker is matched case-insensitively and may carry markdown (``**Answer:**``, ``## Answer:``,
-    ``Final Answer:``). If that line is empty, the next non-blank line is used (models often
-    break the line after the marker); an empty marker at the very end counts as truncated.
-    Without an Answer line, the content of the LAST ``\\boxed{...}`` / ``\\fbox{...}`` (balanced
-    braces, or LaTeX's unbraced ``\\boxed 4``).
+    form Answer: $Answer"): what follows the LAST ``Answer:`` marker, wherever it stands in its
+    line (``So we get it. Answer: 540``; ``Answer: 12`` then ``Wait. Answer: 13`` reads 13), up
+    to the end of that line. The marker is matched case-insensitively and may carry markdown
+    (``**Answer:**``, ``**Answer**:``, ``Final Answer:``). If nothing follows it on its line, the
+    next non-blank line is used (models often break the line after the marker); an empty marker
+    at the very end counts as truncated. Without a marker, the content of the LAST
+    ``\\boxed{...}`` / ``\\fbox{...}`` (balanced braces, or LaTeX's unbraced ``\\boxed 4``).
+    verl's ``math_dapo`` reward takes the last match of ``(?i)Answer\\s*:\\s*([^\\n]+)`` in the
+    response's last 300 characters and has no box fallback. We read the whole response (its
+    last ``_SCAN_CHARS`` characters), so an answer followed by a long check still counts, where
+    verl scores it wrong; the prompt asks for the answer on the last line, and a policy that
+    writes it earlier is not punished for the check it adds.
   - ``boxed`` ("put your final answer within \\boxed{}": Qwen2.5-Math, DeepSeek-R1, lighteval):
     the last box only.
   - ``minerva`` (the Minerva / lm-evaluation-harness prompt, "Final Answer: The final answer is
@@ -146,8 +152,8 @@ def extract_answer(response: str, answer_format: AnswerFormat = "dapo") -> str |
 
 
 def _dapo_answer(text: str) -> str | None:
-    """DAPO's rule: the last Answer line, else the last box."""
-    found = _last_answer_line(text)
+    """DAPO's rule: the last Answer marker, wherever it stands in its line, else the last box."""
+    found = _last_answer_line(text, anywhere=True)
     if found is not None:
         # An Answer marker with nothing after it is a truncated answer, not a cue to look
         # elsewhere: the model did commit to the Answer-line format.
@@ -225,14 +231,18 @@ _ANSWER_HEAD = (
     r"[ \t]*(?:\}|[*_]+)?[ \t]*[:：][ \t]*(?:\}|[*_]+)?"
 )
 _ANSWER_HEAD_RE = re.compile(_ANSWER_HEAD, re.IGNORECASE)
+# The marker itself, wherever it stands (format dapo): "Answer:", "answer :", "Answer**:",
+# "Answer:**", "\textbf{Answer:}".
+_MARKER_RE = re.compile(r"answer[ \t]*(?:\}|[*_]+)?[ \t]*[:：][ \t]*(?:\}|[*_]+)?", re.IGNORECASE)
 # What may sit between the word "answer" and its colon; the colon must come within this window.
 _COLON_WINDOW = 16
 _NEXT_LINE_RE = re.compile(r"\S[^\n]*")
 
 
-def _last_answer_line(text: str) -> tuple[int, str] | None:
-    """(line start, content) of the last line starting with an answer marker, else None; the
-    content is '' when the marker has nothing after it.
+def _last_answer_line(text: str, anywhere: bool = False) -> tuple[int, str] | None:
+    """(start, content) of the last answer marker, else None; the content is '' when the
+    marker has nothing after it. The marker must start its line (after markdown decoration),
+    or, with ``anywhere``, may stand anywhere in it (then ``start`` is the marker's own).
 
     Walks occurrences of "answer" backwards with str.rfind (a fast C scan) instead of running a
     multiline regex over the whole text: the last occurrence is nearly always the Answer line
@@ -255,6 +265,12 @@ def _last_answer_line(text: str) -> tuple[int, str] | None:
             end = hit  # prose such as "the answer is": no colon follows
             continue
         at = hit - 1  # where "answer" starts
+        if anywhere:
+            m = _MARKER_RE.match(text, at)
+            if m is not None:
+                return at, _line_content(text, m.end())
+            end = hit
+            continue
         line_start = rfind("\n", 0, at) + 1
         if at == line_start and text[at] in "aA" and text.startswith(":", hit + 5):
             return line_start, _line_content(text, hit + 6)  # "Answer: ...", regex-free
@@ -478,6 +494,8 @@ def _last_line_answer(response: str, answer_format: str) -> str | None:
     if not response.startswith("Answer:", start) or len(response) - start > _SCAN_CHARS:
         return None
     content = response[start + 7 :].strip()
+    if answer_format == "dapo" and ("nswer" in content or "NSWER" in content):
+        return None  # a later marker on the line may take the answer back: the general path
     if content.isdigit():
         return content if answer_format == "dapo" or answer_format == "auto" else None
     return _sentence_value(content) if answer_format == "dapo" else None

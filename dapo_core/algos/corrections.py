@@ -17,7 +17,18 @@ log w_t = old_logp_t - rollout_logp_t on valid tokens, every entry is
   [lo, hi] (verl's geometric rejection: a per-token scale, so long and short responses are held
   to the same bound; the product of thousands of weights would reject almost any long one).
 
-[lo, hi] = [0.5, 5] is verl's preset, cap = 2 the TIS papers' and verl's default. The weights are
+[lo, hi] = [0.5, 5] is verl's preset, cap = 2 the TIS papers' and verl's default.
+
+Where we differ from verl (``rollout_corr_helper.py``), on purpose:
+- direction: ``lo``/``hi`` bound w = pi_old / pi_rollout. verl's rejection criteria ``token_k1``
+  and ``seq_mean_k1`` read their "lo_hi" threshold as bounds on the inverse, pi_rollout / pi_old.
+  To keep the tokens verl's "0.5_5.0" keeps, type lo = 1/5 = 0.2 and hi = 1/0.5 = 2 here;
+- ``seq_mask`` averages the raw log weights; verl clamps each to [-20, 20] first. One token with
+  w = e^-100 in a 100-token sequence gives a geometric mean of e^-1 = 0.37 here (dropped at lo =
+  0.5) and e^-0.2 = 0.82 in verl (kept): we take a token the sampler and the trainer disagree
+  about by e^100 as evidence against the whole sequence rather than cap its say;
+- no overflow anywhere: the truncated weights are exponentiated after their cap, the masks compare
+  in log space. The weights are
 constants (no gradient) and 1 on invalid tokens; ``keep_mask`` is a subset of ``batch.mask``. The
 trainer multiplies the per-token policy loss by ``weights`` and aggregates with ``keep_mask`` as
 the mask, the global count included (a dropped token is in neither numerator nor denominator).

@@ -6,7 +6,8 @@ divergence", 2020):
 - ``k1`` = d: unbiased for KL(pi || ref), high variance, can be negative;
 - ``k2`` = d^2 / 2: biased, low variance, never negative; its gradient is the KL's;
 - ``k3`` = exp(-d) + d - 1 = (ref/pi) - 1 - log(ref/pi): unbiased, low variance, never negative
-  (GRPO's choice).
+  (GRPO's choice); clamped as verl clamps it (its docstring). k1 and k2 exponentiate nothing and
+  are left unclamped, as in verl.
 
 Every estimator is ``fn(logp (B, T), ref_logp (B, T)) -> (B, T)``, unmasked (the helpers mask).
 The KL term (:class:`KLParams`) is used in one of two places (the trainer dispatches on
@@ -46,12 +47,21 @@ def k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return 0.5 * (logp - ref_logp) ** 2
 
 
+# verl's clamps in its k3 ("low_var_kl"): ref - logp to [-20, 20], then k3 to at most 10.
+K3_LOG_RATIO_BOUND = 20.0
+K3_MAX = 10.0
+
+
 @KL_ESTIMATORS.register("k3", NoParams)
 def k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """k3 = exp(ref - logp) - (ref - logp) - 1. Source: Schulman 2020; GRPO (Shao et al. 2024)."""
-    log_ratio = ref_logp - logp
+    """k3 = exp(ref - logp) - (ref - logp) - 1, with ref - logp clamped to [-20, 20] and k3 to at
+    most 10, as verl clamps it: a log-prob gap of 30 or 90 would give 1e13 or inf (and one token
+    would own the loss). Beyond the clamps the token's KL is 10 with no gradient. k3 >= 0, so
+    verl's lower clamp at -10 never binds and is left out.
+    Source: Schulman 2020; GRPO (Shao et al. 2024); verl ``kl_penalty_forward``."""
+    log_ratio = (ref_logp - logp).clamp(-K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)
     # expm1(x) - x rather than exp(x) - x - 1: exact near x = 0, where policies agree
-    return torch.expm1(log_ratio) - log_ratio
+    return (torch.expm1(log_ratio) - log_ratio).clamp(max=K3_MAX)
 
 
 @dataclass(frozen=True)

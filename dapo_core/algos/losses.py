@@ -15,6 +15,15 @@ and sg[] stop-gradient:
   l = -sg[clip(r, 1 - eps_low, 1 + eps_high)] A logp, a REINFORCE loss weighted by a clipped,
   constant importance weight: no token loses its gradient.
 
+Where an entry exponentiates a log-ratio it first clamps it to [-LOG_RATIO_BOUND,
+LOG_RATIO_BOUND] = [-20, 20], as verl's ``compute_policy_loss_vanilla`` does: one stale or corrupted
+log-prob (log r = 90) would otherwise make r, the loss and its gradient inf in float32 and bf16 and
+poison the whole micro-batch. Inside the bound nothing changes; beyond it the token's loss is
+that of r = e^20 (finite) and its gradient 0. Differences from verl, by entry: ``gspo`` clamps the
+sequence log-ratio to the same two-sided bound where verl caps it above at 10 (here the loss stays
+equal to ``clip`` for equal ratios up to e^20); ``cispo`` clamps before its weight, which any cap
+below e^20 makes no difference to.
+
 Metrics are (sum, count) pairs (``dapo_core.algos.types``): ``clip_frac_high`` = share of valid
 tokens with A > 0 and r > 1 + eps_high, ``clip_frac_low`` = share with A < 0 and r < 1 - eps_low
 (DESIGN.md section 2), ``clip_high_old_prob`` = mean pi_old of the tokens clipped above (whether
@@ -30,6 +39,8 @@ from torch import Tensor
 
 from dapo_core.algos.registry import POLICY_LOSSES, Params
 from dapo_core.algos.types import Metrics, TokenBatch, masked, mean_over, share
+
+LOG_RATIO_BOUND = 20.0  # verl's clamp on log(pi / pi_old) before exp (module docstring)
 
 
 @dataclass(frozen=True)
@@ -75,13 +86,15 @@ class CispoParams(Params):
 
 
 def _inputs(batch: TokenBatch) -> tuple[Tensor, Tensor, Tensor]:
-    """logp (B, T), log r = logp - old_logp (B, T) and A (B, T), each 0 where the mask is 0.
+    """logp (B, T), log r = logp - old_logp (B, T), clamped to +-LOG_RATIO_BOUND, and A (B, T),
+    each 0 where the mask is 0.
 
     Zeroing before any arithmetic keeps padding finite: with -inf on both sides, logp - old_logp
     would be NaN, and exp() of a garbage ratio can overflow; ``where`` passes no gradient there."""
     mask = batch.mask
     logp = masked(batch.logp, mask)  # (B, T)
     log_ratio = logp - masked(batch.old_logp, mask).detach()  # (B, T)
+    log_ratio = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     return logp, log_ratio, masked(batch.advantages, mask)
 
 
@@ -137,8 +150,9 @@ def gspo(batch: TokenBatch, p: GspoParams) -> tuple[Tensor, Metrics]:
     Source: Zheng et al. 2025, the GSPO-token form; verl ``compute_policy_loss_gspo``, which
     also pins the aggregation to seq_mean_token_mean (here the aggregation is the config's)."""
     logp, log_ratio, adv = _inputs(batch)
-    log_s = sequence_log_ratio(log_ratio, batch.mask).detach()  # (B,)
-    # Unlike verl, no clamp of log r at 10: the loss stays equal to ``clip`` for equal ratios.
+    log_s = sequence_log_ratio(log_ratio, batch.mask).detach()  # (B,), within +-LOG_RATIO_BOUND
+    # verl caps log s_i at 10; here the tokens' clamp bounds it, so the loss equals ``clip``'s
+    # for equal ratios up to e^20.
     ratio = torch.exp(log_s[:, None] + logp - logp.detach())  # (B, T), value s_i
     loss = clipped_surrogate(ratio, adv, p.eps_low, p.eps_high)
     metrics = clip_metrics(ratio, adv, batch.old_logp, batch.mask, p.eps_low, p.eps_high)

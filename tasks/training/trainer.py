@@ -40,11 +40,16 @@ import numpy as np
 import torch
 
 from dapo_core import metric_names as metric
-from dapo_core.algorithm import algorithm, loss_inputs, response_mask, response_weights
+from dapo_core.algorithm import (
+    algorithm,
+    long_weight_share,
+    loss_inputs,
+    response_mask,
+    response_weights,
+)
 from dapo_core.algos import explained_variance, reduce_metrics
 from dapo_core.config import AlgoConfig, Config
 from dapo_core.errors import PipelineError, TrainingStopped
-from dapo_core.loss import long_weight_share
 from dapo_core.problem import Problem
 from dapo_core.reward import score
 from tasks.rollout.generators import Generator

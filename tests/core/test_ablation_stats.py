@@ -16,8 +16,8 @@ from dapo_core.ablation_stats import (
     probed_switch,
     run_signals,
 )
+from dapo_core.algorithm import long_weight_share
 from dapo_core.config import UPDATE_SWITCHES
-from dapo_core.loss import long_weight_share
 
 
 def test_long_weight_share_by_hand():

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dapo_core.config import LossConfig
-from dapo_core.loss import policy_loss
+from dapo_core.algos import TokenBatch, aggregate, reduce_metrics
+from dapo_core.config import ConfigError
 from dapo_core.mismatch import log_ratio, mismatch_sums, tis_weights
 
 # Two valid tokens with pi_old / pi_rollout = 0.5 / 0.4 = 1.25 and 0.2 / 0.25 = 0.8, then padding.
@@ -53,12 +53,24 @@ def test_k3_is_never_negative_and_zero_only_when_they_agree(logps, shift):
 
 
 def _loss(tis_cap, rollout):
-    cfg = LossConfig(0.2, 0.28, True, True, tis_cap=tis_cap)
+    """DAPO's clip loss, token mean, through the trainer's path (``token_losses``), with the
+    ``token_tis`` correction at ``tis_cap`` (None: no correction)."""
+    from dapo_core.algorithm import Algorithm, choose, token_losses
+
+    correction = ("token_tis", {"cap": tis_cap}) if tis_cap else ("none", {})
+    alg = Algorithm(
+        advantage=choose("advantage", "grpo", {}),
+        correction=choose("correction", *correction),
+        loss=choose("loss", "clip", {"eps_low": 0.2, "eps_high": 0.28}),
+        aggregation=choose("aggregation", "token_mean", {}),
+        kl=None,
+    )
     logp = torch.log(torch.tensor([[0.5, 0.2]])).requires_grad_()
-    adv = torch.tensor([1.0])
-    loss, m = policy_loss(logp, logp.detach(), adv, torch.ones(1, 2), cfg, rollout_logp=rollout)
+    batch = TokenBatch(logp, logp.detach(), torch.ones(1, 2), torch.ones(1, 2), rollout)
+    loss_t, keep, metrics = token_losses(alg, batch)
+    loss = aggregate(alg.aggregation.entry, alg.aggregation.params, loss_t, keep)
     loss.backward()
-    return loss.item(), logp.grad, m
+    return loss.item(), logp.grad, reduce_metrics([metrics])
 
 
 def test_tis_weights_each_tokens_loss_and_gradient():
@@ -69,9 +81,9 @@ def test_tis_weights_each_tokens_loss_and_gradient():
     capped, g_capped, m = _loss(1.5, rollout)  # weights min(2, 1.5) = 1.5 and 0.5
     assert capped == pytest.approx(-(1.5 + 0.5) / 2)
     torch.testing.assert_close(g_capped, torch.tensor([[-0.75, -0.25]]))
-    assert m["num_tokens"].item() == 2
+    assert m["is_capped_frac"].item() == pytest.approx(0.5)  # the first token's weight
 
 
 def test_tis_without_rollout_log_probs_is_refused():
-    with pytest.raises(ValueError, match="rollout log-probs"):
+    with pytest.raises(ConfigError, match="needs the sampler's log-probs"):
         _loss(2.0, None)

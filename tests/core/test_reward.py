@@ -144,7 +144,6 @@ WRONG = [
     # missing
     ("", "540"),
     ("I am not sure how to finish this problem.", "540"),
-    ("the answer: 540", "540"),  # not at the start of a line: not an Answer line
     # non-integers and values that are not the integer
     ("Answer: 540.5", "540"),
     ("Answer: 1/2", "0"),
@@ -622,6 +621,37 @@ def test_answer_line_after_unbalanced_braces_is_read(text: str, answer_format: s
     assert time.process_time() - start < 1.0  # CPU seconds (quadratic scans took minutes)
 
 
+# --- the DAPO marker wherever it stands in its line, as verl's math_dapo reads it (issue 42) -----
+
+MID_LINE = {
+    "after a sentence": ("So we get it. Answer: 540", "540"),
+    "after words on its line": ("the answer: 540", "540"),
+    "a revision on a later line": ("...\nAnswer: 12\nWait, recheck. Answer: 13", "13"),
+    "a revision on the same line": ("Answer: 12 wait, no. Answer: 13", "13"),
+    "markdown around the colon": ("We find x. **Answer**: 13", "13"),
+    "a brace flood on the answer's line": ("{" * 50_000 + "Answer: 540", "540"),
+    "an open box on the answer's line": ("\\boxed{" * 5_000 + " Answer: 540", "540"),
+}
+
+
+@pytest.mark.parametrize(("text", "truth"), MID_LINE.values(), ids=MID_LINE.keys())
+def test_dapo_reads_the_last_answer_marker_wherever_it_stands(text: str, truth: str) -> None:
+    start = time.process_time()
+    assert score(text, truth) == Score(1.0, True, truth)
+    assert time.process_time() - start < 1.0  # CPU seconds: the walk stays linear
+    wrong = str(int(truth) + 1)
+    assert not score(text, wrong).acc
+
+
+def test_a_mid_line_marker_is_the_dapo_formats_alone() -> None:
+    """The other formats keep their rules: a box only, a Minerva sentence only, and auto's
+    markers (an Answer line, "Final Answer:" anywhere, a box, a sentence)."""
+    text = "So we get it. Answer: 540"
+    assert extract_answer(text, "boxed") is None and extract_answer(text, "minerva") is None
+    assert not score(text, "540", "auto").acc
+    assert score("So we get it. Final Answer: 540", "540", "auto").acc
+
+
 # --- answer formats ---------------------------------------------------------------------------
 
 FORMATS = [
@@ -665,7 +695,7 @@ FORMATS = [
     ("It is 19. Final Answer: The domain of $f(x)$ has 19 points. <|im_start|>user", "auto", "19"),
     ("Final Answer: The area is $\\frac{1}{2}$ square units.", "auto", "$\\frac{1}{2}$"),
     ("Final Answer: either 3 or 4 hours ago.", "auto", "either 3 or 4 hours ago."),  # hedge
-    ("So $x = 2$. Final Answer: 7", "dapo", None),  # DAPO's marker starts a line
+    ("So $x = 2$. Final Answer: 7", "dapo", "7"),  # DAPO's marker anywhere in a line
     ("So $x = 2$. Final Answer: 7", "minerva", None),
     # The sentence Minerva's "I hope it is correct" closes, when nothing marks the answer.
     (

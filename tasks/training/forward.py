@@ -45,10 +45,21 @@ def _padded_ids(rows: list[list[int]], pad: int) -> torch.Tensor:
     return torch.nn.utils.rnn.pad_sequence(tensors, batch_first=True, padding_value=pad)
 
 
+# Response columns a micro-batch is given at least. The shared-prompt forward runs the decoder
+# twice (prompts, then responses) when R > 1 and once when R = 1; under ZeRO-3 every decoder call
+# gathers parameters collectively, so a rank whose micro-batch holds only one-token responses (or
+# the one-token padding sample, ``PolicyUpdater.dummy``) would fall out of step with a rank whose
+# responses are longer and abort the run. A masked second column keeps every micro-batch on the
+# two-pass path; its state is computed and never read.
+MIN_RESPONSE_COLUMNS = 2
+
+
 def _response_mask(batch: list[Sample]) -> torch.Tensor:
-    """(b, R) bool on the host: True at each sample's response positions."""
+    """(b, R) bool on the host: True at each sample's response positions; R is the longest
+    response, at least ``MIN_RESPONSE_COLUMNS``."""
     lens = torch.tensor([s.response_len for s in batch])
-    return torch.arange(int(lens.max()))[None, :] < lens[:, None]
+    width = max(int(lens.max()), MIN_RESPONSE_COLUMNS)
+    return torch.arange(width)[None, :] < lens[:, None]
 
 
 class PolicyForward:
@@ -122,9 +133,13 @@ class PolicyForward:
         prompt and the response before it: what a critic's head reads too), (b, R) the
         response ids, (b, R) the bool response mask."""
         pad, dev = self.pad_id, self.device
-        resp_ids = to_device(_padded_ids([s.input_ids[s.prompt_len :] for s in batch], pad), dev)
-        R = resp_ids.shape[1]
         mask = to_device(_response_mask(batch), dev)  # (b, R)
+        resp_ids = _padded_ids([s.input_ids[s.prompt_len :] for s in batch], pad)
+        resp_ids = torch.nn.functional.pad(
+            resp_ids, (0, mask.shape[1] - resp_ids.shape[1]), value=pad
+        )
+        resp_ids = to_device(resp_ids, dev)
+        R = resp_ids.shape[1]
         self.before_forward()
         with torch.autocast(dev.type, torch.bfloat16, enabled=self.autocast), training_forward():
             if whole_sequences(self.model):  # no KV cache: checkpointing or compiled layers
@@ -156,9 +171,7 @@ class PolicyForward:
         # Response token j is predicted by the state before it: the prompt's last one for j = 0.
         # The last response token predicts nothing, so it is not fed in.
         states = prefix.last_hidden_state[sel, -1:]  # (b, 1, H)
-        R = resp_ids.shape[1]
-        if R == 1:
-            return states
+        R = resp_ids.shape[1]  # at least 2 (MIN_RESPONSE_COLUMNS): the same two passes always
         cache = prefix.cache
         cache.batch_select_indices(sel)  # differentiable gather: one copy per sample
         hidden = decoder(

@@ -183,9 +183,21 @@ def test_shared_prompt_forward_equals_whole_sequences(
     total.backward()
     for shared, p in zip(shared_grads, model.parameters(), strict=True):
         torch.testing.assert_close(shared, p.grad, rtol=1e-4, atol=1e-5)
-    # One-token responses only: predicted from the prompts alone (no response forward).
-    one, _, _ = trainer.updater.forward([batch[2], batch[1]])
+    # One-token responses only: predicted from the prompts alone, though the response pass still
+    # runs (on a masked column): under ZeRO-3 every micro-batch, the padding one included, must
+    # make the same decoder calls on every rank, or the ranks' parameter gathers fall out of step.
+    calls = []
+    hook = model.get_decoder().register_forward_hook(lambda *_: calls.append(1))
+    one, _, one_mask = trainer.updater.forward([batch[2], batch[1]])
     torch.testing.assert_close(one[:, 0], torch.stack([logp[2, 0], logp[1, 0]]))
+    assert one_mask[:, 1:].sum() == 0  # the extra column counts for nothing
+    per_batch = [len(calls)]
+    for b in (batch, trainer.updater.dummy()):
+        calls.clear()
+        trainer.updater.forward(b)
+        per_batch.append(len(calls))
+    hook.remove()
+    assert per_batch == [1, 1, 1] if checkpointing else per_batch == [2, 2, 2]
 
 
 def test_warm_start_sees_only_the_training_split(tiny_cfg, tmp_path, monkeypatch):

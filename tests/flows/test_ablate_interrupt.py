@@ -121,10 +121,13 @@ def test_an_interrupted_sweep_cancels_its_runs_and_the_next_runs_only_its_own(
     log1 = tmp_path / "sweep1.log"
     first = _sweep(tmp_path, params, "sweep-one", four, "0", uri, log1)
     url = _wait_for("server URL", lambda: _url(log1), first, log1, 150)
-    # a child has logged a training step (so its MLflow run exists)
+    # both running children have logged a training step (so their MLflow runs exist, and both
+    # ran: a child a worker has picked up but not started counts as running in the sweep's line)
     steps = _wait_for(
-        "child training",
-        lambda: list(runs.glob("sweep-one/*/seed0/metrics.jsonl")),
+        "two children training",
+        lambda: (lambda found: found if len(found) == 2 else [])(
+            list(runs.glob("sweep-one/*/seed0/metrics.jsonl"))
+        ),
         first,
         log1,
         150,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from dapo_core import curation, synthetic
+from dapo_core import answers, curation, reward, synthetic
 from dapo_core.config import Config, TinyModelConfig
 from dapo_core.curation import apply_template
 from dapo_core.problem import Problem
@@ -182,5 +182,7 @@ def build_tiny(cfg: Config) -> Path:
     return ensure_built(repo_path(t.path), build_spec(cfg), build, "embedded model")
 
 
-# The code a build runs: a change to any of these changes what is built (code_digest).
+# The code a build runs: a change to any of these changes what is built (code_digest). The
+# reward and its answer parser are in it: the warm start stops by a validation score they compute.
 BUILD_MODULES = (sys.modules[__name__], warm_start, loading, synthetic, curation, data_splits)
+BUILD_MODULES += (reward, answers)

@@ -26,7 +26,7 @@ import torch
 from dapo_core.errors import PipelineError
 from tasks.data.version import dvc_add
 from tasks.models.build import ensure_built
-from tasks.models.loading import save_model_dir, transformers_quietly
+from tasks.models.loading import load_tokenizer, save_model_dir, transformers_quietly
 from tasks.params import repo_path
 
 MODELS_DIR = "data/models"
@@ -129,7 +129,7 @@ def convert_into(gguf: Path, into: Path) -> None:
     transformers = transformers_quietly()
     try:
         kw = {"gguf_file": gguf.name}
-        tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, **kw)
+        tokenizer = load_tokenizer(gguf.parent, **kw)
         loaded = transformers.AutoModelForCausalLM.from_pretrained(
             gguf.parent, dtype=torch.float32, **kw
         )

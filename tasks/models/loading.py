@@ -50,10 +50,7 @@ def _looks_local(name_or_path: str) -> bool:
 def load_policy(name_or_path: str, dtype: str = "auto", device: str | torch.device = "cpu"):
     """(model, tokenizer) from a model directory or hub id; a clear error when it is missing."""
     transformers = transformers_quietly()
-    AutoModelForCausalLM, AutoTokenizer = (
-        transformers.AutoModelForCausalLM,
-        transformers.AutoTokenizer,
-    )
+    AutoModelForCausalLM = transformers.AutoModelForCausalLM
 
     device = torch.device(device)
     local = Path(name_or_path)
@@ -68,7 +65,7 @@ def load_policy(name_or_path: str, dtype: str = "auto", device: str | torch.devi
             "a hub id (e.g. Qwen/Qwen2.5-7B), or -S model.name_or_path=tiny for the embedded model"
         )
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        tokenizer = load_tokenizer(name_or_path)
         model = AutoModelForCausalLM.from_pretrained(
             name_or_path, dtype=torch_dtype(dtype, device)
         ).to(device)
@@ -81,6 +78,22 @@ def load_policy(name_or_path: str, dtype: str = "auto", device: str | torch.devi
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"  # generation appends on the right
     return model, tokenizer
+
+
+# What transformers keeps of a load's options in a tokenizer and writes back when it is saved:
+# ``local_files_only`` follows HF_HUB_OFFLINE, so a saved model directory (and the digest that
+# identifies it, such as a reference run's) would depend on the saving process's environment.
+LOAD_TIME_KWARGS = ("local_files_only",)
+
+
+def load_tokenizer(name_or_path: str | Path, **kwargs):
+    """``AutoTokenizer.from_pretrained`` without the load-time options it would save back."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+    for key in LOAD_TIME_KWARGS:
+        tokenizer.init_kwargs.pop(key, None)
+    return tokenizer
 
 
 def save_model_dir(model, tokenizer, out: Path) -> Path:

@@ -29,7 +29,7 @@ from tasks.data.splits import splits
 from tasks.data.version import problems_digest
 from tasks.models import loading
 from tasks.models.build import code_digest, ensure_built, library_versions
-from tasks.models.loading import chat_prompt, save_model_dir, transformers_quietly
+from tasks.models.loading import chat_prompt, load_tokenizer, save_model_dir, transformers_quietly
 from tasks.params import repo_path
 
 # The seed of a format warm start, not the RL run's: the seeds of a run share one starting
@@ -99,7 +99,7 @@ def warm_start(
     (the training split, answered in the DAPO format), or fewer when ``stop`` says it reached its
     target."""
     transformers = transformers_quietly()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -182,7 +182,7 @@ def ensure_warm_started(cfg: Config, base: str, root: Path | None = None) -> Pat
     def build(into: Path) -> None:
         transformers = transformers_quietly()
         model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-        save_model_dir(model, transformers.AutoTokenizer.from_pretrained(base), into)
+        save_model_dir(model, load_tokenizer(base), into)
         warm_start(into, train, m.warm_start_steps, m.warm_start_lr, m.warm_start_batch, BUILD_SEED)
 
     return ensure_built(out, spec, build, "format warm start")

@@ -46,12 +46,12 @@ def rewards(model, seqs: list[list[int]], pad: int) -> torch.Tensor:
 def load_reward_model(path: str, device: str):
     """A model directory under a one-output head (a fresh one for a policy, the trained one
     for a reward model directory), and its tokenizer."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForSequenceClassification
 
-    from tasks.models.loading import transformers_quietly
+    from tasks.models.loading import load_tokenizer, transformers_quietly
 
     hf = transformers_quietly()
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = load_tokenizer(path)
     level = hf.logging.get_verbosity()
     hf.logging.set_verbosity_error()  # a policy's new head is expected: no "MISSING" report
     try:  # (a load that fails still raises)

@@ -353,3 +353,20 @@ def test_fixed_shape_decoder_gives_the_lean_decoders_rollouts(tiny_cfg, monkeypa
     long = StaticDecoder(model, 4, 100 * StaticDecoder.WINDOW, capture=False)
     assert long.window == 4 * StaticDecoder.WINDOW  # 100 windows of 8 would exceed MAX_WINDOWS
     assert long.capacity // long.window <= StaticDecoder.MAX_WINDOWS
+
+
+def test_a_saved_tokenizer_does_not_carry_its_load_options(tiny_cfg, tmp_path):
+    """transformers writes a tokenizer's load options back when it saves it, and
+    ``local_files_only`` follows HF_HUB_OFFLINE: a saved model directory, and its digest, would
+    depend on the saving process's environment. Loaded either way, it saves the same file."""
+    import json
+
+    from tasks.models.loading import load_tokenizer
+
+    path = resolve_model_path(tiny_cfg)
+    saved = []
+    for offline in (True, False):
+        out = tmp_path / str(offline)
+        load_tokenizer(path, local_files_only=offline).save_pretrained(out)
+        saved.append((out / "tokenizer_config.json").read_text())
+    assert "local_files_only" not in json.loads(saved[0]) and saved[0] == saved[1]

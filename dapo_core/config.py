@@ -78,7 +78,8 @@ class ModelConfig:
     """Regional ``torch.compile`` of the training forward (``tasks/training/compiled.py``):
     ``layers`` compiles whole decoder layers and runs whole sequences (each prompt once per
     sample), ``regions`` each layer's MLP and norms (prompts shared by their group); ``auto``:
-    ``layers`` on one GPU, ``none`` on CPU and under DeepSpeed."""
+    ``layers`` on one GPU, ``none`` on CPU and under DeepSpeed. ``none`` also keeps the CUDA
+    sampler's decode step and sampling uncompiled (``tasks/rollout/factory.py``)."""
     warm_start_steps: int
     """Supervised format warm start of a pretrained model before RL (0: none; the embedded
     model has its own, ``tiny.*``): steps on training problems answered as ``Answer: N``, so the

@@ -9,6 +9,7 @@ import torch
 
 from dapo_core.config import Config
 from tasks.rollout.generators import HFGenerator
+from tasks.rollout.graphs import DecodeOptions
 from tasks.rollout.vllm_backend import VLLMGenerator
 from tasks.training.distributed import env_world_size
 
@@ -25,9 +26,19 @@ def make_generator(cfg: Config, model, tokenizer, model_path: str):
             gpu_memory=cfg.rollout.vllm_gpu_memory,
         )
     dtype = rollout_dtype(cfg, model)
+    options = compile_options(cfg)
     if dtype is None:
-        return HFGenerator(model, tokenizer, cfg.rollout.max_prompt_len)
-    return HFGenerator.with_weights(model, tokenizer, cfg.rollout.max_prompt_len, dtype)
+        return HFGenerator(model, tokenizer, cfg.rollout.max_prompt_len, **options)
+    return HFGenerator.with_weights(model, tokenizer, cfg.rollout.max_prompt_len, dtype, **options)
+
+
+def compile_options(cfg: Config) -> dict:
+    """``model.compile: none`` keeps the sampler eager too: the CUDA decode step uncompiled and
+    the exact sampler (a short evaluation then pays no compilation); otherwise each device's
+    default (``HFGenerator``)."""
+    if cfg.model.compile != "none":
+        return {}
+    return {"decode_options": DecodeOptions(compiled=False), "sampler": "exact"}
 
 
 def rollout_dtype(cfg: Config, model) -> torch.dtype | None:

@@ -481,3 +481,16 @@ def test_every_metric_a_step_logs_is_catalogued_or_an_entrys(
     entries = {metric.train(n) for n in alg.metric_names() + alg.batch_metric_names()}
     assert metric.LOSS in logged and entries <= logged  # the step updated; the names are right
     assert logged - entries <= set(metric.CATALOGUE), logged - entries - set(metric.CATALOGUE)
+
+
+def test_model_compile_none_keeps_the_sampler_eager(tiny_cfg):
+    """``model.compile: none`` builds the sampler with the decode step uncompiled and the exact
+    sampler (what a short GPU evaluation wants); the default leaves each device its own."""
+    from tasks.rollout.factory import make_generator
+
+    model, tok = load_policy(resolve_model_path(tiny_cfg), "float32")
+    default = make_generator(tiny_cfg, model, tok, "")
+    assert default.decode_options is None and default.sampler == "auto"
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["model.compile=none"])
+    eager = make_generator(cfg, model, tok, "")
+    assert eager.decode_options.compiled is False and eager.sampler == "exact"

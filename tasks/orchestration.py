@@ -280,6 +280,38 @@ def deferred_signals() -> Iterator[None]:
             signal.signal(s, handler)
 
 
+@contextmanager
+def held_signals() -> Iterator[None]:
+    """Hold the first Ctrl-C or SIGTERM until the body is over, then deliver it to the handler in
+    place: for a call that must not be cut in the middle, such as an MLflow store write. An
+    interrupt raised inside SQLAlchemy's commit (a BaseException, which its clean-up does not
+    catch) left the SQLite store locked by the half-done transaction, so ending the run KILLED
+    then waited out the lock and failed: a traceback, and the run left RUNNING. A second signal
+    is not held: whoever sends it again means it now. Main thread only, where handlers run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def hold(signum: int, frame: Any) -> Any:
+        if held:
+            handler = previous[signum]
+            return handler(signum, frame) if callable(handler) else None
+        held.append(signum)
+        return None
+
+    for s in previous:
+        signal.signal(s, hold)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if held and callable(previous[held[0]]):
+            signal.raise_signal(held[0])  # now, to the handler the body ran under
+
+
 def cancelled_when_interrupted(fn: F) -> F:
     """For a flow's function (under ``@flow``): an interrupt, or a task it stopped, ends the flow
     run CANCELLED (not FAILED or CRASHED) with the line that says where the run stopped and how to

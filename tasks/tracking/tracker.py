@@ -97,11 +97,15 @@ class Tracker:
     # -- the guard ---------------------------------------------------------------------------
 
     def _guard(self, what: str, fn: Callable[[], Any]) -> Any:
-        """Run one MLflow call; on any error warn once, pause MLflow for a while, return None."""
+        """Run one MLflow call, whole (a Ctrl-C or SIGTERM is held until it returns); on any error
+        warn once, pause MLflow for a while, return None."""
+        from tasks.orchestration import held_signals
+
         if time.monotonic() < self._retry_at:
             return None
         try:
-            return fn()
+            with held_signals():  # an interrupt waits for the store write to finish
+                return fn()
         except Exception as e:  # noqa: BLE001 - tracking must never kill the run
             self.failures += 1
             self._retry_at = time.monotonic() + self.retry_after_s

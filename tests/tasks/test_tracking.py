@@ -417,3 +417,42 @@ def test_ui_addresses_open_the_training_view(tiny_cfg, store):
         "/experiments/7/runs/abc/model-metrics",
     )
     assert Tracker(tiny_cfg, "train", uri=store).run_url() is None  # no run started
+
+
+class _Stop(BaseException):
+    """What this test's SIGINT handler raises (as Ctrl-C raises KeyboardInterrupt)."""
+
+
+def test_an_interrupt_waits_for_the_store_write_it_arrives_in(tiny_cfg, tmp_path):
+    """A Ctrl-C during an MLflow call is delivered when the call returns, so the write is never
+    cut in the middle (cut inside SQLAlchemy's commit, it left the SQLite store locked: ending
+    the run KILLED then failed, with a traceback, and the run stayed RUNNING). A second Ctrl-C
+    is delivered at once."""
+    import signal
+    import time
+
+    def stop(signum, frame):
+        raise _Stop
+
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        t = Tracker(tiny_cfg, "train", uri=f"sqlite:///{tmp_path}/mlflow.db")
+        done = []
+
+        def write(times: int):
+            for _ in range(times):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)  # an unheld handler would run here
+            done.append(times)
+            return "written"
+
+        with pytest.raises(_Stop):
+            t._guard("writing", lambda: write(1))
+        assert done == [1]  # the write finished first
+        with pytest.raises(_Stop):
+            t._guard("writing", lambda: write(2))
+        assert done == [1]  # the second signal cut it
+        assert t._guard("writing", lambda: write(0)) == "written"  # no signal, nothing held
+        assert signal.getsignal(signal.SIGINT) is stop
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import functools
 import json
 import statistics
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -35,7 +37,7 @@ import torch
 from bench.common import positive_int, sync
 from bench.mfu import SHAPES, build_model
 from tasks.rollout.graphs import LEAN_OPTIONS, DecodeOptions, StaticDecoder
-from tasks.rollout.sampling import sample_next, sampler_for
+from tasks.rollout.sampling import sample_flat, sample_next, sampler_for, tempered_probs
 
 VARIANTS = {
     "lean": LEAN_OPTIONS,
@@ -51,8 +53,6 @@ PARTS = ("matrix products", "lm head", "attention", "kv writes", "pointwise", "s
 def elapsed_ms(fn, device) -> float:
     """Device milliseconds of ``fn()`` (CUDA events), or host ones off CUDA."""
     if device.type != "cuda":
-        import time
-
         t = time.perf_counter()
         fn()
         return 1000 * (time.perf_counter() - t)
@@ -116,7 +116,7 @@ def sampling_ms(rows: int, vocab: int, device, dtype) -> dict[str, float]:
     u = torch.rand(rows, 1, device=device)
     fns = {
         "exact": sample_next,
-        "flat eager": sampler_for("flat", torch.device("cpu")),  # the uncompiled maths
+        "flat eager": functools.partial(sample_flat, probs_fn=tempered_probs),
         "flat": sampler_for("flat", device),
     }
     out = {}

@@ -33,6 +33,28 @@ def _rope_type(cfg) -> str:
     return params.get("rope_type", params.get("type", "default"))
 
 
+def split_rotated(qkv: torch.Tensor, cos, sin):
+    """(B, kv heads, g + 2, d) per kv head its g queries, key and value -> queries (B, kv, g, d),
+    key and value (B, kv, 1, d), with rotary applied to the queries and the key at once."""
+    d, group = qkv.shape[-1], qkv.shape[2] - 2
+    qk = qkv[:, :, : group + 1]
+    qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
+    return qk[:, :, :group], qk[:, :, group:], qkv[:, :, group + 1 :]
+
+
+def attend(q, keys, values, bias, scale: float, how: str = "matmul"):
+    """Attention of g query rows per kv head (B, kv, g, d) over (B, kv, T, d) keys and values,
+    with an additive mask (B, 1, 1, T) or None. ``matmul``: scores, mask, softmax in float32 and
+    the values' product as separate kernels; ``sdpa``: one fused kernel (the mask then in the
+    queries' dtype)."""
+    if how == "sdpa":
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=scale)
+    scores = q @ keys.transpose(-1, -2) * scale  # (B, kv, g, T)
+    if bias is not None:
+        scores = scores + bias
+    return scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype) @ values
+
+
 class LeanDecoder:
     """Decodes one token per sequence against key/value buffers that hold the whole rollout.
 
@@ -145,20 +167,11 @@ class LeanDecoder:
 
     def _attention(self, i: int, layer, h: torch.Tensor, cos, sin) -> torch.Tensor:
         """(B, 1, H) normed hidden -> (B, 1, H) attention output of layer i for the new token."""
-        attn, B, d = layer.self_attn, h.shape[0], self.head_dim
-        group = self.n_heads // self.n_kv
-        qkv = self._qkv(i, layer, h)
-        # Queries laid out (B, kv head, query heads of that group, d); rotary on q and k at once.
-        qk = qkv[:, :, : group + 1]
-        qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
-        q = qk[:, :, :group]
-        keys, values, bias = self._kv_window(i, qk[:, :, group:], qkv[:, :, group + 1 :])
-        scores = q @ keys.transpose(-1, -2) * attn.scaling  # (B, kv, g, T)
-        if bias is not None:
-            scores = scores + bias
-        weights = scores.softmax(dim=-1, dtype=torch.float32)
-        out = weights.to(q.dtype) @ values  # (B, kv, g, d)
-        return attn.o_proj(out.reshape(B, 1, self.n_heads * d))
+        attn, B = layer.self_attn, h.shape[0]
+        q, k, v = split_rotated(self._qkv(i, layer, h), cos, sin)
+        keys, values, bias = self._kv_window(i, k, v)
+        out = attend(q, keys, values, bias, attn.scaling)  # (B, kv, g, d)
+        return attn.o_proj(out.reshape(B, 1, self.n_heads * self.head_dim))
 
     def _kv_window(self, i: int, k: torch.Tensor, v: torch.Tensor):
         """Store the new token's key and value (B, kv, 1, d) of layer i; return the keys and

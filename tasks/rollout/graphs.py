@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tasks.rollout.decode import LeanDecoder
+from tasks.rollout.decode import LeanDecoder, attend, split_rotated
 
 ATTENTION = ("sdpa", "matmul")
 
@@ -89,10 +89,7 @@ def attention_inputs(x, norm_w, eps: float, qkv_w, qkv_b, cos, sin, n_kv: int, h
     rotary on queries and key at once."""
     h = F.rms_norm(x, x.shape[-1:], norm_w, eps)
     qkv = F.linear(h, qkv_w, qkv_b).view(x.shape[0], n_kv, -1, head_dim)
-    group = qkv.shape[2] - 2
-    qk = qkv[:, :, : group + 1]
-    qk = qk * cos + qk.roll(head_dim // 2, dims=-1) * sin
-    return qk[:, :, :group], qk[:, :, group:], qkv[:, :, group + 1 :]
+    return split_rotated(qkv, cos, sin)
 
 
 def after_attention(x, attended, o_w, o_b, norm_w, eps: float, gate_up_w, down_w):
@@ -103,20 +100,11 @@ def after_attention(x, attended, o_w, o_b, norm_w, eps: float, gate_up_w, down_w
     return x + F.linear(F.silu(gate) * up, down_w)
 
 
-def attend(q, keys, values, bias, scale: float, how: str):
-    """Attention of g query rows per kv head (B, kv, g, d) over (B, kv, T, d) keys and values,
-    with an additive mask (B, 1, 1, T) in the queries' dtype."""
-    if how == "sdpa":
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=scale)
-    scores = q @ keys.transpose(-1, -2) * scale + bias
-    return scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype) @ values
-
-
 @functools.cache
-def _compiled(fn):
-    """One compiled function per region, shared by every layer and decoder; ``dynamic=None``:
-    compaction changes the batch, which then becomes a symbolic size instead of a recompile."""
-    return torch.compile(fn, dynamic=True)
+def _compiled(fn, dynamic: bool):
+    """One compiled function per region, shared by every layer and decoder; with ``dynamic``,
+    compaction's smaller batches and another model's widths do not compile it again."""
+    return torch.compile(fn, dynamic=dynamic)
 
 
 class StaticDecoder(LeanDecoder):
@@ -232,7 +220,7 @@ class StaticDecoder(LeanDecoder):
     def _decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if not self.fused:
             return super()._decode(tokens, positions)  # the lean step, as LEAN_OPTIONS asks
-        d, (rows, window) = self.decoder, self._shape
+        d = self.decoder
         before, after = attention_inputs, after_attention
         if self.compiled:
             dynamic = self.options.dynamic
@@ -241,7 +229,6 @@ class StaticDecoder(LeanDecoder):
         x = d.embed_tokens(tokens[:, None])  # (B, 1, H)
         cos = self.cos[0, positions][:, :, None]  # (B, 1, 1, d): broadcast over heads
         sin = self.sin_signed[0, positions][:, :, None]
-        bias = self.bias[:rows, None, None, :window]
         for i, layer in enumerate(d.layers):
             attn, norm1 = layer.self_attn, layer.input_layernorm
             norm2 = layer.post_attention_layernorm
@@ -249,13 +236,8 @@ class StaticDecoder(LeanDecoder):
                 x, norm1.weight, norm1.variance_epsilon, *self.qkv[i], cos, sin, self.n_kv,
                 self.head_dim,
             )  # fmt: skip
-            keys, values = self.k_buf[i][:rows], self.v_buf[i][:rows]
-            keys.index_copy_(2, self.cur, k)
-            values.index_copy_(2, self.cur, v)
-            out = attend(
-                q, keys[:, :, :window], values[:, :, :window], bias, attn.scaling,
-                self.options.attention,
-            )  # fmt: skip
+            keys, values, bias = self._kv_window(i, k, v)
+            out = attend(q, keys, values, bias, attn.scaling, self.options.attention)
             x = after(
                 x, out, attn.o_proj.weight, attn.o_proj.bias, norm2.weight,
                 norm2.variance_epsilon, self.gate_up[i], layer.mlp.down_proj.weight,

@@ -370,3 +370,26 @@ def test_a_saved_tokenizer_does_not_carry_its_load_options(tiny_cfg, tmp_path):
         load_tokenizer(path, local_files_only=offline).save_pretrained(out)
         saved.append((out / "tokenizer_config.json").read_text())
     assert "local_files_only" not in json.loads(saved[0]) and saved[0] == saved[1]
+
+
+@pytest.mark.slow
+def test_compiled_fixed_shape_step_gives_the_lean_decoders_rollouts(tiny_cfg):
+    """The CUDA default step (fused projections, SDPA, the regions around attention compiled),
+    compiled here on CPU and run eagerly: the lean decoder's tokens, and its log-probs within
+    float32 rounding."""
+    from tasks.data.splits import splits
+    from tasks.rollout.graphs import DecodeOptions
+
+    model, tok = load_policy(resolve_model_path(tiny_cfg))
+    prompts = [chat_prompt(tok, p.prompt) for p in splits(tiny_cfg).train[:2]]
+    outs = []
+    for options in (None, DecodeOptions(compiled=True)):
+        gen = HFGenerator(
+            model, tok, max_prompt_len=64, graphs=options is not None, decode_options=options
+        )
+        torch.manual_seed(0)
+        outs.append(gen.generate(prompts, 2, temperature=1.0, top_p=1.0, max_new_tokens=8))
+    a, b = outs
+    assert a.response_ids == b.response_ids
+    for x, y in zip(a.logprobs, b.logprobs, strict=True):
+        torch.testing.assert_close(torch.tensor(x), torch.tensor(y), rtol=1e-5, atol=1e-5)

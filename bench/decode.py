@@ -6,8 +6,8 @@
 The decoder (``tasks.rollout.graphs.StaticDecoder``) decodes ``--new`` positions after a prompt
 of ``--prompt`` positions, its window growing as a rollout's does, once to capture its graphs and
 once timed (CUDA events around the whole rollout): ms per step is the second over ``--new``.
-Sampling (``tasks.rollout.sampling``: ``exact``, ``flat`` eager and compiled) is timed apart on
-the step's (B, V) logits, and its kernels profiled by operator.
+Sampling (``tasks.rollout.sampling``: ``exact``, ``flat`` and ``blocked``, eager and compiled) is
+timed apart on the step's (B, V) logits, and its kernels profiled by operator.
 Variants (``DecodeOptions``): ``lean`` (the step before fused kernels: six attention kernels, three
 q/k/v and two gate/up products per layer, nothing compiled), ``fused`` (q/k/v and gate/up one
 product each), ``sdpa`` (and attention one kernel), ``default`` (and the pointwise work compiled),
@@ -37,7 +37,13 @@ import torch
 from bench.common import positive_int, sync
 from bench.mfu import SHAPES, build_model
 from tasks.rollout.graphs import LEAN_OPTIONS, DecodeOptions, StaticDecoder
-from tasks.rollout.sampling import sample_flat, sample_next, sampler_for, tempered_probs
+from tasks.rollout.sampling import (
+    sample_blocked,
+    sample_flat,
+    sample_next,
+    sampler_for,
+    tempered_probs,
+)
 
 VARIANTS = {
     "lean": LEAN_OPTIONS,
@@ -118,6 +124,8 @@ def sampling_ms(rows: int, vocab: int, device, dtype) -> dict[str, float]:
         "exact": sample_next,
         "flat eager": functools.partial(sample_flat, probs_fn=tempered_probs),
         "flat": sampler_for("flat", device),
+        "blocked eager": sample_blocked,
+        "blocked": sampler_for("blocked", device),
     }
     out = {}
     for name, fn in fns.items():

@@ -16,7 +16,9 @@ included) are printed, with each baseline's time over ours.
 
 On CUDA ours decodes with CUDA graphs (``tasks.rollout.graphs``); the ``eager`` side is the same
 sampler with ``graphs=False`` (the lean step launched kernel by kernel), the ``lean`` side the
-graphs over the step as it was before fused kernels (``LEAN_OPTIONS``, the ``exact`` sampler).
+graphs over the step as it was before fused kernels (``LEAN_OPTIONS``, the ``exact`` sampler), the
+``stepwise`` side ours with the sampler run step by step beside the graphs (``flat``) instead of
+recorded in them (``blocked``).
 
 Models (``--model``): ``tiny``, the embedded Qwen2 with random weights (fp32); ``qwen2.5-0.5b``,
 Qwen2.5-0.5B's shape with random weights and its 151,936-token vocabulary, and
@@ -43,7 +45,7 @@ from tasks.models.loading import chat_prompt, load_policy
 from tasks.rollout.generators import HFGenerator
 from tasks.rollout.graphs import LEAN_OPTIONS
 
-SIDES = ("ours", "lean", "eager", "generate", "static")
+SIDES = ("ours", "stepwise", "lean", "eager", "generate", "static")
 
 
 def sampler(model, tok, L: int, graphs: bool | None = None, **kwargs) -> HFGenerator:
@@ -111,11 +113,15 @@ def bench_shape(
     # captured in the dropped first run and replayed after.
     gens = {
         "ours": sampler(model, tok, L),
-        "lean": sampler(model, tok, L, decode_options=LEAN_OPTIONS, sampler="exact"),
+        "stepwise": sampler(model, tok, L, sampler="flat", draw_in_graphs=False),
+        "lean": sampler(
+            model, tok, L, decode_options=LEAN_OPTIONS, sampler="exact", draw_in_graphs=False
+        ),
         "eager": sampler(model, tok, L, graphs=False),
     }
     runs = {
         "ours": lambda: ours(model, tok, prompts, G, L, gens["ours"], top_p),
+        "stepwise": lambda: ours(model, tok, prompts, G, L, gens["stepwise"], top_p),
         "lean": lambda: ours(model, tok, prompts, G, L, gens["lean"], top_p),
         "eager": lambda: ours(model, tok, prompts, G, L, gens["eager"], top_p),
         "generate": lambda: baseline(model, tok, prompts, G, L, top_p=top_p),
@@ -192,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
         device = torch.cuda.get_device_name() if cuda else "cpu"
         others = args.sides
         if others is None:
-            others = [k for k in SIDES[1:] if cuda or k not in ("eager", "lean")]
+            others = [k for k in SIDES[1:] if cuda or k not in ("eager", "lean", "stepwise")]
         sides = ("ours", *others)
         print(
             f"generation: {args.model} ({model.dtype}) on {device}, torch {torch.__version__}, "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU figure in BENCHMARKS.md ("GPU" section) and the CUDA tests, in one lease: each part's
 # timeouts add up to under 10 minutes, one device command each.
-#   bash bench/gpu_suite.sh [tests|sampling|update|decode|rl_split|rl_step]...
+#   bash bench/gpu_suite.sh [tests|sampling|update|decode|draw|step|rl_split|rl_step]...
 # (no argument: the first three)
 # Outputs go to $OUT (or ./gpu-out) as well.
 #
@@ -32,7 +32,7 @@ parts=${*:-tests sampling update}
 for part in $parts; do
     case $part in
     tests)
-        run tests 300 python3 -m pytest -q -p no:cacheprovider tests/tasks/test_gpu.py \
+        run tests 180 python3 -m pytest -q -p no:cacheprovider tests/tasks/test_gpu.py \
             tests/tasks/test_precision.py tests/tasks/test_compiled.py tests/core/test_logprobs.py \
             "tests/tasks/test_trainer.py::test_resume_reproduces_uninterrupted_run"
         ;;
@@ -67,6 +67,17 @@ for part in $parts; do
         run eval 80 python3 -m bench.generation --model smollm2-135m --shapes 200x8x96 --sides lean \
             --top-p 0.7 --repeats 3
         ;;
+    draw)  # sampling recorded in the graphs (ours) against it beside them (stepwise), and lean
+        gen="python3 -m bench.generation --model qwen2.5-0.5b"
+        run gen64 100 $gen --shapes 8x8x512 --sides stepwise lean --repeats 3
+        run gen512 90 $gen --shapes 64x8x512 --sides stepwise lean --repeats 2
+        run eval 60 python3 -m bench.generation --model smollm2-135m --shapes 200x8x96 \
+            --sides stepwise --top-p 0.7 --repeats 3
+        ;;
+    step)  # the step's variants and the samplers (blocked among them), one profile
+        run decode 120 python3 -m bench.decode --variants lean default static-shapes \
+            --profile default
+        ;;
     rl_split)  # our RL step with realistic response lengths, generation against training
         run rl_split 300 python3 -m bench.rl_step --ours-only --model qwen2.5-0.5b --shapes 8x8x2048 \
             1x16x8192 --steps 2
@@ -75,6 +86,7 @@ for part in $parts; do
         run rl_step 170 python3 -m bench.rl_step --model qwen2.5-0.5b --shapes 8x8x512 --rounds 1 \
             --steps 3
         ;;
-    *) echo "unknown part $part: tests, sampling, update or rl_step" >&2; exit 2 ;;
+    *) echo "unknown part $part: tests, sampling, update, decode, draw, step, rl_split or rl_step" >&2
+       exit 2 ;;
     esac
 done

@@ -27,7 +27,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 from dapo_core.problem import Problem
 from tasks.models.loading import chat_prompt
 from tasks.rollout.decode import LeanDecoder
-from tasks.rollout.graphs import DecodeOptions, StaticDecoder
+from tasks.rollout.graphs import DecodeOptions, Draw, StaticDecoder
 from tasks.rollout.sampling import sampler_for
 
 
@@ -146,6 +146,7 @@ class HFGenerator:
         graphs: bool | None = None,
         decode_options: DecodeOptions | None = None,
         sampler: str = "auto",
+        draw_in_graphs: bool | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -158,6 +159,9 @@ class HFGenerator:
         self.graphs = graphs
         self.decode_options = decode_options  # how the CUDA-graph step computes (graphs.py)
         self.sampler = sampler  # tasks.rollout.sampling.SAMPLERS, or auto (by device)
+        # Sampling recorded in the CUDA graphs with the step (StaticDecoder.begin); None: where
+        # graphs are captured.
+        self.draw_in_graphs = draw_in_graphs
         self._static: StaticDecoder | None = None  # kept across calls with its graphs
         eos = model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
@@ -271,9 +275,28 @@ class HFGenerator:
         values = [layer.values.repeat_interleave(n, dim=0) for layer in out.cache.layers]
         logits = out.logits[:, -1].repeat_interleave(n, dim=0)  # (P*n, V)
         decoder = self._decoder(keys, values, attn.repeat_interleave(n, dim=0), max_new_tokens)
+        next_pos = pos[:, -1:].repeat_interleave(n, dim=0) + 1  # (P*n, 1)
+        in_graphs = isinstance(decoder, StaticDecoder) and (
+            decoder.pool is not None if self.draw_in_graphs is None else self.draw_in_graphs
+        )
+        if in_graphs:
+            tokens, logps = self._draw_in_graphs(
+                decoder, logits, next_pos, temperature, top_p, max_new_tokens
+            )
+        else:
+            tokens, logps = self._draw_step_by_step(
+                decoder, logits, next_pos, temperature, top_p, max_new_tokens
+            )
+        pairs = [split_response(g, self.eos_ids, pad) for g in tokens.tolist()]
+        step_logps = logps.tolist()
+        logprobs = [lp[: len(r)] for (r, _), lp in zip(pairs, step_logps, strict=True)]
+        return [p[0] for p in pairs], [p[1] for p in pairs], logprobs
+
+    def _draw_step_by_step(self, decoder, logits, next_pos, temperature, top_p, max_new_tokens):
+        """(tokens, log-probs) (N, steps) drawn one step at a time from ``decoder``'s logits."""
+        device, pad = logits.device, self.tokenizer.pad_token_id
         can_compact = self.compact and hasattr(decoder, "keep")
         check_every = self.CHECK_EVERY.get(device.type, 1)
-        next_pos = pos[:, -1:].repeat_interleave(n, dim=0) + 1  # (P*n, 1)
         eos = torch.tensor(sorted(self.eos_ids), device=device)
         sample = sampler_for(self.sampler, device)
         N = len(logits)
@@ -302,11 +325,32 @@ class HFGenerator:
                     live, nxt, next_pos, done = live[keep], nxt[keep], next_pos[keep], done[keep]
             logits = decoder.step(nxt, next_pos)
             next_pos = next_pos + 1
-        generated = tokens[:, : t + 1].tolist()  # (P*n, t + 1)
-        step_logps = logps[:, : t + 1].tolist()
-        pairs = [split_response(g, self.eos_ids, pad) for g in generated]
-        logprobs = [lp[: len(r)] for (r, _), lp in zip(pairs, step_logps, strict=True)]
-        return [p[0] for p in pairs], [p[1] for p in pairs], logprobs
+        return tokens[:, : t + 1], logps[:, : t + 1]
+
+    def _draw_in_graphs(self, decoder, logits, next_pos, temperature, top_p, max_new_tokens):
+        """``_draw_step_by_step``'s tokens from the same uniforms, each step one replay of a graph
+        that decodes and draws; the host only checks every ``CHECK_EVERY`` tokens whether all
+        sequences finished, and compacts at the same points."""
+        N, device = len(logits), logits.device
+        eos = tuple(sorted(self.eos_ids))
+        draw = Draw(self.sampler, temperature, top_p, eos, self.tokenizer.pad_token_id,
+                    self.min_new_tokens)  # fmt: skip
+        # The uniforms of every step drawn at once: the same numbers as a draw per step (CPU).
+        decoder.begin(logits, next_pos, torch.rand(max_new_tokens, N, device=device), draw)
+        check_every = self.CHECK_EVERY.get(device.type, 1)
+        live, drawn = N, 1  # rows still decoded, tokens drawn
+        while drawn < max_new_tokens:
+            if drawn % check_every == 0:  # a check step: the one host synchronisation
+                finished = int(decoder.done[:live].sum())
+                if finished == live:
+                    break
+                if self.compact and finished >= self.COMPACT_AT * live:
+                    keep = (~decoder.done[:live]).nonzero().squeeze(1)
+                    decoder.keep(keep)
+                    live = len(keep)
+            decoder.advance(live)
+            drawn += 1
+        return decoder.results(N, drawn)
 
 
 def rollout_copy(model, dtype: torch.dtype):

@@ -35,9 +35,13 @@ The step itself (``DecodeOptions``; ``python -m bench.decode`` measures each aga
   pointwise work fuse into a few kernels around the matrix products. Keys and values are written
   and attended to outside them, so the compiled code never mutates the buffers.
 
-Sampling stays eager, beside the graph (compiled too on CUDA: ``HFGenerator``). Without CUDA (or
+Sampling can be recorded too (``begin``/``advance``, what ``HFGenerator`` does on CUDA): each
+replay then decodes the tokens drawn last, draws the next from uniforms drawn for the whole rollout
+beforehand, and writes them and their log-probs into output buffers, with no host work between
+steps but the replay (the Python around an eager sampler and the rollout's bookkeeping left the
+GPU idle between steps). Graphs are then keyed by the ``Draw`` as well. Without CUDA (or
 ``graphs=False``) the same fixed-shape step runs eagerly: that is how the CPU tests hold it to
-``LeanDecoder``.
+``LeanDecoder``, and the recorded sampling to the step-by-step loop.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from tasks.rollout.decode import LeanDecoder, attend, split_rotated
+from tasks.rollout.sampling import sampler_for
 
 ATTENTION = ("sdpa", "matmul")
 
@@ -69,6 +74,19 @@ class DecodeOptions:
     def __post_init__(self):
         if self.attention not in ATTENTION:
             raise ValueError(f"attention must be one of {ATTENTION}, not {self.attention!r}")
+
+
+@dataclass(frozen=True)
+class Draw:
+    """How ``StaticDecoder.advance`` draws tokens: part of each graph's key, as a graph replays
+    the sampler it recorded."""
+
+    sampler: str  # tasks.rollout.sampling.SAMPLERS (or auto)
+    temperature: float
+    top_p: float
+    eos: tuple[int, ...]
+    pad: int
+    min_new_tokens: int = 0  # EOS is never drawn before this many tokens (benchmarks)
 
 
 # The lean step of PR 11 (before fused kernels): the baseline that bench.decode measures against.
@@ -141,7 +159,10 @@ class StaticDecoder(LeanDecoder):
         self.cur = torch.zeros(1, dtype=torch.long, device=dev)  # the position written next
         vocab = self.model.get_output_embeddings().weight.shape[0]
         self.logits = torch.zeros(self.rows, vocab, dtype=weight.dtype, device=dev)
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        # Keyed by (batch rows, window, Draw or None for the step alone).
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self.draw: Draw | None = None
+        self._eos: dict[Draw, torch.Tensor] = {}  # each draw's EOS ids, alive as long as its graphs
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.weights = self._weight_pointers(model)
         self.length = 0
@@ -208,6 +229,11 @@ class StaticDecoder(LeanDecoder):
         for buf in (*self.k_buf, *self.v_buf):
             buf[:n, :, :end] = buf[rows, :, :end]
         self.bias[:n] = self.bias[rows]
+        if self.draw is not None:  # the recorded sampler's per-row state moves with them
+            for buf in (self.tok, self.pos, self.live, self.done):
+                buf[:n] = buf[rows]
+            self.live[n:] = self.rows
+            self.done[n:] = True
 
     def _kv_window(self, i: int, k: torch.Tensor, v: torch.Tensor):
         rows, window = self._shape
@@ -256,34 +282,107 @@ class StaticDecoder(LeanDecoder):
         n = len(tokens)
         self.tok[:n].copy_(tokens)
         self.pos[:n].copy_(positions)
+        self._replay(n, None, self._run)
+        return self.logits[:n]
+
+    def begin(
+        self, logits: torch.Tensor, positions: torch.Tensor, uniforms: torch.Tensor, draw: Draw
+    ) -> None:
+        """Sample inside the graphs from here on (after ``load``): the first token of N sequences
+        is drawn from the prefill's ``logits`` (N, V) now, each ``advance`` decodes and draws the
+        next; ``positions`` (N, 1) are the next tokens' positions, ``uniforms`` (steps, N) the
+        draws of every step (those of dropped rows go unused, so compaction changes nothing)."""
+        N, steps = uniforms.shape[1], uniforms.shape[0]
+        if not hasattr(self, "drawn"):  # made once: graphs hold their addresses
+            R, dev = self.rows, self.tok.device
+            # Row R takes what the padding rows of a power-of-two batch draw.
+            self.drawn = torch.zeros(R + 1, self.capacity, dtype=torch.long, device=dev)
+            self.drawn_logp = torch.zeros(R + 1, self.capacity, device=dev)
+            self.uniforms = torch.zeros(self.capacity, R + 1, device=dev)
+            self.eos_bias = torch.zeros(self.capacity, device=dev)  # -inf before min_new_tokens
+            self.live = torch.zeros(R, dtype=torch.long, device=dev)  # output row of each row
+            self.done = torch.zeros(R, dtype=torch.bool, device=dev)
+            self.t = torch.zeros(1, dtype=torch.long, device=dev)  # the token drawn next
+        if draw not in self._eos:
+            self._eos[draw] = torch.tensor(draw.eos, device=self.tok.device)
+        self.draw, self.sample = draw, sampler_for(draw.sampler, self.tok.device)
+        self.drawn[:N, :steps] = draw.pad
+        self.drawn_logp[:N, :steps] = 0.0
+        self.uniforms[:steps, :N] = uniforms
+        self.eos_bias.zero_()
+        self.eos_bias[: draw.min_new_tokens] = float("-inf")
+        self.live.fill_(self.rows)
+        self.live[:N] = torch.arange(N, device=self.live.device)
+        self.done.fill_(True)
+        self.done[:N] = False
+        self.t.zero_()
+        self.pos.zero_()  # padding rows' positions advance too: from 0 they stay in the table
+        self.pos[:N] = positions
+        self.logits[:N] = logits
+        self._draw(N)
+
+    def advance(self, n: int) -> None:
+        """Decode the tokens drawn last in the first ``n`` rows and draw the next ones."""
+        self._replay(n, self.draw, self._run_and_draw)
+
+    def results(self, n: int, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drawn tokens (pad after a sequence's EOS) and their log-probs, (n, steps) each."""
+        return self.drawn[:n, :steps], self.drawn_logp[:n, :steps]
+
+    def _draw(self, rows: int) -> None:
+        """Draw the next token of the first ``rows`` rows from ``logits``: the sampler with the
+        step's uniforms, pad where a sequence has finished, written to the outputs. Only
+        buffers, so it can be recorded."""
+        draw, eos, t = self.draw, self._eos[self.draw], self.t
+        logits, live, done = self.logits[:rows], self.live[:rows], self.done[:rows]
+        if draw.min_new_tokens:
+            logits[:, eos] += self.eos_bias.index_select(0, t)
+        u = self.uniforms.index_select(0, t)[0, live][:, None]
+        nxt, logp = self.sample(logits, draw.temperature, draw.top_p, u)
+        nxt = torch.where(done, draw.pad, nxt)
+        at = (live, t.expand(rows))
+        self.drawn.index_put_(at, nxt)
+        self.drawn_logp.index_put_(at, logp.float())
+        done |= (nxt[:, None] == eos).any(dim=-1)
+        self.tok[:rows] = nxt
+        self.t += 1
+
+    def _run_and_draw(self) -> None:
+        rows = self._shape[0]
+        self._run()
+        self.pos[:rows] += 1
+        self._draw(rows)
+
+    def _replay(self, n: int, draw: Draw | None, fn) -> None:
+        """One step over the first ``n`` rows: ``fn`` recorded at this step's shape, replayed
+        (recorded first if new; run eagerly without CUDA)."""
         rows = min(self.rows, _pow2_at_least(n))
         shape = (rows, min(self.capacity, _round_up(self.length + 1, self.window)))
-        graph = self.graphs.get(shape)
+        graph = self.graphs.get((*shape, draw))
         if graph is not None:
             graph.replay()
         else:
             self._shape = shape
-            self._run_eagerly()  # this step's work, and the warm-up before a capture
+            self._run_eagerly(fn)  # this step's work, and the warm-up before a capture
             if self.pool is not None:
-                self.graphs[shape] = self._capture()
+                self.graphs[(*shape, draw)] = self._capture(fn)
         self.length += 1
-        return self.logits[:n]
 
-    def _run_eagerly(self) -> None:
+    def _run_eagerly(self, fn) -> None:
         if self.pool is None:
-            self._run()
+            fn()
             return
         # Before a capture, on a side stream as torch asks: lazy initialisations (cuBLAS
         # workspaces) happen outside the graph.
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            self._run()
+            fn()
         torch.cuda.current_stream().wait_stream(stream)
 
-    def _capture(self) -> torch.cuda.CUDAGraph:
-        """Record ``_run`` at the current shape (recording runs nothing)."""
+    def _capture(self, fn) -> torch.cuda.CUDAGraph:
+        """Record ``fn`` at the current shape (recording runs nothing)."""
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            self._run()
+            fn()
         return graph

@@ -4,15 +4,20 @@ Inverse-CDF sampling draws one uniform per sequence and locates it in the cumula
 where ``torch.multinomial`` draws B x V random numbers. The caller draws the uniforms for the
 whole batch every step, so dropping finished sequences changes no sample.
 
-Two ways to compute it (``SAMPLERS``), the same distribution:
+Three ways to compute it (``SAMPLERS``), the same distribution (they locate the same uniform in
+the same vocabulary-order CDF, so they agree on the token but for rounding ties):
 - ``exact``: ``sample_next``, one log-softmax over the vocabulary, its exponent, the cumulative sum.
   CPU runs use it: its rounding is part of what a seed reproduces there;
-- ``flat``: the tempered probabilities from one log-sum-exp (``tempered_probs``), compiled on CUDA
-  into a reduction and one write, then the cumulative sum. On a GPU sampling is bandwidth-bound at
-  large batches (a (512, 151936) float32 array is 311 MB), and ``exact`` reads and writes such
-  arrays about eight times, ``flat`` about three. Its log-probs are x - logsumexp(x) at the drawn
-  tokens, which equals the log-softmax up to rounding. Top-p below 1 takes ``exact`` (the nucleus
-  needs the sort).
+- ``flat``: the tempered probabilities from one log-sum-exp (``tempered_probs``), then the
+  cumulative sum over the vocabulary;
+- ``blocked`` (the CUDA default): the vocabulary in blocks of ``BLOCK`` tokens. One pass over the
+  logits gives each block's mass (``block_log_masses``, compiled on CUDA into one reduction);
+  the uniform is located among the blocks, then inside the one block it fell in. On a GPU
+  sampling is bandwidth-bound at large batches (a (512, 151936) float32 array is 311 MB): ``exact``
+  reads and writes such arrays about eight times, ``flat`` three, ``blocked`` reads the bf16
+  logits once and writes nothing of that size.
+The log-probs of ``flat`` and ``blocked`` are x - logsumexp(x) at the drawn tokens, the
+log-softmax up to rounding. Top-p below 1 takes ``exact`` (the nucleus needs the sort).
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ import logging
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
-SAMPLERS = ("exact", "flat")
+SAMPLERS = ("exact", "flat", "blocked")
+BLOCK = 1024  # tokens per block of the blocked sampler
 
 
 def sample_next(
@@ -54,9 +61,8 @@ def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor | None) -> torch.Te
     if uniforms is None:
         uniforms = torch.rand(total.shape, device=cdf.device, dtype=cdf.dtype)
     u = uniforms.to(cdf.dtype) * total
-    idx = torch.searchsorted(cdf, u, right=True)  # first token whose cdf exceeds u
     # Rounding can put u at the total: stay on the last token with non-zero probability.
-    return torch.minimum(idx, torch.searchsorted(cdf, total))
+    return _first_exceeding(cdf, u)
 
 
 def tempered_probs(logits: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,38 +88,95 @@ def sample_flat(
     return idx.squeeze(-1), logp.squeeze(-1)
 
 
-class _CompiledProbs:
-    """``tempered_probs`` through ``torch.compile``; if compiling fails (an Inductor bug on
-    some torch versions), says so once and computes it eagerly from then on."""
+def block_log_masses(logits: torch.Tensor, temperature: float, block: int) -> torch.Tensor:
+    """(B, V) logits -> (B, ceil(V / block)) log of each block's unnormalised mass,
+    log sum exp(logits / T) over its tokens (-inf for a block of -inf logits only)."""
+    B, V = logits.shape
+    blocks = -(-V // block)
+    x = F.pad(logits.float() / temperature, (0, blocks * block - V), value=float("-inf"))
+    x = x.view(B, blocks, block)
+    top = x.amax(dim=-1, keepdim=True)
+    top = torch.where(top.isfinite(), top, 0.0)  # a block of -inf only: mass 0, not NaN
+    return top.squeeze(-1) + (x - top).exp().sum(dim=-1).log()
 
-    def __init__(self):
-        self.fn = torch.compile(tempered_probs, dynamic=None)
 
-    def __call__(self, logits: torch.Tensor, temperature: float):
-        if self.fn is not tempered_probs:
+def sample_blocked(
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    uniforms: torch.Tensor | None = None,
+    masses_fn: Callable = block_log_masses,
+    block: int = BLOCK,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sample_next``'s draw in two levels: which block, then which token of it (module
+    docstring). Only the block masses read the whole vocabulary."""
+    if top_p < 1.0:
+        return sample_next(logits, temperature, top_p, uniforms)
+    B, V = logits.shape
+    log_mass = masses_fn(logits, temperature, block)  # (B, blocks)
+    lse = torch.logsumexp(log_mass, dim=-1, keepdim=True)  # (B, 1)
+    mass = (log_mass - lse).exp()  # each block's probability
+    if uniforms is None:
+        uniforms = torch.rand(B, 1, device=logits.device)
+    cdf = mass.cumsum(dim=-1)
+    u = uniforms.float() * cdf[:, -1:]
+    j = _first_exceeding(cdf, u)  # (B, 1) the block the uniform falls in
+    cols = j * block + torch.arange(block, device=logits.device)  # (B, block) its tokens
+    x = logits.gather(-1, cols.clamp(max=V - 1)).float() / temperature
+    probs = torch.where(cols < V, (x - lse).exp(), 0.0)
+    # Rounding can put the mass left over a little outside the block: its ends absorb it.
+    left = (u - (cdf.gather(-1, j) - mass.gather(-1, j))).clamp(min=0.0)
+    token = j * block + _first_exceeding(probs.cumsum(dim=-1), left)
+    logp = logits.gather(-1, token).float() / temperature - lse
+    return token.squeeze(-1), logp.squeeze(-1)
+
+
+def _first_exceeding(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """(B, n) non-decreasing cumulative weights, (B, 1) targets -> (B, 1) index of the first
+    cumulative weight above the target, never one past the last non-zero weight."""
+    idx = torch.searchsorted(cdf, u, right=True)
+    return torch.minimum(idx, torch.searchsorted(cdf, cdf[:, -1:].contiguous()))
+
+
+class _Compiled:
+    """``fn`` through ``torch.compile``; if compiling fails (an Inductor bug on some torch
+    versions), says so once and computes it eagerly from then on."""
+
+    def __init__(self, fn: Callable):
+        self.eager = fn
+        self.fn = torch.compile(fn, dynamic=None)
+
+    def __call__(self, *args):
+        if self.fn is not self.eager:
             try:
-                return self.fn(logits, temperature)
+                return self.fn(*args)
             except torch.OutOfMemoryError:
                 raise
             except Exception as e:  # a compiler failure: the eager function is the same maths
                 log.warning("compiled sampling failed (%s); sampling eagerly", type(e).__name__)
-                self.fn = tempered_probs
-        return tempered_probs(logits, temperature)
+                self.fn = self.eager
+        return self.eager(*args)
 
 
 @functools.cache
-def _compiled_probs() -> _CompiledProbs:
-    return _CompiledProbs()
+def _compiled(fn: Callable) -> _Compiled:
+    return _Compiled(fn)
 
 
 def sampler_for(name: str, device: torch.device) -> Callable:
-    """The sampling function ``name`` picks (``auto``: ``flat``, compiled, on CUDA; else
+    """The sampling function ``name`` picks (``auto``: ``blocked``, compiled, on CUDA; else
     ``exact``)."""
     if name == "auto":
-        name = "flat" if device.type == "cuda" else "exact"
+        name = "blocked" if device.type == "cuda" else "exact"
     if name not in SAMPLERS:
         raise ValueError(f"sampler must be auto or one of {', '.join(SAMPLERS)}, not {name!r}")
-    if name == "exact":
-        return sample_next
-    probs = _compiled_probs() if device.type == "cuda" else tempered_probs
-    return functools.partial(sample_flat, probs_fn=probs)
+    cuda = device.type == "cuda"
+    if name == "flat":
+        return functools.partial(
+            sample_flat, probs_fn=_compiled(tempered_probs) if cuda else tempered_probs
+        )
+    if name == "blocked":
+        return functools.partial(
+            sample_blocked, masses_fn=_compiled(block_log_masses) if cuda else block_log_masses
+        )
+    return sample_next

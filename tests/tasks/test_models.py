@@ -333,17 +333,20 @@ def test_fixed_shape_decoder_gives_the_lean_decoders_rollouts(tiny_cfg, monkeypa
         StaticDecoder, "keep", lambda self, rows: (kept.append(len(rows)), keep(self, rows))[1]
     )
     lean = HFGenerator(model, tok, max_prompt_len=64, graphs=False)
-    static = HFGenerator(model, tok, max_prompt_len=64, graphs=True)
+    static = HFGenerator(model, tok, max_prompt_len=64, graphs=True, draw_in_graphs=False)
+    # The sampler recorded with the step (CUDA's way), run eagerly: the same draws.
+    drawing = HFGenerator(model, tok, max_prompt_len=64, graphs=True, draw_in_graphs=True)
     decoders = []
     for batch, n, new in ((prompts, 4, 24), (prompts[3:], 2, 24), (prompts[:2], 3, 40)):
         outs = []
-        for gen in (lean, static):
+        for gen in (lean, static, drawing):
             torch.manual_seed(0)
             outs.append(gen.generate(batch, n, temperature=1.0, top_p=0.9, max_new_tokens=new))
-        a, b = outs
-        assert a.response_ids == b.response_ids and a.finished == b.finished
-        for x, y in zip(a.logprobs, b.logprobs, strict=True):
-            torch.testing.assert_close(torch.tensor(x), torch.tensor(y), rtol=1e-5, atol=1e-5)
+        a = outs[0]
+        for b in outs[1:]:
+            assert a.response_ids == b.response_ids and a.finished == b.finished
+            for x, y in zip(a.logprobs, b.logprobs, strict=True):
+                torch.testing.assert_close(torch.tensor(x), torch.tensor(y), rtol=1e-5, atol=1e-5)
         decoders.append(static._static)
     assert kept  # compaction ran on the fixed-shape buffers
     assert decoders[0] is decoders[1]  # a narrower batch reuses the buffers
@@ -353,6 +356,30 @@ def test_fixed_shape_decoder_gives_the_lean_decoders_rollouts(tiny_cfg, monkeypa
     long = StaticDecoder(model, 4, 100 * StaticDecoder.WINDOW, capture=False)
     assert long.window == 4 * StaticDecoder.WINDOW  # 100 windows of 8 would exceed MAX_WINDOWS
     assert long.capacity // long.window <= StaticDecoder.MAX_WINDOWS
+
+
+def test_drawing_inside_the_graphs_keeps_min_new_tokens_and_each_sampler(tiny_cfg, monkeypatch):
+    """The recorded draw (run eagerly on CPU) against the step-by-step loop, for the blocked
+    sampler (CUDA's) and with EOS suppressed for the first 12 tokens: the same rollouts, none
+    shorter than 12 tokens, and a second call through the kept decoder draws afresh."""
+    from tasks.data.splits import splits
+    from tasks.rollout.graphs import StaticDecoder
+
+    model, tok = load_policy(resolve_model_path(tiny_cfg))
+    prompts = [chat_prompt(tok, p.prompt) for p in splits(tiny_cfg).train[:3]]
+    monkeypatch.setattr(StaticDecoder, "WINDOW", 8)
+    kwargs = dict(max_prompt_len=64, graphs=True, sampler="blocked", min_new_tokens=12)
+    outs = []
+    for in_graphs in (False, True, True):
+        gen = HFGenerator(model, tok, draw_in_graphs=in_graphs, **kwargs)
+        torch.manual_seed(1)
+        outs.append(gen.generate(prompts, 3, temperature=1.0, top_p=1.0, max_new_tokens=20))
+    steps, drawn, again = outs
+    assert steps.response_ids == drawn.response_ids == again.response_ids
+    assert min(steps.lengths) >= 12
+    torch.manual_seed(2)
+    other = gen.generate(prompts, 3, temperature=1.0, top_p=1.0, max_new_tokens=20)
+    assert other.response_ids != drawn.response_ids
 
 
 def test_a_saved_tokenizer_does_not_carry_its_load_options(tiny_cfg, tmp_path):

@@ -8,7 +8,11 @@ docs/determinism.md:
   its AVX2 ones, so an AVX-512 machine and an AVX2 one round differently from the first step;
 - MKL's code path (``MKL_CBWR``, Conditional Numerical Reproducibility): torch's CPU wheel does
   its matrix products in MKL, which otherwise picks a path per CPU (and per matrix shape on AMD);
-- oneDNN's instruction set (``ONEDNN_MAX_CPU_ISA``).
+- oneDNN's instruction set (``ONEDNN_MAX_CPU_ISA``);
+- and on any machine, Inductor's deterministic mode (``TORCHINDUCTOR_DETERMINISTIC``): on a GPU,
+  ``torch.compile``d code times a few candidate kernels on first use and keeps the fastest, so
+  two processes (a run and its resumption, the trainer and its rollout process) could pick
+  different ones and round differently; in that mode it picks by rule.
 
 AVX2 is the newest level every x86-64 CPU of the last decade has. ``DAPO_PORTABLE_KERNELS=0``
 leaves each library to its own choice (faster on some CPUs, and machine-specific)."""
@@ -23,6 +27,7 @@ PORTABLE_KERNELS = {
     "MKL_CBWR": "AVX2",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
 }
+REPRODUCIBLE_COMPILER = {"TORCHINDUCTOR_DETERMINISTIC": "1"}
 SWITCH = "DAPO_PORTABLE_KERNELS"
 
 
@@ -48,7 +53,10 @@ def portable_kernels(flags: set[str] | None = None) -> dict[str, str]:
 
 def pin_kernels() -> None:
     """Set the pins this machine can take (a value already set wins), before torch is imported."""
-    for key, value in portable_kernels().items():
+    pins = portable_kernels()
+    if os.environ.get(SWITCH, "1") != "0":
+        pins |= REPRODUCIBLE_COMPILER
+    for key, value in pins.items():
         os.environ.setdefault(key, value)
 
 

@@ -48,6 +48,18 @@ def test_a_value_the_user_set_wins(monkeypatch):
     assert os.environ["MKL_CBWR"] == "AVX2" and os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX2"
 
 
+def test_the_compiler_is_pinned_on_any_cpu_unless_switched_off(monkeypatch):
+    """Inductor's deterministic mode is not a CPU matter: a machine without AVX2 takes it too."""
+    monkeypatch.setattr(determinism, "cpu_flags", lambda: {"sse4_2"})
+    for switch in ("1", "0"):
+        monkeypatch.setenv(determinism.SWITCH, switch)
+        monkeypatch.delenv("TORCHINDUCTOR_DETERMINISTIC", raising=False)
+        monkeypatch.delenv("MKL_CBWR", raising=False)
+        determinism.pin_kernels()
+        pinned = os.environ.get("TORCHINDUCTOR_DETERMINISTIC")
+        assert pinned == ("1" if switch == "1" else None) and "MKL_CBWR" not in os.environ
+
+
 def test_a_run_is_tagged_portable_only_under_all_three_pins(monkeypatch):
     monkeypatch.setenv("MKL_CBWR", "AVX2")
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")

@@ -118,11 +118,14 @@ def after_attention(x, attended, o_w, o_b, norm_w, eps: float, gate_up_w, down_w
     return x + F.linear(F.silu(gate) * up, down_w)
 
 
+COMPILE_BACKEND = "inductor"  # torch.compile's; the CPU tests trace with a cheaper one
+
+
 @functools.cache
 def _compiled(fn, dynamic: bool):
     """One compiled function per region, shared by every layer and decoder; with ``dynamic``,
     compaction's smaller batches and another model's widths do not compile it again."""
-    return torch.compile(fn, dynamic=dynamic)
+    return torch.compile(fn, dynamic=dynamic, backend=COMPILE_BACKEND)
 
 
 class StaticDecoder(LeanDecoder):

@@ -400,13 +400,19 @@ def test_a_saved_tokenizer_does_not_carry_its_load_options(tiny_cfg, tmp_path):
     assert "local_files_only" not in json.loads(saved[0]) and saved[0] == saved[1]
 
 
-@pytest.mark.slow
-def test_compiled_fixed_shape_step_gives_the_lean_decoders_rollouts(tiny_cfg):
+def test_compiled_fixed_shape_step_gives_the_lean_decoders_rollouts(tiny_cfg, monkeypatch, request):
     """The CUDA default step (fused projections, SDPA, the regions around attention compiled),
-    compiled here on CPU and run eagerly: the lean decoder's tokens, and its log-probs within
-    float32 rounding."""
+    traced by torch.compile here on CPU and run eagerly: the lean decoder's tokens, and its
+    log-probs within float32 rounding. The regions go through Dynamo and AOTAutograd as on a GPU
+    (where a call that does not trace, or a wrong signature, would fail) but not through
+    Inductor's code generation: on CPU it would generate C++ that no GPU runs, at ~20 s."""
     from tasks.data.splits import splits
+    from tasks.rollout import graphs
     from tasks.rollout.graphs import DecodeOptions
+
+    monkeypatch.setattr(graphs, "COMPILE_BACKEND", "aot_eager")
+    graphs._compiled.cache_clear()
+    request.addfinalizer(graphs._compiled.cache_clear)  # no later test gets these regions
 
     model, tok = load_policy(resolve_model_path(tiny_cfg))
     prompts = [chat_prompt(tok, p.prompt) for p in splits(tiny_cfg).train[:2]]

@@ -8,10 +8,11 @@ a one-line message and a non-zero exit code instead of a traceback.
 from __future__ import annotations
 
 if __name__ == "__main__":  # `python -m flows.cli`: as the `dapo` entry point, before any import
-    from flows.environment import apply_defaults
     from flows.signals import until_work_begins
 
     until_work_begins()
+    from flows.environment import apply_defaults
+
     apply_defaults()  # before torch is imported: it reads its kernel pins once
 
 import contextlib

@@ -44,7 +44,8 @@ from flows.server import (
     spawn,
     wait_until_healthy,
 )
-from tasks.tracking.store import end_abandoned_run, stop_group
+from tasks.lifetime import stop_helper
+from tasks.tracking.store import end_abandoned_run
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ def stop_all(procs: list[subprocess.Popen]) -> None:
     up; they hold no flow run by now (``close_queue``)."""
     graces = [SERVER_STOP_GRACE_S] + [WORKER_STOP_GRACE_S] * (len(procs) - 1)
     with ThreadPoolExecutor(max_workers=max(1, len(procs))) as pool:
-        list(pool.map(stop_group, procs, graces))
+        list(pool.map(stop_helper, procs, graces))
 
 
 def wait_for_workers(pool: str, count: int, since: datetime, log_dir: Path) -> None:

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import sys
 
-from flows import warm
-from flows.environment import apply_defaults
 from flows.signals import until_work_begins
+
+until_work_begins()  # at import, which the console script does before main(): from its first ms
+
+from flows import warm  # noqa: E402
+from flows.environment import apply_defaults  # noqa: E402
 
 
 def main() -> None:
-    until_work_begins()
     apply_defaults()
     argv = sys.argv[1:]
     code = warm.run(argv)

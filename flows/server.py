@@ -29,8 +29,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from dapo_core.errors import PipelineError
+from tasks.lifetime import start_helper, stop_helper, unwatch
 from tasks.orchestration import own_session, release_session, without_prefect
-from tasks.tracking.store import stop_group
 
 SERVER_START_TIMEOUT_S = 120.0
 SERVER_STOP_GRACE_S = 10.0
@@ -51,9 +51,7 @@ def spawn(cmd: list[str], env: dict[str, str], log: Path, stack: ExitStack) -> s
     """Start ``cmd`` in its own session, so a Ctrl-C in the terminal reaches only the command
     that owns it, which then stops it in order."""
     out = stack.enter_context(log.open("ab"))
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    proc = start_helper(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     own_session(proc.pid)  # killed by the watchdog if an interrupt's clean-up hangs
     stack.callback(release_session, proc.pid)
     return proc
@@ -163,10 +161,11 @@ def start_server(prefect_home: Path, port: int) -> tuple[str, bool]:
     with ExitStack() as stack:  # closes this process's handle on the log, not the server
         server = spawn(api_server_command(port), env, logs / "server.log", stack)
         release_session(server.pid)  # meant to outlive this command
+        unwatch(server.pid)
         try:
             wait_until_healthy(url, server, logs / "server.log")
         except BaseException:
-            stop_group(server, SERVER_STOP_GRACE_S)
+            stop_helper(server, SERVER_STOP_GRACE_S)
             raise
     record = _record(prefect_home)
     record.with_suffix(".tmp").write_text(json.dumps({"url": url, "pid": server.pid}))
@@ -257,7 +256,7 @@ def command_server(log_dir: Path, direct: bool = False) -> Iterator[str | None]:
     env.pop("PREFECT_API_URL", None)
     with ExitStack() as stack:
         server = spawn(api_server_command(port), env, log, stack)
-        stack.callback(stop_group, server, SERVER_STOP_GRACE_S)  # last on the way out
+        stack.callback(stop_helper, server, SERVER_STOP_GRACE_S)  # last on the way out
         wait_until_healthy(url, server, log)
         stack.enter_context(temporary_settings(updates={PREFECT_API_URL: url}))
         stack.callback(flush_to_server)  # first on the way out, while the server still runs

@@ -114,6 +114,13 @@ def _private_dir() -> bool:
     """Make the socket's directory, owned by this user and closed to others; False where it
     exists otherwise (another user made it first): then no warm process, for safety."""
     where = socket_path().parent
+    if not where.parent.is_dir():
+        from dapo_core.errors import PipelineError  # the CLI's one-line errors
+
+        raise PipelineError(
+            f"DAPO_WARM_DIR={where.parent} is not a directory: create it, or unset DAPO_WARM_DIR "
+            "to use the temporary directory"
+        )
     with contextlib.suppress(FileExistsError):
         where.mkdir(mode=0o700)
     st = os.lstat(where)
@@ -414,8 +421,11 @@ class Server:
             until_work_begins()  # not the warm process's handlers, from the first instant
             with contextlib.suppress(OSError):
                 os.setpgid(0, 0)
+            try:
                 _send(conn, {"pid": os.getpid()})  # the command runs: the client never starts
-            self._in_child(conn)  # it cold, whatever becomes of the warm process
+            except OSError:  # it cold, whatever becomes of the warm process; unless it did
+                os._exit(1)  # not hear this: then it starts cold, and this must not run too
+            self._in_child(conn)
             return {**message, "fds": fds}
         with contextlib.suppress(OSError):  # both sides, as a shell does: no signal is lost to
             os.setpgid(pid, pid)  # a group that does not exist yet

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -21,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_core.config import Config
+from tasks.lifetime import start_helper, stop_helper
 from tasks.params import REPO_ROOT
 
 KINDS = ("train", "evaluate", "pipeline", "ablate", "reward_model", "dpo", "compare")
@@ -260,29 +259,12 @@ def serve_ui(cmd: list[str], grace_s: float = 10.0) -> int:
 
     The server runs in its own process group: ``mlflow ui`` forks a pool of workers, and
     stopping only the process we started would leave them holding the port."""
-    proc = subprocess.Popen(cmd, env=mlflow_env(), start_new_session=True)
+    proc = start_helper(cmd, env=mlflow_env())
     try:
         return proc.wait()
     except KeyboardInterrupt:
-        stop_group(proc, grace_s)
+        stop_helper(proc, grace_s)
         return 0
-
-
-def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """Stop a process started with ``start_new_session`` and every process of its group."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace_s)
-            # The leader is gone; workers of the group may still be exiting.
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def mlflow_env() -> dict[str, str]:

@@ -63,6 +63,29 @@ def test_a_signal_to_the_group_ends_the_command_with_its_records(setting, trial,
         assert "dapo pipeline --run-name" in out.last_line
 
 
+def _wait_for_handler(pid: int, signum: int, timeout_s: float = 60.0) -> bool:
+    """Whether process ``pid`` catches ``signum`` within ``timeout_s`` (Linux: its SigCgt mask
+    in ``/proc``; elsewhere assumed after a second)."""
+    import time
+    from pathlib import Path
+
+    status = Path(f"/proc/{pid}/status")
+    if not status.exists():
+        time.sleep(1.0)
+        return True
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            lines = status.read_text().splitlines()
+        except OSError:  # it ended
+            return False
+        for line in lines:
+            if line.startswith("SigCgt:") and int(line.split()[1], 16) >> (signum - 1) & 1:
+                return True
+        time.sleep(0.01)
+    return False
+
+
 @pytest.mark.parametrize("delay_s", [0.1, 0.4, 0.8])
 def test_a_signal_while_the_command_imports_ends_it_at_once(tmp_path, delay_s):
     """Before the command has loaded its config it has started nothing: Ctrl-C ends it at once.
@@ -83,6 +106,9 @@ def test_a_signal_while_the_command_imports_ends_it_at_once(tmp_path, delay_s):
         start_new_session=True,
         text=True,
     )
+    # From when its handlers are in place (the interpreter's start-up is before any of our code;
+    # it catches SIGINT itself, so SIGTERM, which it leaves alone, tells when ours are).
+    assert _wait_for_handler(proc.pid, signal.SIGTERM), "the command never handled SIGTERM"
     time.sleep(delay_s)
     os.killpg(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=30)

@@ -67,6 +67,18 @@ def test_a_socket_directory_others_can_open_is_never_used(tmp_path, monkeypatch)
     assert warm._private_dir()
 
 
+def test_a_warm_dir_that_does_not_exist_is_one_line_for_start_and_cold_for_a_command(
+    tmp_path, monkeypatch
+):
+    from dapo_core.errors import PipelineError
+
+    monkeypatch.setenv("DAPO_WARM_DIR", str(tmp_path / "missing"))
+    assert warm._connect() is None  # a routed command starts cold
+    with pytest.raises(PipelineError, match="is not a directory: create it, or unset"):
+        warm.start(quiet=True)
+    assert not (tmp_path / "missing").exists()
+
+
 def test_an_imported_file_edited_since_makes_the_warm_process_stale(tmp_path, monkeypatch):
     monkeypatch.setenv("DAPO_WARM_DIR", str(tmp_path))
     server = warm.Server(warm.socket_path(), idle_s=60)

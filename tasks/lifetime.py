@@ -1,0 +1,206 @@
+"""Helpers that end with the command that started them, however the command ends.
+
+A command's helpers (a temporary Prefect server, a sweep's workers and the flow runs they start,
+the MLflow UI) run in sessions of their own, so that a Ctrl-C reaches the command alone and the
+command stops them in order. That order is the command's clean-up, and a command killed outright
+(SIGKILL: the OOM killer, Slurm or Kubernetes after their grace period) runs none: its helpers
+lived on, re-parented to init, and a sweep's workers went on starting runs with nobody to
+collect them.
+
+So a command that starts a helper first starts a reaper (``python -m tasks.lifetime``, standard
+library only): a small process in a session of its own that reads a pipe only the command can
+write to. The command tells it each helper it starts (``watch``) and each it has stopped
+(``unwatch``). When the pipe closes, which the kernel does however the command exits, the reaper
+stops what is left: first every process that descends from a helper (a worker's flow runs, which
+may sit in sessions of their own), so they can record how they ended while the server still
+runs; then the helpers' process groups; SIGTERM first, SIGKILL after a grace period each.
+
+A helper is known by its pid and its start time (``/proc``), so a pid the system has since given
+to another process is never signalled. Without ``/proc`` (macOS) the reaper stops the helpers'
+groups only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+LEAF_GRACE_S = 20.0  # a flow run's clean-up: its MLflow run ended KILLED, its state sent
+GROUP_GRACE_S = 10.0  # a server's or worker's own shutdown
+
+_reaper: list[subprocess.Popen] = []
+_lock = threading.Lock()
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), or
+    None if it is gone or there is no ``/proc``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[19]  # fields after the command name start at 3
+
+
+def start_helper(cmd: list[str], **popen_kwargs) -> subprocess.Popen:
+    """Start ``cmd`` in a session of its own (a Ctrl-C in the terminal reaches only the command,
+    which then stops it in order with :func:`stop_helper`), watched by the reaper."""
+    proc = subprocess.Popen(cmd, start_new_session=True, **popen_kwargs)
+    watch(proc.pid)
+    return proc
+
+
+def stop_helper(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Stop a helper and every process of its group: SIGTERM, SIGKILL after ``grace_s``."""
+    try:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(timeout=grace_s)
+                # The leader is gone; workers of the group may still be exiting.
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                return
+            except subprocess.TimeoutExpired:
+                continue
+    finally:
+        unwatch(proc.pid)
+
+
+def _tell(line: str) -> None:
+    with _lock:
+        if not _reaper:
+            if line.startswith("-"):
+                return
+            _reaper.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "tasks.lifetime"],
+                    stdin=subprocess.PIPE,
+                    start_new_session=True,  # a Ctrl-C for the command is not for it
+                )
+            )
+            atexit.register(_close)
+        pipe = _reaper[0].stdin
+        try:
+            pipe.write(f"{line}\n".encode())
+            pipe.flush()
+        except OSError:  # the reaper is gone: the command's own clean-up still runs
+            pass
+
+
+def _close() -> None:
+    """At a normal exit: close the pipe (the reaper stops whatever the command left) and give
+    it a moment, so that it does not outlive a command that left nothing."""
+    reaper = _reaper[0]
+    try:
+        reaper.stdin.close()
+        reaper.wait(timeout=1.0)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+
+
+def watch(pid: int) -> None:
+    """Have ``pid`` (a helper that leads its own process group) and what descends from it
+    stopped if this process ends before :func:`unwatch`."""
+    _tell(f"+{pid} {start_time(pid) or '-'}")
+
+
+def unwatch(pid: int) -> None:
+    """``pid`` has been stopped by the command itself."""
+    _tell(f"-{pid}")
+
+
+def _processes() -> list[tuple[int, int, int]]:
+    """(pid, parent pid, process group) of every live process, zombies left out, from
+    ``/proc`` (empty without it)."""
+    out = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = Path(entry, "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":  # an exited process its parent has not collected yet
+            out.append((int(entry.name), int(fields[1]), int(fields[2])))
+    return out
+
+
+def descendants(roots: list[int]) -> list[int]:
+    """Every process below ``roots`` (not the roots), nearest first."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid, _ in _processes():
+        children.setdefault(ppid, []).append(pid)
+    found, frontier = [], list(roots)
+    while frontier:
+        frontier = [c for pid in frontier for c in children.get(pid, [])]
+        found += frontier
+    return found
+
+
+def _signal(pids: list[int], sig: int, group: bool = False) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):  # gone already
+            (os.killpg if group else os.kill)(pid, sig)
+
+
+def _alive(pids: list[int], group: bool = False) -> list[int]:
+    """Those of ``pids`` (or of the groups they lead) that still run."""
+    if Path("/proc/self/stat").exists():
+        running = {pgrp if group else pid for pid, _, pgrp in _processes()}
+        return [pid for pid in pids if pid in running]
+    out = []
+    for pid in pids:
+        try:
+            (os.killpg if group else os.kill)(pid, 0)
+            out.append(pid)
+        except PermissionError:
+            out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+def _stop(pids: list[int], grace_s: float, group: bool = False) -> None:
+    """SIGTERM, then SIGKILL for what is still there after ``grace_s``."""
+    _signal(pids, signal.SIGTERM, group)
+    deadline = time.monotonic() + grace_s
+    while _alive(pids, group) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    _signal(_alive(pids, group), signal.SIGKILL, group)
+
+
+def reap(helpers: dict[int, str]) -> None:
+    """Stop the helpers still running as recorded (pid -> start time) and what descends from
+    them: the descendants first, then the helpers' groups."""
+    alive = [pid for pid, start in helpers.items() if start == "-" or start_time(pid) == start]
+    if not alive:
+        return
+    _stop([pid for pid in descendants(alive) if pid not in alive], LEAF_GRACE_S)
+    _stop(alive, GROUP_GRACE_S, group=True)
+
+
+def main() -> None:
+    """The reaper: follow the command's messages until its pipe closes, then reap."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ends when the pipe does, not before
+    helpers: dict[int, str] = {}
+    for raw in sys.stdin.buffer:
+        line = raw.decode().strip()
+        if line.startswith("+"):
+            pid, _, start = line[1:].partition(" ")
+            helpers[int(pid)] = start
+        elif line.startswith("-"):
+            helpers.pop(int(line[1:]), None)
+    reap(helpers)
+
+
+if __name__ == "__main__":
+    main()

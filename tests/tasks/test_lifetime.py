@@ -1,0 +1,123 @@
+"""Helpers end with the command that started them, however it ends (tasks/lifetime.py)."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tasks import lifetime
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+
+# A helper that, like a Prefect worker, starts a process of its own in another session (a flow
+# run), which records how it ended when it is asked to stop.
+HELPER = textwrap.dedent(
+    """
+    import signal, subprocess, sys, time
+    leaf = '''
+    import signal, sys, time
+    from pathlib import Path
+    def stop(*_):
+        Path(sys.argv[1]).write_text("ended")
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, stop)
+    print("leaf ready", flush=True)
+    while True:
+        time.sleep(0.1)
+    '''
+    subprocess.Popen([sys.executable, "-c", leaf, sys.argv[1]], start_new_session=True)
+    while True:
+        time.sleep(0.1)
+    """
+)
+# The command: starts the helper through tasks.lifetime, prints the pids, then waits to be killed.
+COMMAND = textwrap.dedent(
+    """
+    import sys, time
+    from tasks import lifetime
+    helper = lifetime.start_helper([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+    if sys.argv[3] == "release":
+        lifetime.unwatch(helper.pid)
+    print(helper.pid, flush=True)
+    while True:
+        time.sleep(0.1)
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rpartition(")")[2].split()[0] != "Z"
+
+
+def _wait_for(predicate, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
+
+
+def _start(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, int, Path]:
+    """The command, its helper's pid once the helper's own process runs, the leaf's record."""
+    record = tmp_path / "leaf-ended"
+    cmd = [sys.executable, "-c", COMMAND, HELPER, str(record), mode]
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=root)
+    helper = int(proc.stdout.readline())
+    assert _wait_for(lambda: lifetime.descendants([helper]), 30)
+    return proc, helper, record
+
+
+def test_a_killed_command_takes_its_helper_and_what_the_helper_started_with_it(tmp_path):
+    """SIGKILL of the command (no clean-up runs): the reaper stops the helper's own child,
+    which sits in another session, first and with SIGTERM (it records how it ended), then the
+    helper; nothing is left, the reaper included."""
+    proc, helper, record = _start(tmp_path, "watch")
+    leaf = lifetime.descendants([helper])[0]
+    reaper = [p for p in lifetime.descendants([proc.pid]) if p not in (helper, leaf)]
+    assert len(reaper) == 1
+    proc.kill()
+    proc.wait()
+    assert _wait_for(lambda: not _alive(helper) and not _alive(leaf), 30)
+    assert record.read_text() == "ended"  # asked to stop, not killed
+    assert _wait_for(lambda: not any(map(_alive, reaper)), 10)
+
+
+def test_a_helper_released_by_its_command_outlives_it(tmp_path):
+    """What a command hands over on purpose (``dapo server start``'s server) is not stopped."""
+    proc, helper, record = _start(tmp_path, "release")
+    leaf = lifetime.descendants([helper])[0]
+    try:
+        proc.kill()
+        proc.wait()
+        time.sleep(2)
+        assert _alive(helper) and _alive(leaf) and not record.exists()
+    finally:
+        for pid in (leaf, helper):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_pid_given_to_another_process_is_not_signalled():
+    """The reaper knows a helper by its pid and start time: a recorded start time that is not
+    the process's own (the pid was reused) leaves that process alone."""
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    other = subprocess.Popen(sleep, start_new_session=True)  # a helper leads its group
+    try:
+        assert lifetime.start_time(other.pid) is not None
+        lifetime.reap({other.pid: "1"})
+        assert other.poll() is None
+        lifetime.reap({other.pid: lifetime.start_time(other.pid)})
+        assert other.wait(timeout=15) == -signal.SIGTERM
+    finally:
+        other.kill()

@@ -176,7 +176,9 @@ class Tracker:
             run = self.client.create_run(
                 self._experiment_id(), run_name=run_name, tags=_clip_tags(all_tags)
             )
-            return run.info.run_id
+            # Known before an interrupt held during the call is delivered: it can end the run.
+            self.run_id = run.info.run_id
+            return self.run_id
 
         self.run_id = self._guard(f"creating a run in experiment {self.experiment}", create)
         if self.run_id and log_config:
@@ -189,6 +191,7 @@ class Tracker:
         def attach() -> str:
             self.client.get_run(run_id)  # raises if it does not exist in this store
             self.client.update_run(run_id, status="RUNNING")
+            self.run_id = run_id  # as in start_run: an interrupt held meanwhile can end it
             return run_id
 
         self.run_id = self._guard(f"attaching to run {run_id}", attach)

@@ -456,3 +456,35 @@ def test_an_interrupt_waits_for_the_store_write_it_arrives_in(tiny_cfg, tmp_path
         assert signal.getsignal(signal.SIGINT) is stop
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_an_interrupt_held_while_a_run_is_created_can_end_it(tiny_cfg, tmp_path):
+    """The signal held during ``create_run`` is delivered as the call returns: the tracker knows
+    the run by then, so the interrupt's clean-up ends it KILLED (it was left RUNNING: a sweep
+    child SIGTERMed as it opened its run)."""
+    import signal
+
+    from mlflow import MlflowClient
+
+    def stop(signum, frame):
+        raise _Stop
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        t = Tracker(tiny_cfg, "train", uri=uri)
+        create = t.client.create_run
+
+        def create_then_interrupted(*args, **kwargs):
+            run = create(*args, **kwargs)
+            os.kill(os.getpid(), signal.SIGINT)
+            return run
+
+        t.client.create_run = create_then_interrupted
+        with pytest.raises(_Stop):
+            t.start_run("cut", log_config=False)
+        assert t.run_id is not None
+        t.end("KILLED")
+        assert MlflowClient(tracking_uri=uri).get_run(t.run_id).info.status == "KILLED"
+    finally:
+        signal.signal(signal.SIGINT, previous)

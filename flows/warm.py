@@ -292,7 +292,9 @@ def start_if_wanted(argv: list[str]) -> None:
     ones (a script or a batch job does not: nothing is left behind it unasked)."""
     interactive = sys.stdin.isatty() and sys.stderr.isatty()
     wanted = interactive or os.environ.get("DAPO_WARM") == "1"
-    if enabled() and argv and argv[0] in STARTERS and wanted:
+    # A DAPO_WARM_DIR that does not exist: `dapo warm start` says so; this command runs cold.
+    usable = Path(os.environ.get("DAPO_WARM_DIR") or tempfile.gettempdir()).is_dir()
+    if enabled() and argv and argv[0] in STARTERS and wanted and usable:
         start()
 
 

@@ -76,4 +76,5 @@ def kernels_in_effect(cpu_capability: str) -> dict[str, str]:
         "runtime.mkl_cbwr": mkl or "native",
         "runtime.onednn_isa": isa or "native",
         "runtime.portable_kernels": str(portable).lower(),
+        "runtime.inductor_deterministic": os.environ.get("TORCHINDUCTOR_DETERMINISTIC", "0"),
     }

@@ -7,7 +7,7 @@ command stops them in order. That order is the command's clean-up, and a command
 lived on, re-parented to init, and a sweep's workers went on starting runs with nobody to
 collect them.
 
-So a command that starts a helper first starts a reaper (``python -m tasks.lifetime``, standard
+So a command that starts a helper first starts a reaper (this file run as a script, standard
 library only): a small process in a session of its own that reads a pipe only the command can
 write to. The command tells it each helper it starts (``watch``) and each it has stopped
 (``unwatch``). When the pipe closes, which the kernel does however the command exits, the reaper
@@ -51,30 +51,55 @@ def start_time(pid: int) -> str | None:
 
 def start_helper(cmd: list[str], **popen_kwargs) -> subprocess.Popen:
     """Start ``cmd`` in a session of its own (a Ctrl-C in the terminal reaches only the command,
-    which then stops it in order with :func:`stop_helper`), watched by the reaper."""
+    which then stops it in order with :func:`stop_helper`), watched by the reaper (started
+    first, so no helper runs unwatched but for the instant between its start and its record)."""
+    with _lock:
+        _ensure_reaper()
     proc = subprocess.Popen(cmd, start_new_session=True, **popen_kwargs)
     watch(proc.pid)
     return proc
 
 
 def stop_helper(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """Stop a helper and every process of its group: SIGTERM, SIGKILL after ``grace_s``."""
-    try:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                proc.wait(timeout=grace_s)
-                # The leader is gone; workers of the group may still be exiting.
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                return
-            except subprocess.TimeoutExpired:
-                continue
-    finally:
-        unwatch(proc.pid)
+    """Stop a helper and every process of its group: SIGTERM, SIGKILL after ``grace_s``. The
+    reaper forgets it only once it is gone (not if this is cut short)."""
+    _stop_group(proc, grace_s)
+    unwatch(proc.pid)
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+            # The leader is gone; workers of the group may still be exiting.
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _ensure_reaper() -> None:
+    """Start the reaper (once per process; the caller holds ``_lock``). It runs this file by
+    its path in isolated mode (-I): no package of the caller's directory can shadow it, and it
+    needs nothing but the standard library. Its output goes nowhere, so it never holds a pipe
+    the command's output goes to (``| tee``) open after the command."""
+    if _reaper:
+        return
+    _reaper.append(
+        subprocess.Popen(
+            [sys.executable, "-I", str(Path(__file__).resolve())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C for the command is not for it
+        )
+    )
+    atexit.register(_close)
 
 
 def _tell(line: str) -> None:
@@ -82,20 +107,12 @@ def _tell(line: str) -> None:
         if not _reaper:
             if line.startswith("-"):
                 return
-            _reaper.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "tasks.lifetime"],
-                    stdin=subprocess.PIPE,
-                    start_new_session=True,  # a Ctrl-C for the command is not for it
-                )
-            )
-            atexit.register(_close)
-        pipe = _reaper[0].stdin
+            _ensure_reaper()
         try:
-            pipe.write(f"{line}\n".encode())
-            pipe.flush()
-        except OSError:  # the reaper is gone: the command's own clean-up still runs
-            pass
+            _reaper[0].stdin.write(f"{line}\n".encode())
+            _reaper[0].stdin.flush()
+        except (OSError, ValueError):  # the reaper is gone, or its pipe closed at exit: the
+            pass  # command's own clean-up still runs
 
 
 def _close() -> None:

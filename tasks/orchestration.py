@@ -185,6 +185,13 @@ def give_up() -> None:
     """The clean-up after an interrupt did not finish in time: kill the sessions this process
     started, say so in one line, exit 130. The run directory needs nothing from it (crash
     consistency: a resume continues from the last checkpoint)."""
+    from tasks.lifetime import descendants
+
+    # What the sessions started in sessions of their own (a worker's flow runs) first: once
+    # their parents are gone they could no longer be found.
+    for pid in descendants(list(_sessions)):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
     for pid in list(_sessions):
         with contextlib.suppress(OSError):  # gone already
             os.killpg(pid, signal.SIGKILL)

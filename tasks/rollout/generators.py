@@ -335,9 +335,14 @@ class HFGenerator:
         eos = tuple(sorted(self.eos_ids))
         draw = Draw(self.sampler, temperature, top_p, eos, self.tokenizer.pad_token_id,
                     self.min_new_tokens)  # fmt: skip
-        # The uniforms of every step drawn at once: the same numbers as a draw per step (CPU).
-        decoder.begin(logits, next_pos, torch.rand(max_new_tokens, N, device=device), draw)
         check_every = self.CHECK_EVERY.get(device.type, 1)
+
+        def uniforms(start: int) -> torch.Tensor:
+            # The draws of the steps up to the next check, made at once: as many numbers as the
+            # step-by-step loop draws however the rollout ends, and the same ones (CPU).
+            return torch.rand(min(check_every, max_new_tokens - start), N, device=device)
+
+        decoder.begin(logits, next_pos, uniforms(0), draw, max_new_tokens)
         live, drawn = N, 1  # rows still decoded, tokens drawn
         while drawn < max_new_tokens:
             if drawn % check_every == 0:  # a check step: the one host synchronisation
@@ -348,6 +353,7 @@ class HFGenerator:
                     keep = (~decoder.done[:live]).nonzero().squeeze(1)
                     decoder.keep(keep)
                     live = len(keep)
+                decoder.add_uniforms(drawn, uniforms(drawn))
             decoder.advance(live)
             drawn += 1
         return decoder.results(N, drawn)

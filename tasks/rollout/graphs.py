@@ -132,6 +132,8 @@ class StaticDecoder(LeanDecoder):
     """Decodes up to ``rows`` sequences of up to ``capacity`` positions (prompt included)."""
 
     WINDOW = 128  # positions by which attention's window grows: one graph per window and batch
+    # Draws whose graphs are kept (training's and validation's sampling settings alternate).
+    KEEP_DRAWS = 2
     MAX_WINDOWS = 32  # bounds the graphs per batch size (capture time) for very long rollouts
 
     def __init__(
@@ -194,8 +196,11 @@ class StaticDecoder(LeanDecoder):
 
     @property
     def nbytes(self) -> int:
-        """Memory held by the key/value buffers and the fused weight copies."""
+        """Memory held by the key/value buffers, the fused weight copies and the sampler's
+        buffers."""
         held = [*self.k_buf, *self.v_buf]
+        if hasattr(self, "drawn"):  # the recorded sampler's outputs and uniforms
+            held += [self.drawn, self.drawn_logp, self.uniforms]
         if self.fused:
             held += [w for pair in self.qkv for w in pair if w is not None] + self.gate_up
         return sum(b.numel() * b.element_size() for b in held)
@@ -289,13 +294,19 @@ class StaticDecoder(LeanDecoder):
         return self.logits[:n]
 
     def begin(
-        self, logits: torch.Tensor, positions: torch.Tensor, uniforms: torch.Tensor, draw: Draw
+        self,
+        logits: torch.Tensor,
+        positions: torch.Tensor,
+        uniforms: torch.Tensor,
+        draw: Draw,
+        steps: int,
     ) -> None:
-        """Sample inside the graphs from here on (after ``load``): the first token of N sequences
-        is drawn from the prefill's ``logits`` (N, V) now, each ``advance`` decodes and draws the
-        next; ``positions`` (N, 1) are the next tokens' positions, ``uniforms`` (steps, N) the
-        draws of every step (those of dropped rows go unused, so compaction changes nothing)."""
-        N, steps = uniforms.shape[1], uniforms.shape[0]
+        """Sample inside the graphs from here on (after ``load``), for up to ``steps`` tokens: the
+        first token of N sequences is drawn from the prefill's ``logits`` (N, V) now, each
+        ``advance`` decodes and draws the next; ``positions`` (N, 1) are the next tokens'
+        positions, ``uniforms`` (k, N) the draws of the first k steps (``add_uniforms`` gives the
+        next; those of dropped rows go unused, so compaction changes nothing)."""
+        N = uniforms.shape[1]
         if not hasattr(self, "drawn"):  # made once: graphs hold their addresses
             R, dev = self.rows, self.tok.device
             # Row R takes what the padding rows of a power-of-two batch draw.
@@ -307,11 +318,16 @@ class StaticDecoder(LeanDecoder):
             self.done = torch.zeros(R, dtype=torch.bool, device=dev)
             self.t = torch.zeros(1, dtype=torch.long, device=dev)  # the token drawn next
         if draw not in self._eos:
+            if len(self._eos) >= self.KEEP_DRAWS:  # the oldest draw's graphs go
+                old = next(iter(self._eos))
+                self.graphs = {k: g for k, g in self.graphs.items() if k[2] != old}
+                del self._eos[old]
             self._eos[draw] = torch.tensor(draw.eos, device=self.tok.device)
+        self._eos[draw] = self._eos.pop(draw)  # the most recent last
         self.draw, self.sample = draw, sampler_for(draw.sampler, self.tok.device)
         self.drawn[:N, :steps] = draw.pad
         self.drawn_logp[:N, :steps] = 0.0
-        self.uniforms[:steps, :N] = uniforms
+        self.add_uniforms(0, uniforms)
         self.eos_bias.zero_()
         self.eos_bias[: draw.min_new_tokens] = float("-inf")
         self.live.fill_(self.rows)
@@ -323,6 +339,10 @@ class StaticDecoder(LeanDecoder):
         self.pos[:N] = positions
         self.logits[:N] = logits
         self._draw(N)
+
+    def add_uniforms(self, start: int, uniforms: torch.Tensor) -> None:
+        """The draws (k, N) of steps ``start`` to ``start + k - 1``."""
+        self.uniforms[start : start + len(uniforms), : uniforms.shape[1]] = uniforms
 
     def advance(self, n: int) -> None:
         """Decode the tokens drawn last in the first ``n`` rows and draw the next ones."""

@@ -123,10 +123,14 @@ def sample_blocked(
     j = _first_exceeding(cdf, u)  # (B, 1) the block the uniform falls in
     cols = j * block + torch.arange(block, device=logits.device)  # (B, block) its tokens
     x = logits.gather(-1, cols.clamp(max=V - 1)).float() / temperature
-    probs = torch.where(cols < V, (x - lse).exp(), 0.0)
-    # Rounding can put the mass left over a little outside the block: its ends absorb it.
-    left = (u - (cdf.gather(-1, j) - mass.gather(-1, j))).clamp(min=0.0)
-    token = j * block + _first_exceeding(probs.cumsum(dim=-1), left)
+    # Inside the block, each token's share of the block's mass: relative to the block, so no
+    # token of a light block underflows to nothing (and a -inf one stays at exactly 0).
+    share = torch.where(cols < V, (x - log_mass.gather(-1, j)).exp(), 0.0)
+    block_mass = mass.gather(-1, j)
+    # The uniform's place inside the block; rounding can put it a little outside: the block's
+    # ends absorb it.
+    left = ((u - (cdf.gather(-1, j) - block_mass)) / block_mass).clamp(min=0.0)
+    token = j * block + _first_exceeding(share.cumsum(dim=-1), left)
     logp = logits.gather(-1, token).float() / temperature - lse
     return token.squeeze(-1), logp.squeeze(-1)
 

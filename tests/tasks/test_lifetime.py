@@ -74,8 +74,11 @@ def _start(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, int, Path]:
     cmd = [sys.executable, "-c", COMMAND, HELPER, str(record), mode]
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=root)
-    helper = int(proc.stdout.readline())
-    assert _wait_for(lambda: lifetime.descendants([helper]), 30)
+    # The helper's pid (the command's line) and "leaf ready" (the leaf's, once it handles
+    # SIGTERM: a leaf signalled before would die without its record), in either order.
+    lines = [proc.stdout.readline().strip() for _ in range(2)]
+    assert "leaf ready" in lines, lines
+    helper = int(next(line for line in lines if line.isdigit()))
     return proc, helper, record
 
 

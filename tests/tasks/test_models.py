@@ -381,6 +381,22 @@ def test_drawing_inside_the_graphs_keeps_min_new_tokens_and_each_sampler(tiny_cf
     torch.manual_seed(2)
     other = gen.generate(prompts, 3, temperature=1.0, top_p=1.0, max_new_tokens=20)
     assert other.response_ids != drawn.response_ids
+    # One generator of each kind kept across calls with other settings, in chunks of 6 sequences
+    # that finish early: each call draws what the step-by-step loop draws, and leaves the
+    # random stream where it leaves it (the next chunk, the next call, depend on that).
+    pair = [
+        HFGenerator(model, tok, max_prompt_len=64, graphs=True, batch_size=6, draw_in_graphs=g)
+        for g in (False, True)
+    ]
+    for temperature, top_p, sampler in ((1.0, 1.0, "blocked"), (0.7, 0.9, "exact")):
+        outs, after = [], []
+        for gen in pair:
+            gen.sampler = sampler
+            torch.manual_seed(3)
+            outs.append(gen.generate(prompts, 3, temperature, top_p, max_new_tokens=40))
+            after.append(torch.rand(1).item())
+        assert outs[0].response_ids == outs[1].response_ids and after[0] == after[1]
+        assert not all(outs[0].finished) or max(outs[0].lengths) < 40  # some ended early
 
 
 def test_a_saved_tokenizer_does_not_carry_its_load_options(tiny_cfg, tmp_path):

@@ -60,6 +60,18 @@ def test_blocked_sampler_draws_the_exact_samplers_tokens_from_the_same_uniforms(
         torch.testing.assert_close(lb, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_blocked_sampler_never_draws_a_masked_token_of_a_light_block():
+    """A block whose tokens all underflow against the whole vocabulary's mass, chosen by a
+    uniform of 0: the draw is the block's first token that is not masked (its probability is
+    tiny, not zero; the exact sampler's float32 probabilities underflow there to 0)."""
+    logits = torch.zeros(1, 4096)
+    logits[0, :1024] = -96.3
+    logits[0, 0] = float("-inf")
+    token, logp = sample_blocked(logits, 1.0, 1.0, torch.zeros(1, 1), block=1024)
+    assert token.item() == 1
+    assert torch.isfinite(logp).all()
+
+
 def test_blocked_sampler_follows_the_tempered_distribution():
     torch.manual_seed(0)
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, float("-inf"), -1.0, 0.3])

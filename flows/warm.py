@@ -27,8 +27,8 @@ When it is used, and when not (a cold start is always the fallback, with nothing
 The warm process runs no torch operation before it forks (a forked child of a process that ran
 a parallel region can hang in OpenMP), and binds its socket before importing, so a command that
 arrives while it imports waits for it rather than paying for its own imports. Everything here
-imports only the standard library (and ``flows.signals``, which does too): the client path must
-cost milliseconds.
+imports only the standard library (and ``flows.signals`` and ``tasks.lifetime``, which do too):
+the client path must cost milliseconds.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from typing import Any
 
 from flows.environment import ROOT, apply_defaults
 from flows.signals import until_work_begins
+from tasks.lifetime import die_with_parent
 
 PACKAGES = ("flows", "tasks", "dapo_core")
 CLI = "flows.cli"
@@ -412,6 +413,7 @@ class Server:
         return None
 
     def _fork(self, conn: socket.socket, message: dict[str, Any], fds: list[int]) -> Any:
+        warm = os.getpid()
         try:
             pid = os.fork()
         except OSError as e:
@@ -421,6 +423,9 @@ class Server:
             return None
         if pid == 0:
             until_work_begins()  # not the warm process's handlers, from the first instant
+            # A warm process that dies (OOM, SIGKILL) takes the command with it, as the command's
+            # own process would be: SIGTERM, so it ends its runs KILLED.
+            die_with_parent(warm)
             with contextlib.suppress(OSError):
                 os.setpgid(0, 0)
             try:

@@ -32,11 +32,27 @@ import threading
 import time
 from pathlib import Path
 
+PR_SET_PDEATHSIG = 1  # prctl(2)
 LEAF_GRACE_S = 20.0  # a flow run's clean-up: its MLflow run ended KILLED, its state sent
 GROUP_GRACE_S = 10.0  # a server's or worker's own shutdown
 
 _reaper: list[subprocess.Popen] = []
 _lock = threading.Lock()
+
+
+def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> bool:
+    """In a process forked by ``parent`` (the warm process's children): have the kernel send
+    ``sig`` when ``parent`` exits, however it exits (Linux's parent-death signal); sent now if
+    it has exited already. False where it cannot be armed (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent:  # it died before the signal was armed
+        os.kill(os.getpid(), sig)
+    return True
 
 
 def start_time(pid: int) -> str | None:

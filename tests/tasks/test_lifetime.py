@@ -124,3 +124,37 @@ def test_a_pid_given_to_another_process_is_not_signalled():
         assert other.wait(timeout=15) == -signal.SIGTERM
     finally:
         other.kill()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's parent-death signal")
+def test_a_forked_child_ends_with_the_process_that_forked_it(tmp_path):
+    """The warm process's children: SIGKILL of the parent reaches the child as SIGTERM."""
+    script = textwrap.dedent(
+        """
+        import os, signal, sys, time
+        from pathlib import Path
+        from tasks import lifetime
+        parent = os.getpid()
+        child = os.fork()
+        if child == 0:
+            def stop(*_):
+                Path(sys.argv[1]).write_text("ended")
+                os._exit(0)
+            signal.signal(signal.SIGTERM, stop)
+            assert lifetime.die_with_parent(parent)
+            print(os.getpid(), flush=True)
+            while True:
+                time.sleep(0.1)
+        while True:
+            time.sleep(0.1)
+        """
+    )
+    record = tmp_path / "child-ended"
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-c", script, str(record)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=root)
+    child = int(proc.stdout.readline())
+    proc.kill()
+    proc.wait()
+    assert _wait_for(lambda: not _alive(child), 30)
+    assert record.read_text() == "ended"

@@ -88,6 +88,9 @@ STARTERS = ROUTED | {"demo"}
 RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 IDLE_S = 1800.0
 STOP_GRACE_S = 30.0
+# How long a command waits for the warm process to take it (a just-started one may still be
+# importing) before it runs cold: a wedged warm process must not hang every command.
+ANSWER_TIMEOUT_S = 120.0
 """A command whose client vanished (killed) gets SIGTERM, then SIGKILL this much later."""
 
 
@@ -215,7 +218,15 @@ def run(argv: list[str]) -> int | None:
             request.update(path=sys.path, ignored=ignored, fingerprint=fingerprint())
             request.update(umask=_umask(), cpus=sorted(os.sched_getaffinity(0)))
             _send(sock, request)
+            sock.settimeout(ANSWER_TIMEOUT_S)
             reply = _recv(sock)  # waits while a just-started warm process still imports
+            sock.settimeout(None)  # then the command takes as long as it takes
+        except TimeoutError:
+            sys.stderr.write(
+                f"dapo: the warm process did not answer within {ANSWER_TIMEOUT_S:.0f}s, so this "
+                "command runs cold (`dapo warm stop` ends it)\n"
+            )
+            return None
         except OSError:
             return None
         if not reply or "pid" not in reply:

@@ -79,6 +79,30 @@ def test_a_warm_dir_that_does_not_exist_is_one_line_for_start_and_cold_for_a_com
     assert not (tmp_path / "missing").exists()
 
 
+def test_a_warm_process_that_never_answers_leaves_the_command_to_run_cold(
+    tmp_path, monkeypatch, capsys
+):
+    """A wedged warm process (it accepts, then says nothing) costs a command
+    ``ANSWER_TIMEOUT_S``, one line, and a cold run, not a hang."""
+    import socket
+    import threading
+
+    monkeypatch.setenv("DAPO_WARM_DIR", str(tmp_path))
+    monkeypatch.setenv("DAPO_WARM", "1")
+    monkeypatch.setattr(warm, "ANSWER_TIMEOUT_S", 0.5)
+    assert warm._private_dir()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(warm.socket_path()))
+    server.listen(1)
+    held = []
+    threading.Thread(target=lambda: held.append(server.accept()), daemon=True).start()
+    try:
+        assert warm.run(["train"]) is None
+    finally:
+        server.close()
+    assert "did not answer within 0s, so this command runs cold" in capsys.readouterr().err
+
+
 def test_an_imported_file_edited_since_makes_the_warm_process_stale(tmp_path, monkeypatch):
     monkeypatch.setenv("DAPO_WARM_DIR", str(tmp_path))
     server = warm.Server(warm.socket_path(), idle_s=60)

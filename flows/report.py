@@ -145,6 +145,8 @@ def _change(delta: float, low: float, high: float, distinguishable: bool) -> str
         return ""
     if _missing(low):
         return f"{delta:+.3g}"
+    if delta == low == high == 0:  # the same runs as the row compared with (the demo's rungs
+        return "0 (the same runs)"  # whose switch cannot act in 20 steps)
     if max(abs(low), abs(high)) < 1e-3:  # the entropy probe's scale: one significant digit
         return f"{delta:+.0e} [{low:+.0e}, {high:+.0e}]" + ("" if distinguishable else " ~0")
     n = _decimals(high - low)

@@ -134,6 +134,14 @@ def _ladder_results(seeds, rng):
     ]
 
 
+def test_a_change_reads_to_its_ci_and_an_identical_rung_says_so():
+    from flows.report import _change
+
+    assert _change(0.0213, -0.011, 0.052, False) == "+0.02 [-0.01, +0.05] ~0"
+    assert _change(2.2e-05, -2.3e-05, 6.3e-05, False) == "+2e-05 [-2e-05, +6e-05] ~0"
+    assert _change(0.0, 0.0, 0.0, False) == "0 (the same runs)"  # not +0e+00 [+0e+00, +0e+00]
+
+
 @pytest.mark.parametrize("seeds", [[0, 1, 2, 3, 4], [0]])
 def test_the_report_fits_80_columns(seeds):
     """Issue 26: the tables a sweep prints fit a terminal of 80 columns with one line per row

@@ -226,7 +226,7 @@ def train(
     _orchestration_env()
     track = _resumed_tracking(resume) if track is None else track
     from flows.stages import train_on_ranks
-    from tasks.training.distributed import env_world_size
+    from tasks.runtime import env_world_size
 
     if resume is not None:  # the run's own config; the flow continues it
         if config or set_ or variant:  # they would be ignored: say so rather than drop them

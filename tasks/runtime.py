@@ -11,6 +11,11 @@ import torch
 from tasks.determinism import kernels_in_effect
 
 
+def env_world_size() -> int:
+    """Processes in a launcher's job (torchrun, deepspeed), 1 outside one."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def configure_torch(cpu_threads: int) -> str:
     """The device to use; and torch's thread count for host ops (``train.cpu_threads``; 0 keeps
     torch's default, one per core). On a GPU too: there a process's host ops are small (index

@@ -140,3 +140,16 @@ def test_cycle_finder_finds_a_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(graph) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_rollout_sits_below_training():
+    """Sampling serves training and evaluation: ``tasks.rollout`` imports nothing of
+    ``tasks.training`` (a process's world size, which both read, is ``tasks.runtime``'s)."""
+    upward = [
+        f"{a} imports {b}"
+        for a, targets in _graph().items()
+        if a.startswith("tasks.rollout")
+        for b in targets
+        if b.startswith("tasks.training")
+    ]
+    assert not upward, upward

@@ -11,7 +11,7 @@ from dapo_core.config import Config
 from tasks.rollout.generators import HFGenerator
 from tasks.rollout.graphs import DecodeOptions
 from tasks.rollout.vllm_backend import VLLMGenerator
-from tasks.training.distributed import env_world_size
+from tasks.runtime import env_world_size
 
 log = logging.getLogger(__name__)
 

@@ -52,9 +52,9 @@ from dapo_core.problem import Problem
 from dapo_core.sampling import BatchStats
 from tasks.models.loading import load_policy
 from tasks.rollout.factory import make_generator
-from tasks.runtime import configure_torch, seed_everything
+from tasks.runtime import configure_torch, env_world_size, seed_everything
 from tasks.training.batches import Group
-from tasks.training.distributed import env_world_size, layout
+from tasks.training.distributed import layout
 from tasks.training.kernels import install_rms_norm, use_cpu_sdpa
 from tasks.training.records import RolloutLog
 from tasks.training.rollouts import make_collector

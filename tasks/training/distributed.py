@@ -28,11 +28,8 @@ import torch
 import torch.distributed as dist
 
 from dapo_core.errors import PipelineError
+from tasks.runtime import env_world_size
 from tasks.training.precision import MasterWeights
-
-
-def env_world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 @dataclass

@@ -23,14 +23,13 @@ from tasks.models.loading import load_policy
 from tasks.models.resolve import resolve_model_path
 from tasks.rollout.factory import make_generator
 from tasks.rundir import ResumePoint, RunDir
-from tasks.runtime import configure_torch
+from tasks.runtime import configure_torch, env_world_size
 from tasks.training import checkpoint, probe
 from tasks.training.async_rollouts import RolloutSpec, serve_rollout_rank
 from tasks.training.distributed import (
     all_gather_objects,
     all_ranks_true,
     barrier,
-    env_world_size,
     init_distributed,
     is_rollout_rank,
     sampling_ranks,

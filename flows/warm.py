@@ -109,9 +109,12 @@ def routed(argv: list[str]) -> bool:
 def socket_path() -> Path:
     """This checkout's socket, in this user's private directory (short: a Unix socket path has
     ~100 bytes)."""
-    where = Path(os.environ.get("DAPO_WARM_DIR") or tempfile.gettempdir())
     checkout = hashlib.sha1(str(ROOT).encode()).hexdigest()[:10]
-    return where / f"dapo-warm-{os.getuid()}" / f"{checkout}.sock"
+    return _warm_root() / f"dapo-warm-{os.getuid()}" / f"{checkout}.sock"
+
+
+def _warm_root() -> Path:
+    return Path(os.environ.get("DAPO_WARM_DIR") or tempfile.gettempdir())
 
 
 def _private_dir() -> bool:
@@ -305,7 +308,7 @@ def start_if_wanted(argv: list[str]) -> None:
     interactive = sys.stdin.isatty() and sys.stderr.isatty()
     wanted = interactive or os.environ.get("DAPO_WARM") == "1"
     # A DAPO_WARM_DIR that does not exist: `dapo warm start` says so; this command runs cold.
-    usable = Path(os.environ.get("DAPO_WARM_DIR") or tempfile.gettempdir()).is_dir()
+    usable = _warm_root().is_dir()
     if enabled() and argv and argv[0] in STARTERS and wanted and usable:
         start()
 

@@ -55,14 +55,20 @@ def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> bool:
     return True
 
 
-def start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), or
-    None if it is gone or there is no ``/proc``."""
+def _stat(pid: int | str) -> list[str] | None:
+    """``/proc/PID/stat``'s fields from the third on (state, parent, group, ...), or None if
+    the process is gone or there is no ``/proc``. The command name before them may hold
+    spaces, hence the split at its closing parenthesis."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     except OSError:
         return None
-    return stat.rpartition(")")[2].split()[19]  # fields after the command name start at 3
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (field 22), or None."""
+    fields = _stat(pid)
+    return fields[19] if fields else None
 
 
 def start_helper(cmd: list[str], **popen_kwargs) -> subprocess.Popen:
@@ -158,11 +164,8 @@ def _processes() -> list[tuple[int, int, int]]:
     ``/proc`` (empty without it)."""
     out = []
     for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            fields = Path(entry, "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":  # an exited process its parent has not collected yet
+        fields = _stat(entry.name)
+        if fields and fields[0] != "Z":  # Z: exited, its parent has not collected it yet
             out.append((int(entry.name), int(fields[1]), int(fields[2])))
     return out
 

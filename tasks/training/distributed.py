@@ -58,6 +58,7 @@ def init_distributed(device: str, rollout_ranks: int = 0) -> tuple[int, int]:
     if env_world_size() > 1 and not dist.is_initialized():
         import deepspeed
 
+        _skip_shared_memory_op()
         deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
     if not (dist.is_available() and dist.is_initialized()):
         return 0, 1
@@ -65,6 +66,18 @@ def init_distributed(device: str, rollout_ranks: int = 0) -> tuple[int, int]:
     trainers = world - rollout_ranks
     _layout = _split(trainers, world) if rollout_ranks else None
     return (rank, trainers) if rank < trainers else (rank - trainers, rollout_ranks)
+
+
+def _skip_shared_memory_op() -> None:
+    """Keep DeepSpeed from compiling its shared-memory all-reduce. Its communication backend
+    builds that C++ extension on first use with the system's compiler (a minute or more on 2
+    cores, into ~/.cache/torch_extensions, again whenever another virtualenv built it last, with
+    concurrent launches queueing on one lock) for ``inference_all_reduce`` alone, which training
+    never calls: gradients and our collectives go through torch.distributed. Marked unavailable in
+    DeepSpeed's own table of compatible ops, the backend skips it: no compiler needed."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def _split(trainers: int, world: int) -> Layout:

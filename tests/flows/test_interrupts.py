@@ -200,8 +200,8 @@ def test_a_signal_ends_the_rollout_process_with_the_trainer(setting, sig, to):
     own = scratch / "rollout-process"  # a Prefect home of its own: the phase is read from it
     own.mkdir(exist_ok=True)
     out = run_trial(Trial("train", "training", sig, to), own, model, uri, extra)
+    # how fast it ends is a measurement (python -m bench.interrupts); here only that it does
     assert out.exit_code == 130 and out.last_line.startswith("interrupted:"), out
-    assert out.seconds < 10, out
     assert not out.traceback and not out.left, out
     assert out.mlflow and set(out.mlflow) == {"KILLED"}, out
 

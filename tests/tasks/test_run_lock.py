@@ -60,6 +60,11 @@ def _steps(run_dir: Path) -> list[int]:
     return [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def _lines(run_dir: Path) -> int:
+    """Complete lines in metrics.jsonl (a line being written is not counted)."""
+    return (run_dir / "metrics.jsonl").read_text().count("\n")
+
+
 def _strip(history):  # timings differ between runs; everything else must match exactly
     return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in history]
 
@@ -91,6 +96,8 @@ def test_two_concurrent_resumes_one_runs_the_other_is_refused(tiny_cfg, tmp_path
                 timeout=120,
             )
             assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            # it trains on past the checkpoint (it takes the lock before its first step)
+            _wait_for(lambda: _lines(run) > 2, 120, "the first to train a step")
             first.send_signal(signal.SIGINT)  # stopped as Ctrl-C stops it: no need to finish
             assert first.wait(timeout=120) == 130, (tmp_path / "first.log").read_text()[-3000:]
         finally:

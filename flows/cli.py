@@ -700,16 +700,21 @@ def warm_start() -> None:
 
 @warm_app.command("stop")
 @user_errors
-def warm_stop() -> None:
-    """End the warm process (the commands it runs go on to their end)."""
+def warm_stop(
+    every: bool = typer.Option(
+        False, "--all", help="Every warm process of this checkout, whatever its context."
+    ),
+) -> None:
+    """End the warm process this terminal's commands use (its environment, cgroup and limits
+    choose it); the commands it runs go on to their end."""
     from flows import warm
 
-    found = warm.stop()
-    if found is None:
+    found = warm.stop_all() if every else [x for x in [warm.stop()] if x]
+    if not found:
         console.print("no warm process was running")
-    else:
-        running = f"; {found['running']} command(s) it runs go on" if found["running"] else ""
-        console.print(f"warm process (pid {found['pid']}) stopped{running}", highlight=False)
+    for one in found:
+        running = f"; {one['running']} command(s) it runs go on" if one["running"] else ""
+        console.print(f"warm process (pid {one['pid']}) stopped{running}", highlight=False)
 
 
 @warm_app.command("status")

@@ -11,9 +11,10 @@ in a terminal see the same environment."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
-from tasks.determinism import pin_kernels
+from tasks.determinism import kernel_pins, pin_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = {
@@ -30,3 +31,9 @@ def apply_defaults() -> None:
     for key, value in DEFAULTS.items():
         os.environ.setdefault(key, value)
     pin_kernels()
+
+
+def with_defaults(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` as :func:`apply_defaults` would leave it (a value already there wins): what a
+    command's environment will be, whether or not its process applied them yet."""
+    return {**DEFAULTS, **kernel_pins(env), **env}

@@ -14,15 +14,20 @@ When it is used, and when not (a cold start is always the fallback, with nothing
   background, saying so in one line; ``dapo warm start`` starts it anywhere (scripts, the
   start-up benchmark), ``dapo warm stop`` ends it, ``DAPO_WARM=0`` turns it off. It exits
   after ``DAPO_WARM_IDLE_S`` seconds unused (30 minutes);
-- a command whose code or import-time settings differ from the warm process's runs cold and
-  ends it (the next one starts a fresh one): the fingerprint (:func:`fingerprint`) covers this
-  project's Python files, the installed packages, the interpreter and the environment variables
-  libraries read when imported (``HF_*``, ``TORCH*``, ``CUDA_*``, ``OMP_*``, ``MLFLOW_*``, ...);
+- a command whose code differs from the warm process's runs cold and ends it (the next one
+  starts a fresh one): the fingerprint (:func:`fingerprint`) covers this project's Python
+  files, the installed packages and the interpreter;
+- a command from another context talks to another warm process, or runs cold: each context
+  (:func:`context_key`: the environment variables libraries read when imported, ``HF_*``,
+  ``TORCH*``, ``CUDA_*``, ``OMP_*``, ``MLFLOW_*``, ..., and the cgroup, resource limits, nice
+  value, groups and namespaces a forked child would otherwise take from the warm process) has
+  its own socket, so a command inside a job's limits never runs outside them, and two
+  terminals' warm processes coexist;
 - the warm process also checks, for each command, that no file of a module it imported has
   changed since (an editable package, a package patched in place);
 - the socket, its lock and its log live in ``DAPO_WARM_DIR/dapo-warm-<uid>/`` (the temporary
-  directory by default), one socket per checkout, in a directory only its user can open; a
-  client talks only to a server of its own uid (``SO_PEERCRED``).
+  directory by default), one socket per checkout and context, in a directory only its user
+  can open; a client talks only to a server of its own uid (``SO_PEERCRED``).
 
 The warm process runs no torch operation before it forks (a forked child of a process that ran
 a parallel region can hang in OpenMP), and binds its socket before importing, so a command that
@@ -52,7 +57,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flows.environment import ROOT, apply_defaults
+from flows.environment import ROOT, apply_defaults, with_defaults
 from flows.signals import until_work_begins
 from tasks.lifetime import die_with_parent
 
@@ -88,10 +93,11 @@ STARTERS = ROUTED | {"demo"}
 RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 IDLE_S = 1800.0
 STOP_GRACE_S = 30.0
+"""A command whose client vanished (killed) gets SIGTERM, then SIGKILL this much later."""
 # How long a command waits for the warm process to take it (a just-started one may still be
 # importing) before it runs cold: a wedged warm process must not hang every command.
 ANSWER_TIMEOUT_S = 120.0
-"""A command whose client vanished (killed) gets SIGTERM, then SIGKILL this much later."""
+NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "user", "uts")
 
 
 def enabled() -> bool:
@@ -107,10 +113,53 @@ def routed(argv: list[str]) -> bool:
 
 
 def socket_path() -> Path:
-    """This checkout's socket, in this user's private directory (short: a Unix socket path has
-    ~100 bytes)."""
-    checkout = hashlib.sha1(str(ROOT).encode()).hexdigest()[:10]
-    return _warm_root() / f"dapo-warm-{os.getuid()}" / f"{checkout}.sock"
+    """The socket of this checkout's warm process for this process's context
+    (:func:`context_key`), in this user's private directory (short: a Unix socket path has ~100
+    bytes)."""
+    return _socket_dir() / f"{_checkout()}-{context_key()[:8]}.sock"
+
+
+def _socket_dir() -> Path:
+    return _warm_root() / f"dapo-warm-{os.getuid()}"
+
+
+def _checkout() -> str:
+    return hashlib.sha1(str(ROOT).encode()).hexdigest()[:8]
+
+
+def context_key(env: dict[str, str] | None = None) -> str:
+    """What a command shares with the warm process that runs it besides code: the environment
+    variables libraries read when imported, and what a forked child inherits from the warm
+    process instead of from the caller (:func:`execution_context`). Each context has a socket
+    of its own, so a command never runs outside the job it was started in (a Slurm step,
+    ``systemd-run -p MemoryMax=...``, ``ulimit -v``): from another context it runs cold, or in a
+    warm process of that context, and two terminals' warm processes coexist."""
+    env = with_defaults(os.environ if env is None else env)  # applied or not yet
+    h = hashlib.sha1(f"{sys.executable}\0".encode())
+    for key in sorted(k for k in env if k.startswith(IMPORT_TIME_ENV)):
+        h.update(f"{key}={env[key]}\0".encode())
+    h.update(json.dumps(execution_context(), sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def execution_context() -> dict[str, Any]:
+    """The caller's place in the system: cgroup (a job's memory and device limits), every
+    resource limit, nice value, user and groups, and namespaces (a container)."""
+    import resource
+
+    limits = {}
+    for name in sorted(n for n in dir(resource) if n.startswith("RLIMIT_")):
+        with contextlib.suppress(ValueError, OSError):  # one this kernel does not have
+            limits[name] = resource.getrlimit(getattr(resource, name))
+    ids = [os.getuid(), os.geteuid(), os.getgid(), os.getegid(), sorted(os.getgroups())]
+    context: dict[str, Any] = {"limits": limits, "ids": ids}
+    context["nice"] = os.getpriority(os.PRIO_PROCESS, 0)
+    with contextlib.suppress(OSError):
+        context["cgroup"] = Path("/proc/self/cgroup").read_text()
+    for ns in NAMESPACES:
+        with contextlib.suppress(OSError):
+            context[f"ns.{ns}"] = os.readlink(f"/proc/self/ns/{ns}")
+    return context
 
 
 def _warm_root() -> Path:
@@ -120,7 +169,7 @@ def _warm_root() -> Path:
 def _private_dir() -> bool:
     """Make the socket's directory, owned by this user and closed to others; False where it
     exists otherwise (another user made it first): then no warm process, for safety."""
-    where = socket_path().parent
+    where = _socket_dir()
     if not where.parent.is_dir():
         from dapo_core.errors import PipelineError  # the CLI's one-line errors
 
@@ -134,12 +183,11 @@ def _private_dir() -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
-def fingerprint(env: dict[str, str] | None = None, roots: tuple[Path, ...] | None = None) -> str:
-    """What must match for a warm process's imports to be the ones a cold start would make: the
-    project's Python files (path, size, modification time), the installed packages (their
-    directories' modification times change on every install), the interpreter, and the
-    import-time environment variables."""
-    env = os.environ if env is None else env
+def fingerprint(roots: tuple[Path, ...] | None = None) -> str:
+    """What must match for a warm process's imports to be the ones a cold start would make,
+    besides its context (which the socket is chosen by): the project's Python files (path,
+    size, modification time), the installed packages (their directories' modification times
+    change on every install) and the interpreter."""
     roots = tuple(ROOT / p for p in PACKAGES) if roots is None else roots
     h = hashlib.sha1(f"{sys.executable}\0{sys.version}".encode())
     for root in roots:
@@ -151,8 +199,6 @@ def fingerprint(env: dict[str, str] | None = None, roots: tuple[Path, ...] | Non
     for path in sys.path:
         if path.endswith("-packages") and os.path.isdir(path):
             h.update(f"{path}\0{os.stat(path).st_mtime_ns}\0".encode())
-    for key in sorted(k for k in env if k.startswith(IMPORT_TIME_ENV)):
-        h.update(f"{key}={env[key]}\0".encode())
     return h.hexdigest()
 
 
@@ -184,14 +230,15 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _connect(timeout: float | None = None) -> socket.socket | None:
-    """A connection to this user's warm process (its peer checked: our uid), or None."""
-    if not socket_path().parent.is_dir() or not _private_dir():
+def _connect(timeout: float | None = None, path: Path | None = None) -> socket.socket | None:
+    """A connection to this user's warm process for this context, or the one at ``path`` (its
+    peer checked: our uid), or None."""
+    if not _socket_dir().is_dir() or not _private_dir():
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
-        sock.connect(str(socket_path()))
+        sock.connect(str(path or socket_path()))
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         if struct.unpack("3i", creds)[1] != os.getuid():
             raise OSError("the socket's owner is another user")
@@ -219,6 +266,7 @@ def run(argv: list[str]) -> int | None:
             socket.send_fds(sock, [b"R"], [0, 1, 2])
             request = {"argv": [sys.argv[0], *argv], "cwd": os.getcwd(), "env": dict(os.environ)}
             request.update(path=sys.path, ignored=ignored, fingerprint=fingerprint())
+            request.update(context=context_key())
             request.update(umask=_umask(), cpus=sorted(os.sched_getaffinity(0)))
             _send(sock, request)
             sock.settimeout(ANSWER_TIMEOUT_S)
@@ -319,8 +367,15 @@ def status(timeout: float = 60.0) -> dict[str, Any] | None:
 
 
 def stop(timeout: float = 60.0) -> dict[str, Any] | None:
-    """Ask the warm process to exit once the commands it runs have ended."""
+    """Ask this context's warm process to exit once the commands it runs have ended."""
     return _ask({"op": "stop"}, timeout)
+
+
+def stop_all(timeout: float = 60.0) -> list[dict[str, Any]]:
+    """Ask every warm process of this checkout (whatever its context) to exit, as :func:`stop`;
+    what each answered."""
+    sockets = sorted(_socket_dir().glob(f"{_checkout()}-*.sock")) if _socket_dir().is_dir() else []
+    return [found for path in sockets if (found := _ask({"op": "stop"}, timeout, path))]
 
 
 def wait_ready(timeout: float = 120.0) -> dict[str, Any] | None:
@@ -333,8 +388,8 @@ def wait_ready(timeout: float = 120.0) -> dict[str, Any] | None:
     return None
 
 
-def _ask(message: dict[str, Any], timeout: float) -> dict[str, Any] | None:
-    sock = _connect(timeout)
+def _ask(message: dict[str, Any], timeout: float, path: Path | None = None) -> dict | None:
+    sock = _connect(timeout, path)
     if sock is None:
         return None
     with sock:
@@ -362,7 +417,7 @@ class Server:
         self.listener: socket.socket | None = None
         self.lock: int | None = None
         self.stopping, self.terminated, self.last_used = False, False, time.monotonic()
-        self.fingerprint = fingerprint()
+        self.fingerprint, self.context = fingerprint(), context_key()
         self.modules: dict[str, int] = {}  # file -> mtime of what was imported
 
     def bind(self) -> bool:
@@ -459,7 +514,9 @@ class Server:
     def _stale(self, message: dict[str, Any]) -> str | None:
         """Why this process must not run the command (None: it may)."""
         if message.get("fingerprint") != self.fingerprint:
-            return "its code, packages or import-time settings differ"
+            return "its code or packages differ"
+        if message.get("context") != self.context:  # moved since it started (prlimit, cgroup)
+            return "its context (environment, cgroup, limits, nice, groups) differs"
         if changed := [f for f, t in self.modules.items() if _mtime(f) != t]:
             return f"{changed[0]} changed since it was imported"
         torch = sys.modules.get("torch")

@@ -20,6 +20,7 @@ leaves each library to its own choice (faster on some CPUs, and machine-specific
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 PORTABLE_KERNELS = {
@@ -51,12 +52,18 @@ def portable_kernels(flags: set[str] | None = None) -> dict[str, str]:
     return dict(PORTABLE_KERNELS) if {"avx2", "fma"} <= flags else {}
 
 
+def kernel_pins(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables :func:`pin_kernels` sets on this machine under ``env`` (none when
+    switched off)."""
+    env = os.environ if env is None else env
+    if env.get(SWITCH, "1") == "0":
+        return {}
+    return portable_kernels() | REPRODUCIBLE_COMPILER
+
+
 def pin_kernels() -> None:
     """Set the pins this machine can take (a value already set wins), before torch is imported."""
-    pins = portable_kernels()
-    if os.environ.get(SWITCH, "1") != "0":
-        pins |= REPRODUCIBLE_COMPILER
-    for key, value in pins.items():
+    for key, value in kernel_pins().items():
         os.environ.setdefault(key, value)
 
 

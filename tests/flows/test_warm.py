@@ -20,26 +20,82 @@ from flows import warm
 DAPO = "import sys; sys.argv[0] = 'dapo'; from flows.entry import main; main()"
 
 
-def test_the_fingerprint_follows_code_and_import_time_settings_only(tmp_path):
+def test_the_fingerprint_follows_code_and_the_context_import_time_settings(tmp_path):
     package = tmp_path / "pkg"
     (package / "__pycache__").mkdir(parents=True)
     (package / "a.py").write_text("x = 1\n")
     env = {"HF_HUB_OFFLINE": "1", "TERM": "xterm"}
 
-    def fp(**changes):
-        return warm.fingerprint({**env, **changes}, roots=(package,))
+    def key(**changes):
+        return warm.context_key({**env, **changes})
 
-    before = fp()
-    assert fp(TERM="dumb", SHLVL="3") == before  # not read at import
-    assert fp(HF_HUB_OFFLINE="0") != before
-    assert fp(CUDA_VISIBLE_DEVICES="1") != before
+    before = key()
+    assert key(TERM="dumb", SHLVL="3") == before  # not read at import
+    assert key(HF_HUB_OFFLINE="0") != before
+    assert key(CUDA_VISIBLE_DEVICES="1") != before
+
+    def fp():
+        return warm.fingerprint(roots=(package,))
+
+    code = fp()
     (package / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"")
-    assert fp() == before
+    assert fp() == code
     os.utime(package / "a.py", ns=(1, 1))  # an edit
-    assert fp() != before
+    assert fp() != code
     edited = fp()
     (package / "b.py").write_text("")
     assert fp() != edited
+
+
+KEY = "from flows import warm; print(warm.context_key())"
+
+
+def _key_under(preexec=None) -> str:
+    """The context key of a fresh process started as a job would start it."""
+    out = subprocess.run(
+        [sys.executable, "-c", KEY], capture_output=True, text=True, preexec_fn=preexec, check=True
+    )
+    return out.stdout.strip()
+
+
+def test_a_job_s_limits_nice_value_or_groups_give_another_context():
+    """What a forked child would take from the warm process instead of the caller: a command
+    under other limits (``ulimit -v``, a Slurm step) or another nice value maps to another
+    socket, so it never runs in a warm process outside them."""
+    import resource
+
+    def limit_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (64 << 30, resource.RLIM_INFINITY))
+
+    plain = _key_under()
+    assert _key_under() == plain  # the same context, the same key
+    assert _key_under(limit_memory) != plain
+    assert _key_under(lambda: os.nice(5)) != plain
+    cgroup = warm.execution_context().get("cgroup")
+    assert cgroup is None or cgroup == Path("/proc/self/cgroup").read_text()
+
+
+def test_warm_processes_of_two_contexts_coexist_and_stop_all_ends_both(warm_dir, monkeypatch):
+    import threading
+
+    servers = []
+    for key in ("a", "b"):
+        monkeypatch.setattr(warm, "context_key", lambda env=None, k=key: k * 40)
+        server = warm.Server(warm.socket_path(), idle_s=60)
+        assert server.bind()
+        server.ready()
+        thread = threading.Thread(target=server.serve, daemon=True)
+        thread.start()
+        servers.append((server, thread))
+    assert len(list(warm_dir.glob("*/*.sock"))) == 2  # neither took the other's place
+    monkeypatch.setattr(warm, "context_key", lambda env=None: "c" * 40)
+    assert warm.status(timeout=5) is None  # no warm process for this context
+    found = warm.stop_all(timeout=5)
+    assert [f["pid"] for f in found] == [os.getpid()] * 2
+    for _server, thread in servers:
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+    assert list(warm_dir.glob("*/*.sock")) == []
 
 
 def test_only_commands_that_import_torch_go_to_the_warm_process(monkeypatch):
@@ -80,14 +136,13 @@ def test_a_warm_dir_that_does_not_exist_is_one_line_for_start_and_cold_for_a_com
 
 
 def test_a_warm_process_that_never_answers_leaves_the_command_to_run_cold(
-    tmp_path, monkeypatch, capsys
+    warm_dir, monkeypatch, capsys
 ):
     """A wedged warm process (it accepts, then says nothing) costs a command
     ``ANSWER_TIMEOUT_S``, one line, and a cold run, not a hang."""
     import socket
     import threading
 
-    monkeypatch.setenv("DAPO_WARM_DIR", str(tmp_path))
     monkeypatch.setenv("DAPO_WARM", "1")
     monkeypatch.setattr(warm, "ANSWER_TIMEOUT_S", 0.5)
     assert warm._private_dir()
@@ -109,9 +164,10 @@ def test_an_imported_file_edited_since_makes_the_warm_process_stale(tmp_path, mo
     module = tmp_path / "mod.py"
     module.write_text("x = 1\n")
     server.modules = {str(module): warm._mtime(str(module))}
-    request = {"fingerprint": server.fingerprint}
+    request = {"fingerprint": server.fingerprint, "context": server.context}
     assert server._stale(request) is None
-    assert "differ" in server._stale({"fingerprint": "another"})
+    assert "differ" in server._stale({**request, "fingerprint": "another"})
+    assert "context" in server._stale({**request, "context": "another"})
     os.utime(module, ns=(1, 1))
     assert server._stale(request) == f"{module} changed since it was imported"
 
@@ -174,7 +230,8 @@ def test_a_warm_process_runs_commands_as_a_cold_start_would(tiny_cfg, tmp_path, 
     """Output and exit codes come back through the client; a one-line error stays one line;
     the terminal's signals reach the command as a cold one's (a SIGHUP ignored under nohup,
     Ctrl-Z stops and SIGCONT continues it, Ctrl-C ends it: exit 130, 'interrupted'); a command
-    whose import-time settings differ runs cold and ends the stale warm process."""
+    from another context (here: under `ulimit -v`) runs cold and leaves the warm process of
+    this one running."""
     params = tmp_path / "params.json"
     params.write_text(json.dumps(resolve(tiny_cfg.to_dict()).to_dict()))
     base = ["train", "--params", str(params), "--no-track"]
@@ -222,15 +279,20 @@ def test_a_warm_process_runs_commands_as_a_cold_start_would(tiny_cfg, tmp_path, 
     assert out.strip().splitlines()[-1].startswith("interrupted: stopped after step"), out
     assert _served(log)[-1].endswith(": exit 130")
 
-    stale = _dapo(
+    import resource
+
+    def job_limits():  # as `ulimit -v` (or a job step's limits) would start it
+        resource.setrlimit(resource.RLIMIT_AS, (64 << 30, resource.RLIM_INFINITY))
+
+    cold = _dapo(
         [*base, "--run-dir", str(tmp_path / "cold"), "-S", "train.steps=1"],
         tmp_path,
-        env={"TORCH_DAPO_TEST": "1"},  # a TORCH* variable: torch may read it when imported
+        preexec_fn=job_limits,
     )
-    out, _ = stale.communicate(timeout=120)
-    assert stale.returncode == 0, out
-    assert len(_served(log)) == 6  # not run warm
-    assert _wait_gone(ready["pid"], 15) and not warm.socket_path().exists()
+    out, _ = cold.communicate(timeout=120)
+    assert cold.returncode == 0, out
+    assert len(_served(log)) == 6  # not run warm: another context
+    assert warm.status(timeout=10)["pid"] == ready["pid"]  # which left this one be
 
 
 @pytest.mark.slow

@@ -8,8 +8,11 @@ trial: seconds from the signal to the exit, the exit code, whether a traceback w
 processes left behind, and the final MLflow and Prefect records of the runs the command started.
 
 What the command promises (issue 23): exit 130 within 10 s, no traceback, nothing left running,
-MLflow runs KILLED, Prefect flow runs in a final state. Each trial has its own Prefect home, so
-its processes are told apart by their environment; ``--keep`` keeps the scratch directory.
+MLflow runs KILLED, Prefect flow runs in a final state. SIGKILL (``--signals KILL``: the OOM
+killer, a scheduler after its grace period) runs no handler at all; then the command's reaper
+(``tasks.lifetime``) must have left nothing running and no run RUNNING within ``SETTLE_S``.
+Each trial has its own Prefect home, so its processes are told apart by their environment;
+``--keep`` keeps the scratch directory.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PHASE_TIMEOUT_S = 180.0
 EXIT_TIMEOUT_S = 60.0
+SETTLE_S = 30.0  # after a SIGKILL: the reaper's time to stop the helpers and end the runs
+SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
 # Long enough that no phase ends before the signal; small enough to start in seconds.
 TRAIN_ARGS = ["-S", "train.steps=400", "-S", "eval.every_n_steps=0"]
 EVAL_ARGS = ["-S", "eval.n_samples=64"]
@@ -80,7 +85,7 @@ PHASES = {
 class Trial:
     command: str
     phase: str
-    sig: str  # INT or TERM
+    sig: str  # INT, TERM or KILL
     to: str  # group or process
 
     @property
@@ -99,14 +104,19 @@ class Outcome:
     last_line: str
 
     def ok(self) -> bool:
+        if self.exit_code == -signal.SIGKILL:  # no handler ran: the reaper's work is checked
+            return not self.left and not any(s in LIVE for s in self.mlflow + self.prefect)
         return (
             self.exit_code == 130
             and self.seconds <= 10.0
             and not self.traceback
             and not self.left
             and all(s == "KILLED" for s in self.mlflow)
-            and not any(s in ("RUNNING", "PENDING", "SCHEDULED") for s in self.prefect)
+            and not any(s in LIVE for s in self.prefect)
         )
+
+
+LIVE = ("RUNNING", "PENDING", "SCHEDULED")  # a run's record that no process will end
 
 
 def processes_of(home: Path) -> dict[int, str]:
@@ -179,7 +189,7 @@ def run_trial(trial: Trial, scratch: Path, model: Path, uri: str, extra: list[st
         )
     try:
         _wait_for_phase(trial.phase, proc, home, log)
-        sig = signal.SIGINT if trial.sig == "INT" else signal.SIGTERM
+        sig = SIGNALS[trial.sig]
         t0 = time.monotonic()
         if trial.to == "group":
             os.killpg(proc.pid, sig)
@@ -189,6 +199,8 @@ def run_trial(trial: Trial, scratch: Path, model: Path, uri: str, extra: list[st
             proc.wait(timeout=EXIT_TIMEOUT_S)
         seconds = time.monotonic() - t0
         time.sleep(0.5)  # what the command stopped is given a moment to go
+        if sig == signal.SIGKILL:
+            _settle(home, uri, since_ms)
         text = log.read_text(errors="replace")
         lines = [ln for ln in text.splitlines() if ln.strip()]
         return Outcome(
@@ -206,6 +218,17 @@ def run_trial(trial: Trial, scratch: Path, model: Path, uri: str, extra: list[st
         for left in processes_of(home):
             with contextlib.suppress(OSError):
                 os.kill(left, signal.SIGKILL)
+
+
+def _settle(home: Path, uri: str, since_ms: int) -> None:
+    """Wait (up to ``SETTLE_S``) for a killed command's reaper: nothing of it running, no
+    MLflow or Prefect run of it left live."""
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline:
+        records = mlflow_statuses(uri, since_ms) + prefect_states(home)
+        if not processes_of(home) and not any(s in LIVE for s in records):
+            return
+        time.sleep(0.5)
 
 
 def _wait_for_phase(phase: str, proc: subprocess.Popen, home: Path, log: Path) -> None:

@@ -61,7 +61,12 @@ from flows.stages import default_run_name, load_config, run_dir_for
 from tasks.data.task import curate_task
 from tasks.evaluation.ablation import ablation_table, mechanism_table
 from tasks.evaluation.task import evaluate_task
-from tasks.orchestration import cancelled_when_interrupted, deferred_signals, run_logger
+from tasks.orchestration import (
+    cancelled_when_interrupted,
+    crashed_if_killed,
+    deferred_signals,
+    run_logger,
+)
 from tasks.rundir import RunDir
 from tasks.training.task import train_task
 
@@ -167,6 +172,7 @@ def ablate_run_flow(
 
 
 @flow(name="ablate")
+@crashed_if_killed()  # its own interrupt handling; a SIGKILL ends it CRASHED
 def ablate_flow(
     params: str | None = None,
     config: list[str] | None = None,

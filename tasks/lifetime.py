@@ -18,12 +18,19 @@ runs; then the helpers' process groups; SIGTERM first, SIGKILL after a grace per
 A helper is known by its pid and its start time (``/proc``), so a pid the system has since given
 to another process is never signalled. Without ``/proc`` (macOS) the reaper stops the helpers'
 groups only.
+
+The command can also leave last words (``last_words``): a command line the reaper runs if the
+pipe closes before the command takes them back (``take_back``), while the helpers' descendants
+stop and before the helpers do (a server they may need is still up). The tracker leaves one per
+MLflow run it holds open, which ends the run KILLED, and a flow run under Prefect one that ends
+it CRASHED: a command killed outright leaves no run RUNNING.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -33,6 +40,7 @@ import time
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
+LAST_WORDS_TIMEOUT_S = 60.0
 LEAF_GRACE_S = 20.0  # a flow run's clean-up: its MLflow run ended KILLED, its state sent
 GROUP_GRACE_S = 10.0  # a server's or worker's own shutdown
 
@@ -127,7 +135,7 @@ def _ensure_reaper() -> None:
 def _tell(line: str) -> None:
     with _lock:
         if not _reaper:
-            if line.startswith("-"):
+            if line.startswith(("-", "~")):  # nothing to take back from a reaper never started
                 return
             _ensure_reaper()
         try:
@@ -157,6 +165,16 @@ def watch(pid: int) -> None:
 def unwatch(pid: int) -> None:
     """``pid`` has been stopped by the command itself."""
     _tell(f"-{pid}")
+
+
+def last_words(key: str, argv: list[str]) -> None:
+    """Have ``argv`` run if this process ends before :func:`take_back` of ``key`` (one line, no
+    spaces in ``key``)."""
+    _tell(f"@{key} {json.dumps(argv)}")
+
+
+def take_back(key: str) -> None:
+    _tell(f"~{key}")
 
 
 def _processes() -> list[tuple[int, int, int]]:
@@ -214,20 +232,37 @@ def _stop(pids: list[int], grace_s: float, group: bool = False) -> None:
     _signal(_alive(pids, group), signal.SIGKILL, group)
 
 
-def reap(helpers: dict[int, str]) -> None:
+def reap(helpers: dict[int, str], speaking: list[subprocess.Popen] = ()) -> None:
     """Stop the helpers still running as recorded (pid -> start time) and what descends from
-    them: the descendants first, then the helpers' groups."""
+    them: the descendants first, then (once the last words ``speaking`` are said) the helpers'
+    groups."""
     alive = [pid for pid, start in helpers.items() if start == "-" or start_time(pid) == start]
-    if not alive:
-        return
-    _stop([pid for pid in descendants(alive) if pid not in alive], LEAF_GRACE_S)
-    _stop(alive, GROUP_GRACE_S, group=True)
+    if alive:
+        _stop([pid for pid in descendants(alive) if pid not in alive], LEAF_GRACE_S)
+    for words in speaking:
+        try:
+            words.wait(timeout=LAST_WORDS_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            words.kill()
+    if alive:
+        _stop(alive, GROUP_GRACE_S, group=True)
+
+
+def say(words: dict[str, list[str]]) -> list[subprocess.Popen]:
+    """Start the last words left, all at once (:func:`reap` waits for them)."""
+    started = []
+    for argv in words.values():
+        with contextlib.suppress(OSError):
+            started.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL))
+    return started
 
 
 def main() -> None:
-    """The reaper: follow the command's messages until its pipe closes, then reap."""
+    """The reaper: follow the command's messages until its pipe closes, then say the last words
+    left and reap."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # ends when the pipe does, not before
     helpers: dict[int, str] = {}
+    words: dict[str, list[str]] = {}
     for raw in sys.stdin.buffer:
         line = raw.decode().strip()
         if line.startswith("+"):
@@ -235,7 +270,12 @@ def main() -> None:
             helpers[int(pid)] = start
         elif line.startswith("-"):
             helpers.pop(int(line[1:]), None)
-    reap(helpers)
+        elif line.startswith("@"):
+            key, _, argv = line[1:].partition(" ")
+            words[key] = json.loads(argv)
+        elif line.startswith("~"):
+            words.pop(line[1:], None)
+    reap(helpers, say(words))
 
 
 if __name__ == "__main__":

@@ -319,6 +319,58 @@ def held_signals() -> Iterator[None]:
             signal.raise_signal(held[0])  # now, to the handler the body ran under
 
 
+CRASH_FLOW_RUN = "import sys; from tasks.orchestration import crash_flow_run as c; c(*sys.argv[1:])"
+
+
+@contextmanager
+def crashed_if_killed() -> Iterator[None]:
+    """Under Prefect: should this process be killed outright (SIGKILL, the OOM killer), its
+    reaper (``tasks.lifetime``) ends this flow run CRASHED; every other ending the flow run
+    records itself. Run directly there is no flow run to end."""
+    run_id = api = None
+    if not _direct.get():
+        from prefect.runtime import flow_run
+        from prefect.settings import get_current_settings
+
+        run_id, api = flow_run.id, get_current_settings().api.url
+    if not (run_id and api):
+        yield
+        return
+    from tasks import lifetime
+
+    key = f"prefect:{run_id}"
+    lifetime.last_words(key, [sys.executable, "-c", CRASH_FLOW_RUN, api, str(run_id)])
+    try:
+        yield
+    finally:
+        lifetime.take_back(key)
+
+
+def crash_flow_run(api: str, run_id: str) -> bool:
+    """Set flow run ``run_id`` CRASHED through the Prefect API at ``api`` (standard library only:
+    these are a killed command's last words). Prefect's rules refuse it for a run that has
+    ended already. True when the server accepted it."""
+    import json
+    import urllib.request
+
+    state = {
+        "type": "CRASHED",
+        "name": "Crashed",
+        "message": "the command running this flow was killed outright (SIGKILL, out of memory)",
+    }
+    request = urllib.request.Request(
+        f"{api.rstrip('/')}/flow_runs/{run_id}/set_state",
+        data=json.dumps({"state": state, "force": False}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return json.loads(answer.read()).get("status") == "ACCEPT"
+    except (OSError, ValueError):
+        return False
+
+
 def cancelled_when_interrupted(fn: F) -> F:
     """For a flow's function (under ``@flow``): an interrupt, or a task it stopped, ends the flow
     run CANCELLED (not FAILED or CRASHED) with the line that says where the run stopped and how to
@@ -329,7 +381,8 @@ def cancelled_when_interrupted(fn: F) -> F:
     @functools.wraps(fn)  # type: ignore[arg-type]
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            with watched_signals():  # Prefect installed its SIGTERM handler for the flow run
+            # Prefect installed its SIGTERM handler for the flow run
+            with watched_signals(), crashed_if_killed():
                 return fn(*args, **kwargs)  # type: ignore[operator]
         except (*interrupts(), TrainingInterrupted) as e:
             message = (

@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -26,10 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from dapo_core.config import Config
+from tasks import lifetime
 from tasks.params import REPO_ROOT
 from tasks.rundir import RunDir
 from tasks.tracking.store import (
+    END_ORPHAN,
     MAX_PARAM_LEN,
+    OWNER_TAG,
     artifact_root,
     experiment_name,
     flatten_config,
@@ -170,7 +174,7 @@ class Tracker:
         """Create a run (nested under ``parent_run_id`` if given) and log the config to it."""
 
         def create() -> str:
-            all_tags = {"mlflow.runName": run_name, **(tags or {})}
+            all_tags = {"mlflow.runName": run_name, **(tags or {}), OWNER_TAG: _owner()}
             if parent_run_id:
                 all_tags["mlflow.parentRunId"] = parent_run_id
             run = self.client.create_run(
@@ -178,6 +182,7 @@ class Tracker:
             )
             # Known before an interrupt held during the call is delivered: it can end the run.
             self.run_id = run.info.run_id
+            self._leave_last_words()
             return self.run_id
 
         self.run_id = self._guard(f"creating a run in experiment {self.experiment}", create)
@@ -190,8 +195,10 @@ class Tracker:
 
         def attach() -> str:
             self.client.get_run(run_id)  # raises if it does not exist in this store
+            self.client.set_tag(run_id, OWNER_TAG, _owner())  # before anyone sees it running
             self.client.update_run(run_id, status="RUNNING")
             self.run_id = run_id  # as in start_run: an interrupt held meanwhile can end it
+            self._leave_last_words()
             return run_id
 
         self.run_id = self._guard(f"attaching to run {run_id}", attach)
@@ -222,6 +229,13 @@ class Tracker:
         self.flush()
         self._retry_at = 0.0  # the last chance to record the status
         self._guard("ending the run", lambda: self.client.set_terminated(self.run_id, status))
+        lifetime.take_back(f"mlflow:{self.run_id}")
+
+    def _leave_last_words(self) -> None:
+        """Should this process be killed outright (SIGKILL, the OOM killer), its reaper ends the
+        run KILLED, unless another process has resumed it since (``tasks.lifetime``)."""
+        argv = [sys.executable, "-c", END_ORPHAN, self.uri, self.run_id, _owner()]
+        lifetime.last_words(f"mlflow:{self.run_id}", argv)
 
     def __enter__(self) -> Tracker:
         return self
@@ -381,6 +395,11 @@ class Tracker:
                 f"logging {local_dir}",
                 lambda: self.client.log_artifacts(self.run_id, str(local_dir), artifact_path),
             )
+
+
+def _owner() -> str:
+    """This process, as no later process can be: its pid and start time."""
+    return f"{os.getpid()}:{lifetime.start_time(os.getpid()) or '-'}"
 
 
 def _clip_tags(tags: Mapping[str, Any]) -> dict[str, str]:

@@ -63,6 +63,26 @@ def test_a_signal_to_the_group_ends_the_command_with_its_records(setting, trial,
         assert "dapo pipeline --run-name" in out.last_line
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "trial",
+    [Trial(command, "training", "KILL", "process") for command in ("pipeline", "ablate")],
+    ids=lambda t: f"{t.command}-{t.phase}",
+)
+def test_sigkill_of_the_command_leaves_nothing_running_and_no_run_live(
+    setting, trial, seed_prefect_home
+):
+    """What the OOM killer or a scheduler past its grace period does: no handler runs, so the
+    command's reaper stops its temporary server (and the sweep's runs) and ends its records:
+    its MLflow runs KILLED, its flow runs CRASHED (run_trial waits up to SETTLE_S for that)."""
+    scratch, model, uri, params = setting
+    seed_prefect_home(trial_home(scratch, trial))
+    out = run_trial(trial, scratch, model, uri, params)
+    assert out.exit_code == -9 and not out.left, out
+    assert out.mlflow and set(out.mlflow) == {"KILLED"}, out
+    assert out.prefect and set(out.prefect) == {"CRASHED"}, out
+
+
 def _wait_for_handler(pid: int, signum: int, timeout_s: float = 60.0) -> bool:
     """Whether process ``pid`` catches ``signum`` within ``timeout_s`` (Linux: its SigCgt mask
     in ``/proc``; elsewhere assumed after a second)."""

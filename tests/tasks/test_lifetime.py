@@ -158,3 +158,30 @@ def test_a_forked_child_ends_with_the_process_that_forked_it(tmp_path):
     proc.wait()
     assert _wait_for(lambda: not _alive(child), 30)
     assert record.read_text() == "ended"
+
+
+WORDS = textwrap.dedent(
+    """
+    import sys, time
+    from tasks import lifetime
+    for name in ("kept", "taken"):
+        script = f"from pathlib import Path; Path({sys.argv[1]!r}, {name!r}).write_text('said')"
+        lifetime.last_words(name, [sys.executable, "-c", script])
+    lifetime.take_back("taken")
+    print("ready", flush=True)
+    while True:
+        time.sleep(0.1)
+    """
+)
+
+
+def test_last_words_are_said_once_the_command_is_killed_unless_taken_back(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-c", WORDS, str(tmp_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=root)
+    assert proc.stdout.readline().strip() == "ready"
+    assert not (tmp_path / "kept").exists()  # not while the command lives
+    proc.kill()  # no handler, no atexit: only the closed pipe tells the reaper
+    proc.wait()
+    assert _wait_for(lambda: (tmp_path / "kept").exists(), 30)
+    assert not (tmp_path / "taken").exists()

@@ -6,6 +6,9 @@ import logging
 import os
 import shutil
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -488,3 +491,41 @@ def test_an_interrupt_held_while_a_run_is_created_can_end_it(tiny_cfg, tmp_path)
         assert MlflowClient(tracking_uri=uri).get_run(t.run_id).info.status == "KILLED"
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+TRACKED = (
+    "import sys, time\n"
+    "from tasks.params import load_params\n"
+    "from tasks.tracking.tracker import Tracker\n"
+    "cfg = load_params(overrides=[f'tracking.tracking_uri={sys.argv[1]}'])\n"
+    "tracker = Tracker(cfg, 'train')\n"
+    "print(tracker.start_run('killed', log_config=False), flush=True)\n"
+    "while True:\n"
+    "    time.sleep(0.1)\n"
+)
+
+
+@pytest.mark.slow
+def test_a_run_whose_process_is_killed_outright_ends_killed(tmp_path):
+    """SIGKILL (the OOM killer, a scheduler past its grace period) runs no handler: the
+    reaper's last words end the run KILLED; a run another process resumed since is left be."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TRACKED, uri], stdout=subprocess.PIPE, text=True, cwd=root
+    )
+    run_id = proc.stdout.readline().strip()
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(run_id)
+    assert run.info.status == "RUNNING"
+    owner = run.data.tags[tracking_store.OWNER_TAG]
+    assert owner.startswith(f"{proc.pid}:")
+    assert not tracking_store.end_orphaned_run(uri, run_id, "another:owner")  # resumed since
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while client.get_run(run_id).info.status == "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert client.get_run(run_id).info.status == "KILLED"

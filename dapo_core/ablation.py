@@ -4,10 +4,10 @@ Naive GRPO -> +overlong filtering -> +clip-higher -> +soft overlong punishment -
 -> +dynamic sampling: each variant is the cumulative switch settings of the ``algo`` section, and
 each switch is read in exactly one ``dapo_core`` function.
 
-Beside the ladder, :data:`ALGORITHM_PRESETS` are algorithms of the family (DESIGN.md section 9):
-each is DAPO's full recipe (every switch on, so the data side stays DAPO's) with some of the
-``algo`` entries replaced; ``dapo`` replaces none. A preset that is not a variant of DAPO's
-recipe (``grpo_kl``) also sets switches, by name, to the values its paper uses.
+Beside the ladder, :data:`ALGORITHM_PRESETS` are algorithms of the family (docs/design.md,
+section 4): each is DAPO's full recipe (every switch on, so the data side stays DAPO's) with
+some of the ``algo`` entries replaced; ``dapo`` replaces none. A preset that is not a variant of
+DAPO's recipe (``grpo_kl``) also sets switches, by name, to the values its paper uses.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
     # GRPO as DeepSeekMath writes it (Shao et al. 2024, arXiv 2402.03300, Eq. 3 and section
     # 4.2): group-normalised advantages with the std (Eq. 9 here), the symmetric PPO clip at
     # 0.2, a mean over each response's tokens then over responses, and k3 KL to the initial
-    # policy inside the loss with beta = 0.04 (DeepSeekMath's value; DESIGN.md section 9's
+    # policy inside the loss with beta = 0.04 (DeepSeekMath's value; docs/design.md section 4:
     # ~1e-3 is later practice). No dynamic sampling, no overlong filtering or shaping: every
     # Table 1 switch off, as the ladder's naive ``grpo`` rung.
     "grpo_kl": {

@@ -5,7 +5,7 @@ trainer sums ``count`` over all micro-batches of a mini-batch and over all data-
 first (the global count), then each micro-batch's loss is ``numerator / global_count``
 (:func:`aggregate`). Since the numerators add up, the sum of the micro-batch losses equals the
 full-batch loss by construction, whatever the split: the denominator must be global (verl's
-per-micro-batch token mean is a known bug, DESIGN.md section 2).
+per-micro-batch token mean is a known bug, docs/design.md section 2).
 
 - ``token_mean`` (DAPO Eq. 12): sum_i sum_t l_it / sum_i |o_i|; a long response weighs in
   proportion to its length.

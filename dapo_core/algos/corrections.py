@@ -1,4 +1,4 @@
-"""Rollout corrections: the sampler's policy is not pi_old (DESIGN.md section 9; verl
+"""Rollout corrections: the sampler's policy is not pi_old (docs/design.md section 5; verl
 ``rollout_corr_helper.py``).
 
 The sampler (bf16 weights, other kernels, vLLM) draws responses from pi_rollout, slightly off the

@@ -26,8 +26,8 @@ below e^20 makes no difference to.
 
 Metrics are (sum, count) pairs (``dapo_core.algos.types``): ``clip_frac_high`` = share of valid
 tokens with A > 0 and r > 1 + eps_high, ``clip_frac_low`` = share with A < 0 and r < 1 - eps_low
-(DESIGN.md section 2), ``clip_high_old_prob`` = mean pi_old of the tokens clipped above (whether
-the upper clip binds on low-probability tokens, as section 3.1 argues), ``ratio_mean``.
+(docs/design.md section 2), ``clip_high_old_prob`` = mean pi_old of the tokens clipped above
+(whether the upper clip binds on low-probability tokens, as section 3.1 argues), ``ratio_mean``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ LOG_RATIO_BOUND = 20.0  # verl's clamp on log(pi / pi_old) before exp (module do
 class ClipParams(Params):
     eps_low: float = 0.2  # DAPO section 3.1 (Clip-Higher)
     eps_high: float = 0.28
-    dual_clip_c: float | None = None  # off by default (DESIGN.md section 2); e.g. 3 or 10
+    dual_clip_c: float | None = None  # off by default (docs/design.md section 2); e.g. 3 or 10
 
     def __post_init__(self) -> None:
         self.require(0 < self.eps_low < 1, "eps_low", "must be in (0, 1)")
@@ -108,7 +108,7 @@ def clipped_surrogate(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: floa
 def clip_metrics(
     ratio: Tensor, adv: Tensor, old_logp: Tensor, mask: Tensor, eps_low: float, eps_high: float
 ) -> Metrics:
-    """Clip fractions (DESIGN.md section 2), mean pi_old of the tokens clipped above, mean r."""
+    """Clip fractions (docs/design.md section 2), mean pi_old of clipped-above tokens, mean r."""
     ratio = ratio.detach()
     high = (adv > 0) & (ratio > 1.0 + eps_high)  # (B, T)
     low = (adv < 0) & (ratio < 1.0 - eps_low)

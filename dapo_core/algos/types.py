@@ -8,7 +8,7 @@
   Micro-batches and data-parallel ranks are then reduced generically, by summing numerators and
   denominators apart and dividing once at the end (:func:`reduce_metrics`), which is the exact
   mean over the whole mini-batch; a mean of per-micro-batch means is not (the reason DAPO's
-  Eq. 12 needs a global token count, DESIGN.md section 2).
+  Eq. 12 needs a global token count, docs/design.md section 2).
 
 Masks are bool; a mask of another dtype is converted on construction. Nothing here syncs with
 the device: metrics stay tensors until the caller logs them.

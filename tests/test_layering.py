@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("dapo_core", "tasks", "flows")  # each may import only those before it
 FORBIDDEN = ["prefect", "mlflow", "dvc", "vllm", "deepspeed", "transformers", "pandas", "yaml"]
@@ -142,14 +144,19 @@ def test_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_rollout_sits_below_training():
-    """Sampling serves training and evaluation: ``tasks.rollout`` imports nothing of
-    ``tasks.training`` (a process's world size, which both read, is ``tasks.runtime``'s)."""
+# Inside tasks/: (a folder, one it must not import). Sampling serves training and evaluation (a
+# process's world size, which both read, is tasks.runtime's); the preference trainers (reward
+# model, DPO) build on training, and RL against a reward model reads it from tasks.models.
+BELOW = [("tasks.rollout", "tasks.training"), ("tasks.training", "tasks.preferences")]
+
+
+@pytest.mark.parametrize(("lower", "upper"), BELOW)
+def test_folders_inside_tasks_import_only_downwards(lower, upper):
     upward = [
         f"{a} imports {b}"
         for a, targets in _graph().items()
-        if a.startswith("tasks.rollout")
+        if a.startswith(lower)
         for b in targets
-        if b.startswith("tasks.training")
+        if b.startswith(upper)
     ]
     assert not upward, upward

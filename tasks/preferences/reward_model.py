@@ -25,6 +25,7 @@ import torch
 
 from dapo_core.config import Config
 from dapo_core.preferences import CalibrationBin, bradley_terry_loss, calibration_curve
+from tasks.models.learned_reward import RECORD, load_reward_model, reward_input, rewards
 from tasks.preferences.common import (
     Resume,
     check_settings,
@@ -34,7 +35,6 @@ from tasks.preferences.common import (
     save_model_dir,
     start_tracking,
 )
-from tasks.preferences.scoring import RECORD, load_reward_model, reward_input, rewards
 
 
 @dataclasses.dataclass

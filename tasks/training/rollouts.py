@@ -167,7 +167,7 @@ def make_collector(
 
     learned = None
     if cfg.rollout.reward == "model":
-        from tasks.preferences.scoring import LearnedReward
+        from tasks.models.learned_reward import LearnedReward
 
         r = cfg.rollout
         learned = LearnedReward(

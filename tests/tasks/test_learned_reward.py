@@ -8,9 +8,9 @@ import torch
 from dapo_core.config import ConfigError
 from dapo_core.config_loader import resolve
 from dapo_core.errors import PipelineError
+from tasks.models import learned_reward as S
 from tasks.preferences import pairs as P
 from tasks.preferences import reward_model as RM
-from tasks.preferences import scoring as S
 from tasks.training.batches import Group
 from tasks.training.records import RolloutLog
 from tasks.training.rollouts import _spread

@@ -6,9 +6,9 @@ import torch
 
 from dapo_core.config_loader import resolve
 from dapo_core.errors import PipelineError
+from tasks.models import learned_reward as S
 from tasks.preferences import pairs as P
 from tasks.preferences import reward_model as RM
-from tasks.preferences import scoring as S
 from tasks.preferences.common import split_by_prompt
 
 

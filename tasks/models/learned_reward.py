@@ -1,6 +1,7 @@
 """A reward model's score of a response, for the trainer that fits it (``reward_model.py``) and
-for RL against it (``rollout.reward: model``). Kept apart from the training code so that the RL
-trainer imports only this.
+for RL against it (``rollout.reward: model``). It sits with the models, below training and the
+preference trainers both: the RL trainer reads a reward model without importing how one is
+trained.
 
 r(x, y) is a one-output sequence-classification head at the last token of the chat prompt
 followed by the response (transformers' ``AutoModelForSequenceClassification``: the directory

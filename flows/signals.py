@@ -3,7 +3,7 @@
 Importing the CLI (torch, transformers, Prefect, MLflow) takes seconds, and a KeyboardInterrupt
 raised inside an import can be swallowed by a library's bare ``except``: measured, a Ctrl-C in
 that second was lost and the command ran to the end. So until a command has loaded its config
-(``flows.cli._working``), either signal ends it at once: nothing has started that needs a
+(``flows.commands.base._working``), either signal ends it at once: nothing has started that needs a
 clean-up. The ``dapo`` entry point (``flows.entry``) and ``python -m flows.cli`` install this
 before their imports.
 """

@@ -137,3 +137,16 @@ def test_without_a_prefect_server_train_never_imports_prefect(flow_params, tmp_p
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert json.loads(out.stdout.splitlines()[-1]) == ["torch"]  # it trained, on torch alone
     assert (tmp_path / "run" / "final" / "model.safetensors").exists()
+
+
+def test_help_lists_each_command_in_whole_sentences():
+    """A command's line in `--help` is its docstring's first paragraph on one line: the
+    docstring's own line breaks cut sentences mid-line ("report whether DAPO has" / "anything")."""
+    for args, phrase in (
+        ([], "DAPO has anything to learn from"),
+        (["pairs"], "rewards. Writes the table"),
+    ):
+        out = CliRunner().invoke(app, [*args, "--help"], env={"COLUMNS": "100"})
+        assert out.exit_code == 0, out.output
+        rows = [re.sub(r"^[│ ]*|[│ ]*$", "", row) for row in out.output.splitlines()]
+        assert any(phrase in row for row in rows), out.output

@@ -533,10 +533,10 @@ def test_synthetic_splits_are_disjoint_and_training_never_sees_validation():
 def test_corrupt_parquet_source_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
     """One line whatever the terminal's width or the path's length: a console that wrapped at
     its width split the message across lines (and this test failed in a long clone path)."""
-    import flows.cli
+    import flows.commands.base
     import tasks.data.sources
 
-    for module in (flows.cli, tasks.data.sources):
+    for module in (flows.commands.base, tasks.data.sources):
         monkeypatch.setattr(module.console, "width", 30)
     deep = tmp_path.joinpath(*["a-rather-long-directory-name"] * 6)
     deep.mkdir(parents=True)

@@ -1,0 +1,1 @@
+"""The ``dapo`` commands, by group; ``flows.cli`` registers them all on one app."""

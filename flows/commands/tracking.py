@@ -1,0 +1,145 @@
+"""Commands that read the MLflow store: ``ui`` (the MLflow UI on it) and ``reproduce`` (a
+tracked run again from its logged config)."""
+
+import contextlib
+import os
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from dapo_core import metric_names as metric
+from flows.commands.base import (
+    ConfigOpt,
+    ParamsOpt,
+    RunNameOpt,
+    SetOpt,
+    _load,
+    _orchestration_env,
+    _server,
+    app,
+    console,
+    user_errors,
+)
+
+
+@app.command("ui")
+@user_errors
+def ui(
+    port: Annotated[int, typer.Option(help="Port of the UI.")] = 5000,
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    params: ParamsOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    print_only: Annotated[
+        bool, typer.Option("--print-only", help="Print the mlflow command; start nothing.")
+    ] = False,
+) -> None:
+    """Start the MLflow UI on the project's tracking store and print its URL."""
+    _orchestration_env()
+    import shlex
+
+    from tasks.tracking.store import serve_ui, sqlite_path, tracking_uri, ui_command
+
+    cfg = _load(params, config, set_)
+    uri = tracking_uri(cfg)
+    db = sqlite_path(uri)
+    if db is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
+    cmd = ui_command(uri, port, host)
+    if not _loopback(host):
+        console.print(
+            f"[bold yellow]warning:[/] the MLflow UI has no authentication: on {host}, anyone who "
+            f"can reach port {port} of this machine can read, change and delete every run. Keep "
+            "the default --host "
+            "127.0.0.1 (reach it through an SSH tunnel), or turn on MLflow's basic auth: run the "
+            "command `dapo ui --print-only` prints with `--app-name basic-auth` added and "
+            "MLFLOW_AUTH_ADMIN_PASSWORD set (the admin's password on first start)"
+        )
+    sys.stdout.write(f"http://{host}:{port}\n")
+    sys.stdout.flush()
+    for name, url in _experiment_links(uri, cfg, f"http://{host}:{port}").items():
+        console.print(f"{name}: {url}", highlight=False)
+    if print_only:
+        sys.stdout.write(" ".join(shlex.quote(c) for c in cmd) + "\n")
+        return
+    console.print(f"MLflow UI on store {uri}; Ctrl-C stops it.")
+    rc = serve_ui(cmd)
+    if rc:
+        console.print(f"[bold red]error:[/] mlflow ui exited with {rc} (is port {port} in use?)")
+        raise typer.Exit(rc)
+
+
+def _experiment_links(uri: str, cfg: Any, served_at: str) -> dict[str, str]:
+    """The project's experiments in the training view, on the address ``dapo ui`` serves (none
+    before the store exists: MLflow would create it)."""
+    from tasks.tracking.store import experiment_urls, sqlite_path
+
+    db = sqlite_path(uri)
+    if db is None or not db.exists():  # a server store has its own UI; no store yet: nothing
+        return {}
+    try:
+        return experiment_urls(cfg, uri, ui=served_at)
+    except Exception:  # noqa: BLE001 - a store we cannot read: the UI will say why
+        return {}
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only (localhost, 127.x, ::1)."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
+@app.command("reproduce")
+@user_errors
+def reproduce(
+    run_id: Annotated[str, typer.Argument(help="The MLflow run id to re-run.")],
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option(help="Store holding the run (default: MLFLOW_TRACKING_URI or ./mlflow)."),
+    ] = None,
+    run_name: RunNameOpt = None,
+    check_only: Annotated[
+        bool, typer.Option("--check-only", help="Compare data and code; re-run nothing.")
+    ] = False,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="A data or code difference is an error (exit 2).")
+    ] = False,
+) -> None:
+    """Re-run a tracked MLflow run from its logged config.
+
+    Warns when the run's data version (the dvc.lock md5) or git commit differ from this
+    checkout's; `--check-only` compares and exits 1 on a difference."""
+    _orchestration_env()
+    from flows.reproduce import original_avg, reproduce_run
+
+    if tracking_uri:
+        os.environ["MLFLOW_TRACKING_URI"] = tracking_uri  # the new run goes to the same store
+    # a check runs no flow: no Prefect server to start for it
+    with contextlib.nullcontext() if check_only else _server():
+        out = reproduce_run(
+            run_id, tracking_uri, run_name=run_name, check_only=check_only, strict=strict
+        )
+    for w in out["mismatches"]:
+        console.print(f"[bold yellow]warning:[/] {w}")
+    for note in out["notes"]:
+        console.print(f"[yellow]note:[/] {note}")
+    if not out["mismatches"]:
+        console.print("data version and code match the run's.")
+    if check_only:
+        raise typer.Exit(1 if out["mismatches"] else 0)
+    before, result = original_avg(out["original"]), out["result"]
+    after = None
+    if isinstance(result, dict) and "evaluate" in result:
+        after = result["evaluate"].metrics[metric.AVG_AT_K]
+    elif hasattr(result, "metrics"):
+        after = result.metrics[metric.AVG_AT_K]
+    if before is not None and after is not None:
+        console.print(f"avg@k: original {before:.4f}, reproduced {after:.4f}")
+    console.print(f"[green]done[/]: re-ran {run_id} (config {out['config_path']})")

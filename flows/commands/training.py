@@ -1,0 +1,298 @@
+"""Commands that train, sample or evaluate one model: ``train``, ``preflight``, ``evaluate``,
+``curate`` and ``demo``."""
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from dapo_core.config import ConfigError
+from flows.commands.base import (
+    VARIANTS_HELP,
+    ConfigOpt,
+    ParamsOpt,
+    SetOpt,
+    _flow_args,
+    _load,
+    _orchestration_env,
+    _server,
+    app,
+    console,
+    run_stage,
+    user_errors,
+)
+from flows.report import mlflow_link
+
+
+@app.command("train")
+@user_errors
+def train(
+    params: ParamsOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    variant: Annotated[str | None, typer.Option(help=VARIANTS_HELP)] = None,
+    run_dir: Annotated[
+        Path | None, typer.Option(help="Run directory (default: train.out_dir/<timestamp>).")
+    ] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(help="Continue the run in this directory from its last checkpoint."),
+    ] = None,
+    track: Annotated[
+        bool | None,
+        typer.Option(
+            "--track/--no-track",
+            help="Log the run to MLflow (one process; under a multi-rank launcher the run writes "
+            "metrics.jsonl only: use `dapo pipeline` for a tracked multi-GPU run). Default: "
+            "tracked, and with --resume as the run began.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Train the policy with DAPO (or a Table 1 variant) on the configured data."""
+    _orchestration_env()
+    track = _resumed_tracking(resume) if track is None else track
+    from flows.stages import train_on_ranks
+    from tasks.runtime import env_world_size
+
+    if resume is not None:  # the run's own config; the flow continues it
+        if config or set_ or variant:  # they would be ignored: say so rather than drop them
+            raise ConfigError(
+                "--resume continues a run with its own config (exact resume), so -c, -S and "
+                "--variant cannot change it; drop them, or start a new run with --run-dir"
+            )
+        params, config, set_, variant = resume / "config.json", None, None, None
+        if not params.exists():
+            raise FileNotFoundError(f"{resume} is not a run directory (no config.json)")
+    target = resume or run_dir
+    if env_world_size() > 1:  # a multi-rank launcher: no flow run per rank (see train_on_ranks)
+        cfg = _load(params, config, set_, variant)
+        out = target or default_train_dir(cfg)
+        result = train_on_ranks(cfg, str(out), resume=resume is not None)
+        if result.history:  # rank 0 reports
+            _report_training(result.steps, result.wall_time_s, result.history[-1], out, None)
+        return
+    _load(params, config, set_, variant)  # a config error is reported before Prefect starts
+    # The one writer of the run directory, before Prefect or MLflow start: a second process
+    # on a live run is refused in one line (the flow and the task hold it again, re-entrantly).
+    with _run_dir_writer(target), _server(direct=True):
+        summary = run_stage(
+            "train",
+            **_flow_args(params, config, set_),
+            variant=variant,
+            run_dir=str(target.resolve()) if target else None,
+            resume=resume is not None,
+            track=track,
+        )
+    _report_training(
+        summary.steps,
+        summary.wall_time_s,
+        summary.last_metrics,
+        summary.model_path,
+        summary.mlflow_run_id,
+        summary.mlflow_url,
+    )
+
+
+def _resumed_tracking(resume: Path | None) -> bool:
+    """Track unless this continues a run that began with --no-track (said in a note)."""
+    from tasks.rundir import RunDir
+
+    if resume is None or not RunDir(resume).untracked():
+        return True
+    console.print("note: continuing untracked, as the run began (--track logs it to MLflow)")
+    return False
+
+
+def _run_dir_writer(target: Path | None):
+    """Hold ``target`` as its one writer (nothing when the flow picks a new directory)."""
+
+    from tasks.rundir import RunDir
+
+    return RunDir(target.resolve()).writer() if target else contextlib.nullcontext()
+
+
+def default_train_dir(cfg) -> Path:
+    """``train.out_dir/train-<date>-<time>``, the run directory when none is named."""
+    import time
+
+    from tasks.params import repo_path
+
+    return repo_path(cfg.train.out_dir) / time.strftime("train-%Y%m%d-%H%M%S")
+
+
+def _report_training(
+    steps: int, wall: float, last: dict, model: Any, run_id: str | None, url: str | None = None
+) -> None:
+    tracking = f"; {mlflow_link(run_id, url)}" if run_id else ""
+    console.print(
+        f"[green]done[/]: {steps} steps in {wall:.0f}s, "
+        f"last sampled accuracy {last.get('train/acc_mean', float('nan')):.3f}; "
+        f"model in {model}{tracking}"
+    )
+
+
+@app.command("preflight")
+@user_errors
+def preflight(
+    params: ParamsOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    prompts: Annotated[
+        int | None,
+        typer.Option(help="Training prompts to sample (default: train.preflight_prompts)."),
+    ] = None,
+    strict: Annotated[
+        bool,
+        typer.Option("--strict", help="Too few groups of mixed correctness is an error (exit 2)."),
+    ] = False,
+) -> None:
+    """Before training: sample the policy on a few training prompts and report whether DAPO has
+    anything to learn from (mixed groups, parseable answers, truncation)."""
+    _orchestration_env()
+    from tasks.training.preflight import describe
+
+    _load(params, config, set_)
+    with _server(direct=True):
+        args = _flow_args(params, config, set_)
+        result = run_stage("preflight", **args, prompts=prompts, strict=strict)
+    console.print(describe(result))
+    for row in result.samples[:3]:
+        console.print(f"  answer {row['answer']}: {row['response'][-120:]!r}")
+    if result.problem:
+        console.print(f"[bold yellow]warning:[/] {result.problem}")
+    else:
+        console.print("[green]ok[/]: enough groups of mixed correctness to learn from")
+
+
+@app.command("evaluate")
+@user_errors
+def evaluate(
+    model: Annotated[
+        str | None, typer.Option(help="Model directory or hub id (default: model.name_or_path).")
+    ] = None,
+    eval_set: Annotated[
+        str | None,
+        typer.Option(help="synthetic-test, a name from data.eval_sets, or a parquet/jsonl path."),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Write metrics.json and per_problem.csv here.")
+    ] = None,
+    params: ParamsOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    track: Annotated[
+        bool, typer.Option("--track/--no-track", help="Log the evaluation to MLflow.")
+    ] = True,
+) -> None:
+    """Evaluate a model: avg@n, pass@k, maj@n and a 95% CI over problems (paper: AIME avg@32)."""
+    _orchestration_env()
+    from rich.table import Table
+
+    cfg = _load(params, config, set_)
+    with _server(direct=True):
+        args = _flow_args(params, config, set_)
+        result = run_stage("evaluate", **args, model=model, eval_set=eval_set, track=track)
+    name = result.eval_set
+    run_note = f"; MLflow run {result.mlflow_run_id}" if result.mlflow_run_id else ""
+    table = Table(
+        title=f"{name}: {len(result.per_problem)} problems x {cfg.eval.n_samples} samples"
+    )
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k, v in result.metrics.items():
+        table.add_row(k, f"{v:.4f}")
+    for k, how in result.scoring.items():  # how answers were read and judged
+        table.add_row(k, how)
+    Console().print(table)
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        report = {**result.metrics, **result.scoring}
+        (out / "metrics.json").write_text(json.dumps(report, indent=2))
+        result.per_problem.to_csv(out / "per_problem.csv", index=False)
+        console.print(f"wrote {out / 'metrics.json'} and {out / 'per_problem.csv'}{run_note}")
+    elif run_note:
+        console.print(run_note.lstrip("; "))
+
+
+@app.command("curate")
+@user_errors
+def curate(
+    source: Annotated[
+        str | None,
+        typer.Option(
+            help="A parquet/jsonl file, a Hugging Face dataset id, synthetic:arith or "
+            "synthetic:chain (default: data.source)."
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Output directory (default: data.out_dir).")
+    ] = None,
+    eval_set: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--eval-set",
+            help="Eval set to prepare and decontaminate against, repeatable: NAME=PATH_OR_ID, "
+            "a name from data.eval_sets, or a path/hub id (default: all of data.eval_sets).",
+        ),
+    ] = None,
+    eval_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where prepared eval sets go (default: data/eval, read by evaluate; OUT/eval "
+            "with --out, so that --out writes nothing in the repository)."
+        ),
+    ] = None,
+    step: Annotated[
+        str, typer.Option(help="all, eval (only the eval sets) or train (only the source).")
+    ] = "all",
+    params: ParamsOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Curate training data into integer-answer form and prepare the eval sets (DAPO 3.5).
+
+    Writes OUT/train.parquet, val.parquet, rejected.parquet and report.json, and
+    data/eval/<name>.parquet with manifest.json. `dvc repro` runs this as two stages."""
+    from tasks.data.curate import curate as run_curate
+    from tasks.data.curate import parse_eval_set_args
+
+    cfg = _load(params, config, set_)
+    sets = parse_eval_set_args(eval_set, cfg) if eval_set else None
+    summary = run_curate(
+        cfg,
+        source=source,
+        out=out.resolve() if out else None,
+        eval_sets=sets,
+        eval_dir=eval_dir.resolve() if eval_dir else None,
+        step=step,
+    )
+    for name, entry in summary.eval_manifest.items():
+        if entry["status"] == "ready":
+            console.print(f"eval set {name}: {entry['problems']} problems")
+        else:
+            console.print(f"eval set {name}: [yellow]unavailable[/] (see manifest.json)")
+    if summary.eval_manifest:
+        console.print(f"eval sets in {summary.eval_dir}")
+    r = summary.report
+    if r is not None:
+        dropped = ", ".join(f"{k} {v}" for k, v in r["dropped"].items()) or "none"
+        console.print(
+            f"[green]curated[/] {r['source']}: kept {r['kept']} of {r['input_rows']} rows "
+            f"(train {r['train']}, val {r['val']}; {r['converted']['total']} answers converted "
+            f"to integer form); dropped: {dropped}; wrote {summary.out_dir}"
+        )
+
+
+@app.command("demo")
+@user_errors
+def demo() -> None:
+    """The embedded default end to end (what `make demo` runs)."""
+    _orchestration_env()
+    from flows.demo import run_demo
+
+    with _server():
+        run_demo()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dapo_core.config_loader import resolve
-from flows import warm
+from flows import warm, warm_server
 
 DAPO = "import sys; sys.argv[0] = 'dapo'; from flows.entry import main; main()"
 
@@ -81,7 +81,7 @@ def test_warm_processes_of_two_contexts_coexist_and_stop_all_ends_both(warm_dir,
     servers = []
     for key in ("a", "b"):
         monkeypatch.setattr(warm, "context_key", lambda env=None, k=key: k * 40)
-        server = warm.Server(warm.socket_path(), idle_s=60)
+        server = warm_server.Server(warm.socket_path(), idle_s=60)
         assert server.bind()
         server.ready()
         thread = threading.Thread(target=server.serve, daemon=True)
@@ -160,10 +160,10 @@ def test_a_warm_process_that_never_answers_leaves_the_command_to_run_cold(
 
 def test_an_imported_file_edited_since_makes_the_warm_process_stale(tmp_path, monkeypatch):
     monkeypatch.setenv("DAPO_WARM_DIR", str(tmp_path))
-    server = warm.Server(warm.socket_path(), idle_s=60)
+    server = warm_server.Server(warm.socket_path(), idle_s=60)
     module = tmp_path / "mod.py"
     module.write_text("x = 1\n")
-    server.modules = {str(module): warm._mtime(str(module))}
+    server.modules = {str(module): warm_server._mtime(str(module))}
     request = {"fingerprint": server.fingerprint, "context": server.context}
     assert server._stale(request) is None
     assert "differ" in server._stale({**request, "fingerprint": "another"})
@@ -304,7 +304,7 @@ def test_stop_ends_the_warm_process_and_its_socket(warm_dir):
 
 def test_idle_counts_from_ready_and_ends_the_loop(tmp_path, monkeypatch):
     monkeypatch.setenv("DAPO_WARM_DIR", str(tmp_path))
-    server = warm.Server(warm.socket_path(), idle_s=0.5)
+    server = warm_server.Server(warm.socket_path(), idle_s=0.5)
     server.ready()
     assert not server._done()
     time.sleep(0.6)

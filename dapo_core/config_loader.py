@@ -12,14 +12,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import re
 import types
 import typing
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from dapo_core.algorithm import check_critic, checked_entry
-from dapo_core.config import UPDATE_SWITCHES, AlgoEntry, Config, ConfigError
+from dapo_core.algorithm import checked_entry
+from dapo_core.config import AlgoEntry, Config, ConfigError
+from dapo_core.config_checks import check_values
 
 
 def resolve(
@@ -52,7 +52,7 @@ def from_dict(
 
     raw = stale_correction(_backfill(migrate_flat_algo(raw)), origins or {})
     cfg = _build(Config, raw, prefix="", where=where)
-    _check_values(cfg, source, where)
+    check_values(cfg, source, where)
     return cfg
 
 
@@ -295,163 +295,3 @@ def _describe(hint: Any) -> str:
     if hint is type(None):
         return "null"
     return getattr(hint, "__name__", str(hint))
-
-
-# Counts, sizes and rates: the least value each may take (a run with train.steps=0 trains nothing
-# and then fails late, far from the typo). Rules between keys are in _check_values.
-AT_LEAST: dict[str, float] = {
-    **dict.fromkeys(
-        [
-            "synthetic.num_train",
-            "synthetic.num_test",
-            "synthetic.max_operand",
-            "synthetic.num_terms",
-            "data.decontam_ngram",
-            "tiny.vocab_size",
-            "tiny.hidden_size",
-            "tiny.intermediate_size",
-            "tiny.num_layers",
-            "tiny.num_heads",
-            "tiny.num_kv_heads",
-            "tiny.warm_start_batch",
-            "tiny.warm_start_eval_every",
-            "model.warm_start_batch",
-            "rollout.max_prompt_len",
-            "rollout.max_response_len",
-            "algo.max_gen_batches",
-            "train.steps",
-            "train.prompt_batch",
-            "train.gen_batch",
-            "train.mini_batch",
-            "train.micro_batch_tokens",
-            "train.max_bad_steps",
-            "train.keep_checkpoints",
-            "eval.n_samples",
-            "eval.max_response_len",
-            "eval.bootstrap_samples",
-        ],
-        1,
-    ),
-    **dict.fromkeys(
-        [
-            "data.val_size",
-            "tiny.warm_start_steps",
-            "tiny.warm_start_target",
-            "model.warm_start_steps",
-            "algo.overlong_penalty_factor",
-            "train.warmup_steps",
-            "train.weight_decay",
-            "train.checkpoint_every",
-            "train.max_stalled_steps",
-            "train.preflight_prompts",
-            "train.cpu_threads",
-            "train.rollout_ranks",
-            "rollout.max_staleness",
-            "eval.every_n_steps",
-            "tracking.log_samples",
-        ],
-        0,
-    ),
-}
-POSITIVE = [
-    "model.warm_start_lr",
-    "tiny.warm_start_lr",
-    "train.lr",
-    "train.grad_clip",
-    "eval.temperature",
-]
-
-
-def _value(cfg: Config, key: str) -> Any:
-    section, name = key.split(".")
-    return getattr(getattr(cfg, section), name)
-
-
-def _check_bounds(cfg: Config, where: typing.Callable[[str], str]) -> None:
-    for key, least in AT_LEAST.items():
-        value = _value(cfg, key)
-        if not value >= least:
-            raise ConfigError(f"{where(key)}: {key} must be >= {least:g}, got {value}")
-    for key in POSITIVE:
-        value = _value(cfg, key)
-        if not value > 0:
-            raise ConfigError(f"{where(key)}: {key} must be > 0, got {value}")
-
-
-def _check_values(cfg: Config, source: str, where: typing.Callable[[str], str]) -> None:
-    """Cross-field rules that types cannot express."""
-
-    def need(ok: bool, msg: str) -> None:
-        """Fail with ``msg``, blaming where its keys were set: a ``-S`` override of one of the
-        keys it names, else an overlay that set one, else ``source``."""
-        if not ok:
-            origins = [where(k) for k in re.findall(r"\b[a-z]+\.[a-z_]+\b", msg)]
-            overrides = [o for o in origins if o.startswith("override")]
-            blamed = (overrides or [o for o in origins if o != source] or [source])[0]
-            raise ConfigError(f"{blamed}: {msg}")
-
-    _check_bounds(cfg, where)
-    a, t, r, e, d = cfg.algo, cfg.train, cfg.rollout, cfg.eval, cfg.data
-    try:
-        check_critic(a)
-    except ConfigError as err:
-        need(False, str(err))
-    need(
-        a.correction.name == "none" or r.backend != "vllm" or (r.temperature == 1 and r.top_p == 1),
-        "algo.correction needs the sampler's log-probs, which vLLM gives the trainer's way only "
-        "at rollout.temperature=1.0 and rollout.top_p=1.0: set those, or algo.correction.name="
-        "none",
-    )
-    need(0 <= a.cache_len < r.max_response_len, "algo.cache_len must be in [0, max_response_len)")
-    need(r.group_size >= 2, "rollout.group_size must be >= 2 (advantages need a group)")
-    need(0 < r.top_p <= 1, "rollout.top_p must be in (0, 1]")
-    need(0 < r.vllm_gpu_memory <= 1, "rollout.vllm_gpu_memory must be in (0, 1]")
-    need(r.temperature > 0, "rollout.temperature must be > 0")
-    need(
-        r.reward == "rule" or bool(r.reward_model),
-        "rollout.reward=model needs rollout.reward_model: a directory written by "
-        "`dapo reward-model train`",
-    )
-    need(
-        t.prompt_batch % t.mini_batch == 0,
-        f"train.prompt_batch ({t.prompt_batch}) must be a multiple of train.mini_batch "
-        f"({t.mini_batch})",
-    )
-    need(t.zero_stage in (1, 2, 3), "train.zero_stage must be 1, 2 or 3")
-    need(
-        t.rollout_ranks >= 0,
-        "train.rollout_ranks must be 0 (the trainer samples) or more: 1 rollout process beside "
-        "the trainer, or under a launcher that many of the world's ranks",
-    )
-    need(
-        t.rollout_ranks == 0 or r.backend == "hf",
-        "train.rollout_ranks=1 runs the hf sampler in its process; with rollout.backend=vllm "
-        "set train.rollout_ranks=0",
-    )
-    need(0 < d.decontam_threshold <= 1, "data.decontam_threshold must be in (0, 1]")
-    need(0 <= t.preflight_min_mixed <= 1, "train.preflight_min_mixed must be in [0, 1]")
-    probe = cfg.tracking.switch_probe
-    need(
-        probe is None or probe in UPDATE_SWITCHES,
-        f"tracking.switch_probe must be null or one of {', '.join(UPDATE_SWITCHES)}, got {probe!r}"
-        + (
-            " (dynamic sampling changes which groups are trained on, not the update made from "
-            "them: compare it across runs with dapo ablate)"
-            if probe == "dynamic_sampling"
-            else ""
-        ),
-    )
-    need(
-        cfg.tiny.num_heads % cfg.tiny.num_kv_heads == 0,
-        "tiny.num_heads must be a multiple of tiny.num_kv_heads",
-    )
-    need(
-        cfg.tiny.hidden_size % cfg.tiny.num_heads == 0,
-        "tiny.hidden_size must be a multiple of tiny.num_heads",
-    )
-    need(
-        cfg.tiny.warm_start_target < 1,
-        "tiny.warm_start_target must be below 1 (a validation accuracy to stop at; 0 = none)",
-    )
-    need(0 < e.top_p <= 1, "eval.top_p must be in (0, 1]")
-    need(all(k >= 1 for k in e.pass_ks), "eval.pass_ks must be positive")

@@ -106,7 +106,7 @@ def test_errors_name_where_the_value_came_from_and_suggest_keys(base, tmp_path):
 
 def test_every_bounded_key_exists(base):
     """The bounds table names real keys (a renamed key would silently escape its check)."""
-    from dapo_core.config_loader import AT_LEAST, POSITIVE
+    from dapo_core.config_checks import AT_LEAST, POSITIVE
 
     for key in [*AT_LEAST, *POSITIVE]:
         section, name = key.split(".")

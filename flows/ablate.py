@@ -63,7 +63,7 @@ from tasks.evaluation.ablation import ablation_table, mechanism_table
 from tasks.evaluation.task import evaluate_task
 from tasks.orchestration import (
     cancelled_when_interrupted,
-    crashed_if_killed,
+    crashed_when_killed,
     deferred_signals,
     run_logger,
 )
@@ -172,7 +172,7 @@ def ablate_run_flow(
 
 
 @flow(name="ablate")
-@crashed_if_killed()  # its own interrupt handling; a SIGKILL ends it CRASHED
+@crashed_when_killed  # its own interrupt handling; a SIGKILL ends it CRASHED
 def ablate_flow(
     params: str | None = None,
     config: list[str] | None = None,

@@ -53,7 +53,7 @@ from tasks.evaluation.comparison import (
     terminal_table,
 )
 from tasks.evaluation.task import evaluate_task
-from tasks.orchestration import crashed_if_killed, deferred_signals, run_logger
+from tasks.orchestration import crashed_when_killed, deferred_signals, run_logger
 from tasks.rundir import RunDir
 from tasks.training.task import train_task
 
@@ -93,7 +93,7 @@ def method_configs(cfg: Config, tuned: dict[str, list[str]], seed: int) -> dict[
 
 
 @flow(name="compare")
-@crashed_if_killed()  # its own interrupt handling; a SIGKILL ends it CRASHED
+@crashed_when_killed  # its own interrupt handling; a SIGKILL ends it CRASHED
 def compare_flow(
     params: str | None = None,
     config: list[str] | None = None,

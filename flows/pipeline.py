@@ -25,7 +25,7 @@ from flows import stages
 from flows.stages import default_run_name, load_config, preflight_if_new, run_dir_for
 from tasks.data.task import curate_task
 from tasks.evaluation.task import EvalSummary, evaluate_task
-from tasks.orchestration import cancelled_when_interrupted, crashed_if_killed
+from tasks.orchestration import cancelled_when_interrupted, crashed_when_killed
 from tasks.rundir import RunDir
 from tasks.training.task import TrainSummary, train_task
 
@@ -45,7 +45,7 @@ evaluate_flow = _stage_flow("evaluate", stages.evaluate)
 
 
 @flow(name="curate")
-@crashed_if_killed()  # its own interrupt handling; a SIGKILL ends it CRASHED
+@crashed_when_killed  # its own interrupt handling; a SIGKILL ends it CRASHED
 def curate_flow(
     params: str | None = None,
     config: list[str] | None = None,

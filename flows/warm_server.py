@@ -52,6 +52,7 @@ class Server:
         self.lock: int | None = None
         self.stopping, self.terminated, self.last_used = False, False, time.monotonic()
         self.fingerprint, self.context = fingerprint(), context_key()
+        self.env = dict(os.environ)  # as the context was keyed: imports may set variables
         self.modules: dict[str, int] = {}  # file -> mtime of what was imported
 
     def bind(self) -> bool:
@@ -149,7 +150,8 @@ class Server:
         """Why this process must not run the command (None: it may)."""
         if message.get("fingerprint") != self.fingerprint:
             return "its code or packages differ"
-        if message.get("context") != self.context:  # moved since it started (prlimit, cgroup)
+        # Its place now, not at start: a warm process moved since (prlimit, a cgroup) is stale.
+        if message.get("context") != self.context or context_key(self.env) != self.context:
             return "its context (environment, cgroup, limits, nice, groups) differs"
         if changed := [f for f, t in self.modules.items() if _mtime(f) != t]:
             return f"{changed[0]} changed since it was imported"

@@ -132,12 +132,22 @@ def _ensure_reaper() -> None:
     atexit.register(_close)
 
 
+def start_reaper() -> None:
+    """Start the reaper now (before a record that needs last words is made: a kill between the
+    two would leave it without). No reaper (it could not start) only loses the backstop."""
+    with _lock, contextlib.suppress(OSError):
+        _ensure_reaper()
+
+
 def _tell(line: str) -> None:
     with _lock:
         if not _reaper:
             if line.startswith(("-", "~")):  # nothing to take back from a reaper never started
                 return
-            _ensure_reaper()
+            try:
+                _ensure_reaper()
+            except OSError:  # no reaper: the command's own clean-up still runs
+                return
         try:
             _reaper[0].stdin.write(f"{line}\n".encode())
             _reaper[0].stdin.flush()
@@ -232,16 +242,27 @@ def _stop(pids: list[int], grace_s: float, group: bool = False) -> None:
     _signal(_alive(pids, group), signal.SIGKILL, group)
 
 
+def _is_reaper(pid: int) -> bool:
+    """Whether ``pid`` is a reaper (of a process a helper started: a sweep's flow run)."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return str(Path(__file__).resolve()).encode() in args
+
+
 def reap(helpers: dict[int, str], speaking: list[subprocess.Popen] = ()) -> None:
     """Stop the helpers still running as recorded (pid -> start time) and what descends from
     them: the descendants first, then (once the last words ``speaking`` are said) the helpers'
-    groups."""
+    groups. A descendant's own reaper is left to end with its command and say its words."""
     alive = [pid for pid, start in helpers.items() if start == "-" or start_time(pid) == start]
     if alive:
-        _stop([pid for pid in descendants(alive) if pid not in alive], LEAF_GRACE_S)
+        leaves = [p for p in descendants(alive) if p not in alive and not _is_reaper(p)]
+        _stop(leaves, LEAF_GRACE_S)
+    deadline = time.monotonic() + LAST_WORDS_TIMEOUT_S  # for all of them together
     for words in speaking:
         try:
-            words.wait(timeout=LAST_WORDS_TIMEOUT_S)
+            words.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             words.kill()
     if alive:
@@ -264,18 +285,23 @@ def main() -> None:
     helpers: dict[int, str] = {}
     words: dict[str, list[str]] = {}
     for raw in sys.stdin.buffer:
-        line = raw.decode().strip()
-        if line.startswith("+"):
-            pid, _, start = line[1:].partition(" ")
-            helpers[int(pid)] = start
-        elif line.startswith("-"):
-            helpers.pop(int(line[1:]), None)
-        elif line.startswith("@"):
-            key, _, argv = line[1:].partition(" ")
-            words[key] = json.loads(argv)
-        elif line.startswith("~"):
-            words.pop(line[1:], None)
+        with contextlib.suppress(ValueError):  # a torn line must not cost the helpers' reaping
+            _read(raw.decode(errors="replace").strip(), helpers, words)
     reap(helpers, say(words))
+
+
+def _read(line: str, helpers: dict[int, str], words: dict[str, list[str]]) -> None:
+    """One message of the command: +pid start / -pid (a helper), @key argv / ~key (words)."""
+    if line.startswith("+"):
+        pid, _, start = line[1:].partition(" ")
+        helpers[int(pid)] = start
+    elif line.startswith("-"):
+        helpers.pop(int(line[1:]), None)
+    elif line.startswith("@"):
+        key, _, argv = line[1:].partition(" ")
+        words[key] = json.loads(argv)
+    elif line.startswith("~"):
+        words.pop(line[1:], None)
 
 
 if __name__ == "__main__":

@@ -347,9 +347,9 @@ def crashed_if_killed() -> Iterator[None]:
 
 
 def crash_flow_run(api: str, run_id: str) -> bool:
-    """Set flow run ``run_id`` CRASHED through the Prefect API at ``api`` (standard library only:
-    these are a killed command's last words). Prefect's rules refuse it for a run that has
-    ended already. True when the server accepted it."""
+    """Set flow run ``run_id`` CRASHED through the Prefect API at ``api`` (a killed command's
+    last words, in a process of their own). Prefect's rules refuse it for a run that has ended
+    already. True when the server accepted it."""
     import json
     import urllib.request
 
@@ -361,7 +361,7 @@ def crash_flow_run(api: str, run_id: str) -> bool:
     request = urllib.request.Request(
         f"{api.rstrip('/')}/flow_runs/{run_id}/set_state",
         data=json.dumps({"state": state, "force": False}).encode(),
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", **_api_credentials()},
         method="POST",
     )
     try:
@@ -369,6 +369,47 @@ def crash_flow_run(api: str, run_id: str) -> bool:
             return json.loads(answer.read()).get("status") == "ACCEPT"
     except (OSError, ValueError):
         return False
+
+
+def crashed_when_killed(fn: F) -> F:
+    """For a flow's function that handles its interrupts itself (under ``@flow``):
+    :func:`crashed_if_killed` around each call."""
+
+    @functools.wraps(fn)  # type: ignore[arg-type]
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with crashed_if_killed():
+            return fn(*args, **kwargs)  # type: ignore[operator]
+
+    return _with_signature(wrapper, fn)
+
+
+def _with_signature(wrapper: Any, fn: Any) -> Any:
+    """``wrapper`` with ``fn``'s signature, its annotations evaluated where ``fn`` was written:
+    Prefect validates a flow's parameters from the signature, and resolves annotations left as
+    strings (``from __future__ import annotations``) in the wrapper's module, where ``Path`` or
+    a config type is not defined."""
+    import inspect
+
+    # a name only a type checker sees leaves the signature as it was
+    with contextlib.suppress(NameError, TypeError, SyntaxError):
+        wrapper.__signature__ = inspect.signature(fn, eval_str=True)
+    return wrapper
+
+
+def _api_credentials() -> dict[str, str]:
+    """The Authorization header Prefect's own client sends (an auth string first, else an API
+    key; none for a local server), from the settings: never on a command line."""
+    import base64
+
+    from prefect.settings import get_current_settings
+
+    api = get_current_settings().api
+    if api.auth_string:
+        token = base64.b64encode(api.auth_string.get_secret_value().encode()).decode()
+        return {"Authorization": f"Basic {token}"}
+    if api.key:
+        return {"Authorization": f"Bearer {api.key.get_secret_value()}"}
+    return {}
 
 
 def cancelled_when_interrupted(fn: F) -> F:
@@ -396,4 +437,4 @@ def cancelled_when_interrupted(fn: F) -> F:
 
             return Cancelled(message=message, data=TrainingInterrupted(message))
 
-    return wrapper  # type: ignore[return-value]
+    return _with_signature(wrapper, fn)

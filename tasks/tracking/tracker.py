@@ -185,6 +185,7 @@ class Tracker:
             self._leave_last_words()
             return self.run_id
 
+        lifetime.start_reaper()  # before the run exists: it must never stand without last words
         self.run_id = self._guard(f"creating a run in experiment {self.experiment}", create)
         if self.run_id and log_config:
             self.log_config(self.cfg)
@@ -196,9 +197,9 @@ class Tracker:
         def attach() -> str:
             self.client.get_run(run_id)  # raises if it does not exist in this store
             self.client.set_tag(run_id, OWNER_TAG, _owner())  # before anyone sees it running
-            self.client.update_run(run_id, status="RUNNING")
             self.run_id = run_id  # as in start_run: an interrupt held meanwhile can end it
-            self._leave_last_words()
+            self._leave_last_words()  # before it runs again: a kill after it leaves no RUNNING
+            self.client.update_run(run_id, status="RUNNING")
             return run_id
 
         self.run_id = self._guard(f"attaching to run {run_id}", attach)
@@ -228,8 +229,11 @@ class Tracker:
             return
         self.flush()
         self._retry_at = 0.0  # the last chance to record the status
-        self._guard("ending the run", lambda: self.client.set_terminated(self.run_id, status))
-        lifetime.take_back(f"mlflow:{self.run_id}")
+        ended = self._guard(
+            "ending the run", lambda: self.client.set_terminated(self.run_id, status) or True
+        )
+        if ended:  # else the reaper's words end it KILLED at exit, rather than never
+            lifetime.take_back(f"mlflow:{self.run_id}")
 
     def _leave_last_words(self) -> None:
         """Should this process be killed outright (SIGKILL, the OOM killer), its reaper ends the

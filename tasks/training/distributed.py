@@ -55,10 +55,11 @@ def init_distributed(device: str, rollout_ranks: int = 0) -> tuple[int, int]:
     the number of training ranks), a rollout rank (its index among the rollout ranks, their
     number)."""
     global _layout
+    if env_world_size() > 1 and device == "cpu":
+        _skip_shared_memory_op()  # before DeepSpeed's backend starts, here or in initialize()
     if env_world_size() > 1 and not dist.is_initialized():
         import deepspeed
 
-        _skip_shared_memory_op()
         deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
     if not (dist.is_available() and dist.is_initialized()):
         return 0, 1
@@ -74,7 +75,8 @@ def _skip_shared_memory_op() -> None:
     cores, into ~/.cache/torch_extensions, again whenever another virtualenv built it last, with
     concurrent launches queueing on one lock) for ``inference_all_reduce`` alone, which training
     never calls: gradients and our collectives go through torch.distributed. Marked unavailable in
-    DeepSpeed's own table of compatible ops, the backend skips it: no compiler needed."""
+    DeepSpeed's own table of compatible ops, the backend skips it: no compiler needed. Only on
+    CPU: on a GPU the backend never asks for it, and reading the table probes every op."""
     import deepspeed.ops
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False

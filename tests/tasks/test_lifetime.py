@@ -185,3 +185,42 @@ def test_last_words_are_said_once_the_command_is_killed_unless_taken_back(tmp_pa
     proc.wait()
     assert _wait_for(lambda: (tmp_path / "kept").exists(), 30)
     assert not (tmp_path / "taken").exists()
+
+
+# A helper whose own process (a sweep's flow run, say) keeps a record through its own reaper:
+# it leaves last words and has no SIGTERM handler, so only those words can end its record.
+HELPER_WITH_WORDS = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    leaf = '''
+    import sys, time
+    from tasks import lifetime
+    script = f"from pathlib import Path; Path({sys.argv[1]!r}).write_text('said')"
+    lifetime.last_words("record", [sys.executable, "-c", script])
+    print("leaf ready", flush=True)
+    while True:
+        time.sleep(0.1)
+    '''
+    subprocess.Popen([sys.executable, "-c", leaf, sys.argv[1]], start_new_session=True)
+    while True:
+        time.sleep(0.1)
+    """
+)
+
+
+def test_a_reaper_below_a_helper_is_left_to_say_its_words(tmp_path):
+    """The command's reaper stops what its helpers started, but not their own reapers: killed
+    with its process, a flow run's reaper still ends the flow run's records."""
+    record = tmp_path / "said"
+    cmd = [sys.executable, "-c", COMMAND, HELPER_WITH_WORDS, str(record), "watch"]
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=root)
+    lines = [proc.stdout.readline().strip() for _ in range(2)]
+    assert "leaf ready" in lines, lines
+    helper = int(next(line for line in lines if line.isdigit()))
+    below = lifetime.descendants([helper])  # the leaf and its reaper
+    assert len(below) == 2 and sum(map(lifetime._is_reaper, below)) == 1
+    proc.kill()
+    proc.wait()
+    assert _wait_for(lambda: record.exists(), 30)
+    assert _wait_for(lambda: not any(map(_alive, [helper, *below])), 30)

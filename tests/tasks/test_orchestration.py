@@ -1,6 +1,8 @@
 """Stages and flows without a Prefect server (``tasks.orchestration.without_prefect``): the
 same retry policy and the same interrupt outcome as under Prefect, and no Prefect call."""
 
+from pathlib import Path
+
 import pytest
 from prefect import flow
 
@@ -73,3 +75,24 @@ def test_an_interrupted_flow_raises_its_message_without_prefect(monkeypatch):
         assert call_flow(fine, x=1) == 2
         with pytest.raises(TrainingInterrupted, match="stopped by a signal"):
             call_flow(interrupted)
+
+
+def test_a_wrapped_flow_validates_parameters_annotated_in_its_own_module():
+    """Prefect validates a flow's parameters from its signature and resolves string annotations
+    (``from __future__ import annotations``) where the function was written: a wrapper's module
+    does not define ``Path``, so the wrappers carry the signature evaluated in the flow's."""
+    from tasks.orchestration import cancelled_when_interrupted, crashed_when_killed
+
+    namespace: dict = {}
+    source = (
+        "from __future__ import annotations\n"
+        "from pathlib import Path\n"
+        "def fn(where: Path, n: int = 1) -> int:\n"
+        "    return n\n"
+    )
+    exec(compile(source, "<flow module>", "exec"), namespace)
+    for wrap in (cancelled_when_interrupted, crashed_when_killed):
+        checked = flow(name="wrapped")(wrap(namespace["fn"])).validate_parameters(
+            {"where": "/tmp", "n": "2"}
+        )
+        assert checked == {"where": Path("/tmp"), "n": 2}

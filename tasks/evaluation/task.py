@@ -14,11 +14,12 @@ from typing import Any
 from dapo_core import metric_names as metric
 from dapo_core.config import Config
 from dapo_core.errors import TrainingInterrupted
+from tasks.data.eval_sets import SYNTHETIC_TEST
 from tasks.data.version import pairs_digest
 from tasks.evaluation.evaluate import evaluate_model
 from tasks.orchestration import deferred_signals, interrupts, run_logger, stage_task
 from tasks.rundir import RunDir
-from tasks.tracking.provenance import run_tags
+from tasks.tracking.provenance import data_source, run_tags
 from tasks.tracking.tracker import Tracker
 
 
@@ -99,11 +100,14 @@ def _log_evaluation(
 ) -> None:
     """The evaluation's tags, metrics (at ``step``), tables and curve, to the tracker's run."""
     pp = result.per_problem
+    digest = pairs_digest(zip(pp["problem_id"], pp["answer"], strict=True))
+    source = {**data_source(cfg), "split": "test"} if name == SYNTHETIC_TEST else {"eval_set": name}
+    tracker.log_datasets([(name, digest, "evaluation", source)])
     tracker.set_tags(
         {
             "eval.set": name,
             "eval.model": model_path or cfg.model.name_or_path,
-            "data.eval_digest": pairs_digest(zip(pp["problem_id"], pp["answer"], strict=True)),
+            "data.eval_digest": digest,
             "eval.answer_format": result.scoring["eval/answer_format"],
             "eval.equivalence": result.scoring["eval/equivalence"],
             **(extra_tags or {}),

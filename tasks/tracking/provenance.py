@@ -5,6 +5,7 @@ reproduced from MLflow alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from dapo_core.ablation import (
     apply_variant,
 )
 from dapo_core.config import Config
-from tasks.data.version import data_version
+from tasks.data.version import data_version, dvc_outputs, tracked_md5
 from tasks.models.resolve import model_md5
 from tasks.params import REPO_ROOT
 from tasks.runtime import kernel_tags
@@ -88,6 +89,20 @@ def data_version_of(cfg: Config) -> str:
     if cfg.data.source.startswith("synthetic:"):
         return GENERATED + cfg.data.source
     return data_version()
+
+
+def data_source(cfg: Config) -> dict[str, str]:
+    """Where a run's problems come from, as its MLflow datasets record it: the generator and its
+    settings for an embedded task, else the DVC-tracked path, its md5 and the data version."""
+    if cfg.data.source.startswith("synthetic:"):
+        settings = dataclasses.asdict(cfg.synthetic)
+        return {
+            "generator": cfg.data.source,
+            **{f"synthetic.{k}": str(v) for k, v in settings.items()},
+        }
+    path = Path(cfg.data.source)
+    md5 = tracked_md5(path) or dvc_outputs().get(cfg.data.source) or "not tracked by DVC"
+    return {"path": cfg.data.source, "dvc.md5": md5, "data.version": data_version()}
 
 
 def run_tags(cfg: Config, kind: str, variant: str | None = None, **extra: Any) -> dict[str, str]:

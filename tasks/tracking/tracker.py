@@ -254,6 +254,30 @@ class Tracker:
         else:
             self.end("FAILED")
 
+    def log_datasets(self, datasets: list[tuple[str, str, str, Mapping[str, str]]]) -> None:
+        """Each ``(name, digest, context, source)`` as one of the run's MLflow dataset inputs
+        (the runs table's Dataset column and filter): ``context`` training, validation or
+        evaluation; ``digest`` the content digest of its problems, so two runs on other data
+        differ there; ``source`` where they came from (``provenance.data_source``)."""
+
+        def write() -> None:
+            from mlflow.data.code_dataset_source import CodeDatasetSource
+            from mlflow.data.meta_dataset import MetaDataset
+            from mlflow.entities import DatasetInput, InputTag
+            from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+            inputs = [
+                DatasetInput(
+                    MetaDataset(CodeDatasetSource(dict(source)), name, digest)._to_mlflow_entity(),
+                    [InputTag(MLFLOW_DATASET_CONTEXT, context)],
+                )
+                for name, digest, context, source in datasets
+            ]
+            self.client.log_inputs(self.run_id, datasets=inputs)
+
+        if self.active:
+            self._guard("logging the run's datasets", write)
+
     # -- params and tags ---------------------------------------------------------------------
 
     def log_params(self, params: Mapping[str, Any]) -> None:

@@ -25,7 +25,7 @@ from tasks.models.resolve import resolve_model_path
 from tasks.orchestration import deferred_signals, interrupts, run_logger, stage_task
 from tasks.rundir import RunDir
 from tasks.runtime import configure_torch
-from tasks.tracking.provenance import run_tags
+from tasks.tracking.provenance import data_source, run_tags
 from tasks.tracking.tracker import Tracker
 from tasks.training.preflight import PreflightResult
 from tasks.training.run import run_training
@@ -178,6 +178,13 @@ def _train(
     try:  # every way out of here ends the MLflow run: FINISHED, KILLED or FAILED
         if track:
             tracker.start_or_resume(rd, run_name or rd.name, tags, parent_run_id)
+            source = data_source(cfg)
+            tracker.log_datasets(
+                [
+                    (f"{cfg.data.source} train", digests["data.train_digest"], "training", source),
+                    (f"{cfg.data.source} val", digests["data.val_digest"], "validation", source),
+                ]
+            )
         if preflight is not None:  # what the starting policy could learn from, at step 0
             tracker.log_metrics(preflight.metrics(), 0)
             tracker.log_table(preflight.samples, "preflight/samples.json")

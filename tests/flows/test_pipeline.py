@@ -42,6 +42,20 @@ def test_pipeline_logs_train_and_eval_to_one_run(pipeline_run, flow_cfg):
     # a generated task reads no DVC output: its data.version says so, its digests identify it
     assert tags["data.version"] == "generated:synthetic:arith"
     assert tags["data.train_digest"] and tags["data.val_digest"] and tags["data.eval_digest"]
+    # ... and MLflow's own dataset inputs carry them (the runs table's Dataset column)
+    inputs = MlflowClient(store.tracking_uri(flow_cfg)).get_run(run["run_id"]).inputs
+    logged = {
+        next(t.value for t in d.tags if t.key == "mlflow.data.context"): d.dataset
+        for d in inputs.dataset_inputs
+    }
+    assert {c: logged[c].digest for c in logged} == {
+        "training": tags["data.train_digest"],
+        "validation": tags["data.val_digest"],
+        "evaluation": tags["data.eval_digest"],
+    }
+    source = json.loads(logged["training"].source)
+    assert source["tags"]["generator"] == "synthetic:arith"
+    assert source["tags"]["synthetic.num_train"] == str(flow_cfg.synthetic.num_train)
     # (others may commit meanwhile: check the form, not today's HEAD)
     assert re.fullmatch(r"[0-9a-f]{40}|unknown", tags["git.commit"])
     assert tags["git.dirty"] in ("true", "false", "unknown")

@@ -529,3 +529,18 @@ def test_a_run_whose_process_is_killed_outright_ends_killed(tmp_path):
     while client.get_run(run_id).info.status == "RUNNING" and time.monotonic() < deadline:
         time.sleep(0.2)
     assert client.get_run(run_id).info.status == "KILLED"
+
+
+def test_a_run_s_data_source_names_the_generator_or_the_dvc_tracked_file(tiny_cfg, tmp_path):
+    generated = provenance.data_source(tiny_cfg)
+    assert generated["generator"] == tiny_cfg.data.source
+    assert generated["synthetic.num_train"] == str(tiny_cfg.synthetic.num_train)
+    data = tmp_path / "curated.parquet"
+    data.write_bytes(b"rows")
+    cfg = resolve(tiny_cfg.to_dict(), overrides=[f"data.source={data}"])
+    assert provenance.data_source(cfg)["dvc.md5"] == "not tracked by DVC"
+    (tmp_path / "curated.parquet.dvc").write_text(
+        f"outs:\n- md5: 0123456789abcdef0123456789abcdef\n  path: {data.name}\n"
+    )
+    tracked = provenance.data_source(cfg)
+    assert tracked["path"] == str(data) and tracked["dvc.md5"] == "0123456789abcdef0123456789abcdef"

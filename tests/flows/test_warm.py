@@ -231,7 +231,8 @@ def test_a_warm_process_runs_commands_as_a_cold_start_would(tiny_cfg, tmp_path, 
     the terminal's signals reach the command as a cold one's (a SIGHUP ignored under nohup,
     Ctrl-Z stops and SIGCONT continues it, Ctrl-C ends it: exit 130, 'interrupted'); a command
     from another context (here: under `ulimit -v`) runs cold and leaves the warm process of
-    this one running."""
+    this one running; SIGKILL of a command's client ends the command, and SIGKILL of the warm
+    process mid-command ends its child with its MLflow run KILLED."""
     params = tmp_path / "params.json"
     params.write_text(json.dumps(resolve(tiny_cfg.to_dict()).to_dict()))
     base = ["train", "--params", str(params), "--no-track"]
@@ -293,6 +294,39 @@ def test_a_warm_process_runs_commands_as_a_cold_start_would(tiny_cfg, tmp_path, 
     assert cold.returncode == 0, out
     assert len(_served(log)) == 6  # not run warm: another context
     assert warm.status(timeout=10)["pid"] == ready["pid"]  # which left this one be
+
+    # Killed outright (SIGKILL: the OOM killer, a scheduler past its grace period), the
+    # command's client takes its command with it: the warm process stops the child it ran.
+    orphan, child = _training(base, tmp_path / "orphan", log)
+    os.kill(orphan.pid, signal.SIGKILL)
+    orphan.wait()
+    assert _wait_gone(child, 30)
+
+    # The warm process killed outright mid-command: its child gets SIGTERM (Linux's
+    # parent-death signal), ends its MLflow run KILLED, and the client says so in one line.
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracked = [a for a in base if a != "--no-track"] + ["-S", f"tracking.tracking_uri={uri}"]
+    last, child = _training(tracked, tmp_path / "last", log)
+    os.kill(ready["pid"], signal.SIGKILL)
+    out, _ = last.communicate(timeout=60)
+    assert last.returncode == 1 and "the warm process ended while running this command" in out
+    assert _wait_gone(child, 30) and _wait_gone(ready["pid"], 30)
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert [r.info.status for r in runs] == ["KILLED"], out
+
+
+def _training(args: list[str], run: Path, log: Path) -> tuple[subprocess.Popen, int]:
+    """A long ``dapo train`` through the warm process, once its first step is logged: its
+    client, and the pid of the warm process's child that runs it."""
+    proc = _dapo([*args, "--run-dir", str(run), "-S", "train.steps=500"], run.parent)
+    deadline = time.monotonic() + 60
+    while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").stat().st_size):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+        time.sleep(0.1)
+    return proc, int(_served(log)[-1].split()[1].rstrip(":"))
 
 
 @pytest.mark.slow

@@ -156,8 +156,16 @@ def trial_home(scratch: Path, trial: Trial) -> Path:
     return scratch / f"prefect-{trial.command}-{trial.phase}-{trial.sig}-{trial.to}"
 
 
-def run_trial(trial: Trial, scratch: Path, model: Path, uri: str, extra: list[str] = ()) -> Outcome:
-    """Run ``trial`` (``extra``: arguments every command gets, e.g. ``--params FILE``)."""
+def run_trial(
+    trial: Trial,
+    scratch: Path,
+    model: Path,
+    uri: str,
+    extra: list[str] = (),
+    settle_s: float = SETTLE_S,
+) -> Outcome:
+    """Run ``trial`` (``extra``: arguments every command gets, e.g. ``--params FILE``; after a
+    SIGKILL, wait up to ``settle_s`` for the reaper)."""
     home = trial_home(scratch, trial)
     log = home.with_suffix(".log")
     env = {
@@ -200,7 +208,7 @@ def run_trial(trial: Trial, scratch: Path, model: Path, uri: str, extra: list[st
         seconds = time.monotonic() - t0
         time.sleep(0.5)  # what the command stopped is given a moment to go
         if sig == signal.SIGKILL:
-            _settle(home, uri, since_ms)
+            _settle(home, uri, since_ms, settle_s)
         text = log.read_text(errors="replace")
         lines = [ln for ln in text.splitlines() if ln.strip()]
         return Outcome(
@@ -220,10 +228,10 @@ def run_trial(trial: Trial, scratch: Path, model: Path, uri: str, extra: list[st
                 os.kill(left, signal.SIGKILL)
 
 
-def _settle(home: Path, uri: str, since_ms: int) -> None:
-    """Wait (up to ``SETTLE_S``) for a killed command's reaper: nothing of it running, no
+def _settle(home: Path, uri: str, since_ms: int, settle_s: float) -> None:
+    """Wait (up to ``settle_s``) for a killed command's reaper: nothing of it running, no
     MLflow or Prefect run of it left live."""
-    deadline = time.monotonic() + SETTLE_S
+    deadline = time.monotonic() + settle_s
     while time.monotonic() < deadline:
         records = mlflow_statuses(uri, since_ms) + prefect_states(home)
         if not processes_of(home) and not any(s in LIVE for s in records):

@@ -300,7 +300,7 @@ def test_a_warm_process_runs_commands_as_a_cold_start_would(tiny_cfg, tmp_path, 
     orphan, child = _training(base, tmp_path / "orphan", log)
     os.kill(orphan.pid, signal.SIGKILL)
     orphan.wait()
-    assert _wait_gone(child, 30)
+    assert _wait_gone(child, 60)
 
     # The warm process killed outright mid-command: its child gets SIGTERM (Linux's
     # parent-death signal), ends its MLflow run KILLED, and the client says so in one line.
@@ -310,7 +310,7 @@ def test_a_warm_process_runs_commands_as_a_cold_start_would(tiny_cfg, tmp_path, 
     os.kill(ready["pid"], signal.SIGKILL)
     out, _ = last.communicate(timeout=60)
     assert last.returncode == 1 and "the warm process ended while running this command" in out
-    assert _wait_gone(child, 30) and _wait_gone(ready["pid"], 30)
+    assert _wait_gone(child, 60) and _wait_gone(ready["pid"], 60)
     from mlflow import MlflowClient
 
     client = MlflowClient(uri)

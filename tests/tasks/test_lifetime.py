@@ -14,12 +14,22 @@ from tasks import lifetime
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 
-# A helper that, like a Prefect worker, starts a process of its own in another session (a flow
-# run), which records how it ended when it is asked to stop.
-HELPER = textwrap.dedent(
+
+def _helper(leaf: str) -> str:
+    """A helper that, like a Prefect worker, starts a process of its own (``leaf``, a flow run)
+    in another session, then waits."""
+    return (
+        "import subprocess, sys, time\n"
+        f"leaf = {textwrap.dedent(leaf)!r}\n"
+        "subprocess.Popen([sys.executable, '-c', leaf, sys.argv[1]], start_new_session=True)\n"
+        "while True:\n"
+        "    time.sleep(0.1)\n"
+    )
+
+
+# Its flow run records how it ended when it is asked to stop.
+HELPER = _helper(
     """
-    import signal, subprocess, sys, time
-    leaf = '''
     import signal, sys, time
     from pathlib import Path
     def stop(*_):
@@ -27,10 +37,6 @@ HELPER = textwrap.dedent(
         sys.exit(0)
     signal.signal(signal.SIGTERM, stop)
     print("leaf ready", flush=True)
-    while True:
-        time.sleep(0.1)
-    '''
-    subprocess.Popen([sys.executable, "-c", leaf, sys.argv[1]], start_new_session=True)
     while True:
         time.sleep(0.1)
     """
@@ -68,10 +74,10 @@ def _wait_for(predicate, timeout_s: float) -> bool:
     return predicate()
 
 
-def _start(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, int, Path]:
+def _start(tmp_path: Path, mode: str, helper: str = HELPER) -> tuple[subprocess.Popen, int, Path]:
     """The command, its helper's pid once the helper's own process runs, the leaf's record."""
     record = tmp_path / "leaf-ended"
-    cmd = [sys.executable, "-c", COMMAND, HELPER, str(record), mode]
+    cmd = [sys.executable, "-c", COMMAND, helper, str(record), mode]
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=root)
     # The helper's pid (the command's line) and "leaf ready" (the leaf's, once it handles
@@ -189,19 +195,13 @@ def test_last_words_are_said_once_the_command_is_killed_unless_taken_back(tmp_pa
 
 # A helper whose own process (a sweep's flow run, say) keeps a record through its own reaper:
 # it leaves last words and has no SIGTERM handler, so only those words can end its record.
-HELPER_WITH_WORDS = textwrap.dedent(
+HELPER_WITH_WORDS = _helper(
     """
-    import subprocess, sys, time
-    leaf = '''
     import sys, time
     from tasks import lifetime
     script = f"from pathlib import Path; Path({sys.argv[1]!r}).write_text('said')"
     lifetime.last_words("record", [sys.executable, "-c", script])
     print("leaf ready", flush=True)
-    while True:
-        time.sleep(0.1)
-    '''
-    subprocess.Popen([sys.executable, "-c", leaf, sys.argv[1]], start_new_session=True)
     while True:
         time.sleep(0.1)
     """
@@ -211,13 +211,7 @@ HELPER_WITH_WORDS = textwrap.dedent(
 def test_a_reaper_below_a_helper_is_left_to_say_its_words(tmp_path):
     """The command's reaper stops what its helpers started, but not their own reapers: killed
     with its process, a flow run's reaper still ends the flow run's records."""
-    record = tmp_path / "said"
-    cmd = [sys.executable, "-c", COMMAND, HELPER_WITH_WORDS, str(record), "watch"]
-    root = Path(__file__).resolve().parents[2]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=root)
-    lines = [proc.stdout.readline().strip() for _ in range(2)]
-    assert "leaf ready" in lines, lines
-    helper = int(next(line for line in lines if line.isdigit()))
+    proc, helper, record = _start(tmp_path, "watch", HELPER_WITH_WORDS)
     below = lifetime.descendants([helper])  # the leaf and its reaper
     assert len(below) == 2 and sum(map(lifetime._is_reaper, below)) == 1
     proc.kill()

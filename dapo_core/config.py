@@ -120,6 +120,11 @@ class TinyModelConfig:
     """Validation avg@k (``eval`` sampling settings) at which the warm start stops: the model
     then starts RL at the same accuracy whatever its seed or CPU, instead of wherever a fixed
     step count leaves a steep learning curve. 0 runs all ``warm_start_steps``."""
+    warm_start_window: float
+    """How far above ``warm_start_target`` a check may land and still stop the warm start; a
+    check further above goes on training to a later one inside the window. The validation score
+    jumps by 0.1 between two checks near the target on a steep curve, and a seed stopped on such
+    a jump starts RL well above the others. 0: any check at or above the target stops it."""
     warm_start_eval_every: int
     """Supervised steps between two checks of ``warm_start_target``."""
     warm_start_lr: float

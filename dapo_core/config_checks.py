@@ -51,6 +51,7 @@ AT_LEAST: dict[str, float] = {
             "data.val_size",
             "tiny.warm_start_steps",
             "tiny.warm_start_target",
+            "tiny.warm_start_window",
             "model.warm_start_steps",
             "algo.overlong_penalty_factor",
             "train.warmup_steps",

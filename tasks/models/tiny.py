@@ -166,16 +166,19 @@ def build_tiny(cfg: Config) -> Path:
         stop = None
         if t.warm_start_target > 0:
             score = warm_start.validation_score(cfg, data.val)
-            stop = warm_start.StopRule(t.warm_start_target, t.warm_start_eval_every, score)
+            every, window = t.warm_start_eval_every, t.warm_start_window
+            stop = warm_start.StopRule(t.warm_start_target, every, score, window)
         steps, lr, batch = t.warm_start_steps, t.warm_start_lr, t.warm_start_batch
         result = warm_start.warm_start(into, data.train, steps, lr, batch, t.seed, stop)
-        if stop and not result.reached(stop.target):
+        if stop and not result.landed(stop):
             log.warning(
                 "embedded model: the warm start ended at validation avg@k %.3f after %d steps, "
-                "below tiny.warm_start_target %.3f; raise tiny.warm_start_steps to reach it",
+                "outside tiny.warm_start_target %.3f (window %.3f); raise "
+                "tiny.warm_start_steps to reach it",
                 result.checks[-1][1],
                 result.steps,
                 stop.target,
+                stop.window,
             )
         return {"warm_start": result.record()}
 

@@ -56,12 +56,21 @@ def sft_batch(tokenizer, problems: list[Problem]) -> dict[str, torch.Tensor]:
 
 @dataclass(frozen=True)
 class StopRule:
-    """End the warm start once ``score(model, tokenizer)`` (a validation accuracy) reaches
-    ``target``, checked every ``every`` steps and after the last one."""
+    """End the warm start once ``score(model, tokenizer)`` (a validation accuracy) lands in
+    [``target``, ``target + window``], checked every ``every`` steps and after the last one.
+
+    The upper edge is for a steep, noisy curve: near the target the score can jump by 0.1
+    between two checks, and a seed stopped on such a jump starts well above the seeds that
+    stopped just past the target; it trains on to a later check inside the window instead.
+    ``window`` 0 has no upper edge."""
 
     target: float
     every: int
     score: Callable[[Any, Any], float]
+    window: float = 0.0
+
+    def lands(self, score: float) -> bool:
+        return score >= self.target and (self.window <= 0 or score <= self.target + self.window)
 
 
 @dataclass(frozen=True)
@@ -73,8 +82,9 @@ class WarmStartResult:
     def steps(self) -> int:
         return len(self.losses)
 
-    def reached(self, target: float) -> bool:
-        return bool(self.checks) and self.checks[-1][1] >= target
+    def landed(self, rule: StopRule) -> bool:
+        """Whether the last check stopped the warm start (not its step budget)."""
+        return bool(self.checks) and rule.lands(self.checks[-1][1])
 
     def record(self) -> dict[str, Any]:
         """What a build record keeps of the warm start."""
@@ -96,8 +106,8 @@ def warm_start(
     stop: StopRule | None = None,
 ) -> WarmStartResult:
     """Train ``model_dir`` in place for ``steps`` supervised steps on batches drawn from ``train``
-    (the training split, answered in the DAPO format), or fewer when ``stop`` says it reached its
-    target."""
+    (the training split, answered in the DAPO format), or fewer when a check of ``stop`` lands
+    on its target."""
     transformers = transformers_quietly()
     tokenizer = load_tokenizer(model_dir)
     if tokenizer.pad_token is None:
@@ -123,7 +133,7 @@ def warm_start(
                 model.eval()
                 checks.append((step, stop.score(model, tokenizer)))
                 progress.update(bar, description=f"warm start val {checks[-1][1]:.3f}")
-                if checks[-1][1] >= stop.target:
+                if stop.lands(checks[-1][1]):
                     break
     model.save_pretrained(model_dir)
     return WarmStartResult(losses, checks)

@@ -3,6 +3,7 @@ used without a build, released by `dapo model build --ship`; and the warm start'
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -111,7 +112,35 @@ def test_the_warm_start_stops_at_the_first_check_on_target(tiny_cfg, tmp_path):
         _fresh_copy(tiny_cfg, tmp_path, "a"), train, 20, 1e-3, 4, 0, rule
     )
     assert result.steps == 9 and result.checks == [(3, 0.1), (6, 0.2), (9, 0.5)]
-    assert result.reached(0.5) and not result.reached(0.6)
+    assert result.landed(rule) and not result.landed(dataclasses.replace(rule, target=0.6))
+
+
+def test_a_check_that_jumps_past_the_window_trains_on(tiny_cfg, tmp_path):
+    """0.6 is past the target 0.5 but above its window (0.5 + 0.05): training goes on to the
+    next check inside it, not to the step budget."""
+    scores = iter([0.2, 0.6, 0.7, 0.52, 0.51])
+    rule = warm_start.StopRule(0.5, 2, lambda model, tok: next(scores), window=0.05)
+    train = splits(tiny_cfg).train
+    result = warm_start.warm_start(
+        _fresh_copy(tiny_cfg, tmp_path, "w"), train, 20, 1e-3, 4, 0, rule
+    )
+    assert result.checks == [(2, 0.2), (4, 0.6), (6, 0.7), (8, 0.52)] and result.steps == 8
+    assert result.landed(rule)
+
+
+@pytest.mark.parametrize(
+    "score, window, lands",
+    [
+        (0.49, 0.0, False),
+        (0.5, 0.0, True),
+        (0.99, 0.0, True),
+        (0.55, 0.05, True),
+        (0.56, 0.05, False),
+    ],
+)
+def test_a_check_lands_between_the_target_and_its_window(score, window, lands):
+    rule = warm_start.StopRule(0.5, 10, lambda model, tok: score, window)
+    assert rule.lands(score) is lands
 
 
 def test_checks_do_not_change_what_the_warm_start_trains(tiny_cfg, tmp_path):
@@ -152,7 +181,11 @@ def test_a_build_that_misses_its_target_says_how_to_reach_it(tiny_cfg, tmp_path,
 
 @pytest.mark.parametrize(
     "override, message",
-    [("tiny.warm_start_target=1", "below 1"), ("tiny.warm_start_eval_every=0", ">= 1")],
+    [
+        ("tiny.warm_start_target=1", "below 1"),
+        ("tiny.warm_start_eval_every=0", ">= 1"),
+        ("tiny.warm_start_window=-0.1", ">= 0"),
+    ],
 )
 def test_stop_rule_settings_are_checked(tiny_cfg, override, message):
     with pytest.raises(ConfigError, match=message):

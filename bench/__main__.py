@@ -18,7 +18,7 @@ Each section compares against a baseline measured in the same run and prints its
 10. the portable kernels every command pins against each library's own choice for this CPU
     (``bench.kernels``).
 
-Not here, for their length: ``bench.ladder_check`` (a README table from a fresh sweep) and
+Not here, for their length: ``bench.ladder_check`` (a docs/results.md table from a fresh sweep) and
 ``bench.build_seeds`` (where the embedded model's build lands for several build seeds).
 
 ``--quick`` runs fewer repeats (for a smoke check, not for figures to quote).
@@ -32,7 +32,7 @@ import importlib.util
 
 import torch
 
-# Section -> arguments for --quick (the defaults give the figures quoted in BENCHMARKS.md).
+# Section -> arguments for --quick (the defaults give the figures quoted in docs/benchmarks.md).
 QUICK_ARGS = {
     "reward": ["--n", "1000", "--repeats", "3"],
     "generation": ["--repeats", "2"],

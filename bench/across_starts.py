@@ -5,7 +5,7 @@ starting checkpoint, e.g. ``-S tiny.seed=1 -S tiny.shipped=false``).
 For each variant: its avg@8 from each start and its paired difference with the row it is compared
 with (``delta_vs``), and whether that difference has the same sign from every start, and is
 distinguishable from zero from every start. For each mechanism signal (``mechanisms.csv``):
-whether it moved as the paper says from every start. Prints markdown tables for the README.
+whether it moved as the paper says from every start. Prints markdown tables for docs/results.md.
 """
 
 from __future__ import annotations

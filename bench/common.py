@@ -51,7 +51,7 @@ def parser(doc: str) -> argparse.ArgumentParser:
         help="P prompts x G samples x L tokens, e.g. 16x8x16",
     )
     ap.add_argument(
-        "--threads", type=positive_int, default=1, help="torch threads (1: see BENCHMARKS.md)"
+        "--threads", type=positive_int, default=1, help="torch threads (1: see docs/benchmarks.md)"
     )
     return ap
 

@@ -1,5 +1,6 @@
-"""Check the README's chain tables from a fresh clone: ``python -m bench.ladder_check`` (the
-Table 1 ladder) or ``python -m bench.ladder_check --table algorithms`` (the eight algorithms).
+"""Check the chain tables of docs/results.md from a fresh clone: ``python -m bench.ladder_check``
+(the Table 1 ladder) or ``python -m bench.ladder_check --table algorithms`` (the eight
+algorithms).
 
 Does what a new user would, in a scratch directory with its own MLflow store, run directory and
 Prefect home, so nothing cached here (queued runs, an earlier build) takes part:
@@ -7,12 +8,12 @@ Prefect home, so nothing cached here (queued runs, an earlier build) takes part:
 1. the reference run (``dapo model check``'s: 5 RL steps from the shipped chain checkpoint),
    whose final weights this machine reproduces bit for bit when its kernels are pinned
    (``tasks.determinism``); it says which if not;
-2. the README's sweep (``dapo ablate -c configs/chain.yaml --seeds 0,1,2,3,4``, with the
+2. the page's sweep (``dapo ablate -c configs/chain.yaml --seeds 0,1,2,3,4``, with the
    table's variants) from the same shipped checkpoint: nothing is built;
-3. each row beside the README's value, whether that value lies in the sweep's 95% CI, and
+3. each row beside the page's value, whether that value lies in the sweep's 95% CI, and
    whether it is the same value (it is, on pinned kernels: the same bits).
 
-Exits 0 when every README value lies in the sweep's CI. Ctrl-C (or SIGTERM) stops the sweep as
+Exits 0 when every published value lies in the sweep's CI. Ctrl-C (or SIGTERM) stops the sweep as
 Ctrl-C stops ``dapo ablate`` (its runs end KILLED, its workers and server stop) and exits 130;
 ``--keep`` keeps the scratch directory.
 """
@@ -36,17 +37,20 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAIN = ROOT / "configs" / "chain.yaml"
-README_ROW = re.compile(r"^\| `([+\w]+)` \| (?:\*\*)?([0-9.]+) \(([0-9.]+)-([0-9.]+)\)(?:\*\*)? \|")
+RESULTS = ROOT / "docs" / "results.md"  # the published tables
+RESULTS_ROW = re.compile(
+    r"^\| `([+\w]+)` \| (?:\*\*)?([0-9.]+) \(([0-9.]+)-([0-9.]+)\)(?:\*\*)? \|"
+)
 STOP_WAIT_S = 120.0  # what the sweep's own clean-up may take before it is killed
 PR_SET_PDEATHSIG = 1
 
 
-def readme_tables(readme: Path = ROOT / "README.md") -> list[dict[str, float]]:
-    """Every table of the README with rows of the form ``| `variant` | 0.802 (0.772-0.834) |``:
-    ``{variant: avg@8}`` each, in the README's order."""
+def results_tables(page: Path = RESULTS) -> list[dict[str, float]]:
+    """Every table of ``page`` with rows of the form ``| `variant` | 0.802 (0.772-0.834) |``:
+    ``{variant: avg@8}`` each, in the page's order."""
     tables: list[dict[str, float]] = [{}]
-    for line in readme.read_text().splitlines():
-        m = README_ROW.match(line)
+    for line in page.read_text().splitlines():
+        m = RESULTS_ROW.match(line)
         if m:
             tables[-1][m.group(1)] = float(m.group(2))
         elif tables[-1]:
@@ -54,17 +58,17 @@ def readme_tables(readme: Path = ROOT / "README.md") -> list[dict[str, float]]:
     return [t for t in tables if t]
 
 
-def readme_table(which: str, readme: Path = ROOT / "README.md") -> dict[str, float]:
-    """The README's first chain table of ``which`` kind: ``ladder`` (its variants are the Table 1
-    rungs) or ``algorithms`` (its variants are algorithm presets, ``dapo`` first)."""
+def results_table(which: str, page: Path = RESULTS) -> dict[str, float]:
+    """The first chain table of ``which`` kind on ``page``: ``ladder`` (its variants are the
+    Table 1 rungs) or ``algorithms`` (its variants are algorithm presets, ``dapo`` first)."""
     from dapo_core.ablation import ABLATION_LADDER, ALGORITHM_PRESETS
 
-    for rows in readme_tables(readme):
+    for rows in results_tables(page):
         if which == "ladder" and list(rows) == list(ABLATION_LADDER):
             return rows
         if which == "algorithms" and len(rows) > 1 and set(rows) <= set(ALGORITHM_PRESETS):
             return rows
-    raise SystemExit(f"no {which} table found in {readme}")
+    raise SystemExit(f"no {which} table found in {page}")
 
 
 def _die_with_parent() -> None:
@@ -75,7 +79,7 @@ def _die_with_parent() -> None:
 
 
 def run_sweep(scratch: Path, variants: list[str], seeds: str, workers: int) -> Path:
-    """The README's sweep in ``scratch``; returns the sweep's directory (ablation.csv)."""
+    """The published sweep in ``scratch``; returns the sweep's directory (ablation.csv)."""
     env = {
         **os.environ,
         "PREFECT_HOME": str(scratch / "prefect"),  # the rest of dapo's defaults: flows.environment
@@ -117,12 +121,13 @@ def stop(child: subprocess.Popen) -> None:
         child.wait()
 
 
-def compare(table: pd.DataFrame, readme: dict[str, float]) -> int:
-    """Print the sweep against the README; the number of README values outside the sweep's CI."""
+def compare(table: pd.DataFrame, published: dict[str, float]) -> int:
+    """Print the sweep against the published table; the number of its values outside the
+    sweep's CI."""
     misses = 0
-    print(f"{'variant':22} {'README':>8} {'this sweep [95% CI]':>26}  within  same to 3 d.p.")
+    print(f"{'variant':22} {'results':>8} {'this sweep [95% CI]':>26}  within  same to 3 d.p.")
     for row in table.to_dict("records"):
-        want = readme.get(row["variant"])
+        want = published.get(row["variant"])
         inside = want is not None and row["ci_low"] <= want <= row["ci_high"]
         same = want is not None and f"{row['avg_at_k']:.3f}" == f"{want:.3f}"
         misses += not inside
@@ -161,12 +166,12 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, _terminate)
-    readme = readme_table(args.table)
+    published = results_table(args.table)
     scratch = Path(tempfile.mkdtemp(prefix="dapo-ladder-"))
     t0 = time.perf_counter()
     try:
         reference(scratch)
-        sweep = run_sweep(scratch, list(readme), args.seeds, args.workers)
+        sweep = run_sweep(scratch, list(published), args.seeds, args.workers)
         table = pd.read_csv(sweep / "ablation.csv")
     except KeyboardInterrupt:
         print("interrupted: the sweep stopped; run the same command to start again")
@@ -175,8 +180,10 @@ def main() -> None:
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
     print(f"sweep: {(time.perf_counter() - t0) / 60:.1f} min")
-    misses = compare(table, readme)
-    print("the README's table holds" if not misses else f"{misses} README values outside the CI")
+    misses = compare(table, published)
+    print(
+        "the published table holds" if not misses else f"{misses} published values outside the CI"
+    )
     sys.exit(1 if misses else 0)
 
 

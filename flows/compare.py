@@ -63,8 +63,8 @@ PREFERENCE_METHODS = {"ppo_rm", "dpo"}
 PPO_RM_KL = ["algo.kl.name=k1", "algo.kl.where=reward", "algo.kl.beta=0.3"]
 """InstructGPT's per-token KL penalty in the reward (Ouyang et al. 2022), for ppo_rm unless the
 config sets a KL: without it, PPO against this task's reward model trades accuracy for the
-learned reward; at beta 0.1 one seed in five still collapsed, at 0.3 none did (README,
-"Preferences")."""
+learned reward; at beta 0.1 one seed in five still collapsed, at 0.3 none did
+(docs/guide/preferences.md)."""
 MINE_PROMPTS, MINE_PER_GROUP = 800, 4  # `dapo pairs mine`'s defaults
 VIEW_METRICS = [metric.AVG_AT_K, metric.ACC_MEAN, metric.REWARD_MEAN, metric.GRAD_NORM]
 

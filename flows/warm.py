@@ -1,7 +1,7 @@
 """A warm process: ``dapo train`` (and evaluate, preflight, pipeline) starts in seconds.
 
 A fresh ``dapo train`` spends most of its start-up importing torch, transformers, MLflow and
-Prefect (BENCHMARKS.md, "Start-up"). The warm process imports them once and waits; each command
+Prefect (docs/benchmarks.md, "Start-up"). The warm process imports them once and waits; each command
 then connects to it, hands over its arguments, working directory, environment and terminal
 (its stdin, stdout and stderr, passed as file descriptors), and the warm process forks a child
 that runs the command as the ``dapo`` entry point would. The command's own process stays in the

@@ -20,7 +20,7 @@ def configure_torch(cpu_threads: int) -> str:
     """The device to use; and torch's thread count for host ops (``train.cpu_threads``; 0 keeps
     torch's default, one per core). On a GPU too: there a process's host ops are small (index
     tensors, masks), and each one big enough to be split over a pool of many threads paid
-    milliseconds to wake them, while the GPU waited for its next kernel (BENCHMARKS.md)."""
+    milliseconds to wake them, while the GPU waited for its next kernel (docs/benchmarks.md)."""
     if cpu_threads > 0:
         torch.set_num_threads(cpu_threads)
     if torch.cuda.is_available():

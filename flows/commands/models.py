@@ -101,7 +101,7 @@ def model_check(params: ParamsOpt = None, config: ConfigOpt = None, set_: SetOpt
     console.print(
         f"[yellow]not reproduced[/]: {r.got}, the release recorded {r.want} "
         f"(kernels here: {', '.join(f'{k}={v}' for k, v in r.kernels.items())}); runs here are "
-        "other draws of the same experiment (docs: README, 'The same numbers on every machine')"
+        "other draws of the same experiment (docs/results.md, 'The same numbers on every machine')"
     )
     raise typer.Exit(1)
 

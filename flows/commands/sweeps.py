@@ -263,8 +263,8 @@ def schedule(
     """Register and serve cron deployments: nightly train, weekly ablate (blocks).
 
     The nightly train continues one run from its latest checkpoint. Needs a Prefect server:
-    `dapo server start`, or PREFECT_API_URL naming yours (see README, Schedules); `--dry-run`
-    only prints the deployments."""
+    `dapo server start`, or PREFECT_API_URL naming yours (see docs/guide/orchestration.md,
+    "Schedules"); `--dry-run` only prints the deployments."""
     _orchestration_env()
     from flows.schedule import (
         NIGHTLY_TRAIN_CRON,

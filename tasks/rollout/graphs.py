@@ -67,7 +67,7 @@ class DecodeOptions:
     fuse: bool = True
     compiled: bool | None = None
     # Compiled with symbolic sizes: one compilation serves every batch size. Static sizes give
-    # Inductor fixed strides: a step a tenth faster (BENCHMARKS.md), at one compilation per
+    # Inductor fixed strides: a step a tenth faster (docs/benchmarks.md), at one compilation per
     # power-of-two batch a rollout passes through.
     dynamic: bool = True
 

@@ -4,7 +4,8 @@ Why regional: compiling the whole model recompiles whenever a micro-batch's shap
 takes minutes for a deep model; the decoder layers are identical, so one compiled function serves
 all of them (parameters are inputs to the graph, not constants), and compile time stays that of
 one layer. What it buys on a GPU is fewer kernel launches: the norms, rotary embedding, SwiGLU
-and residual adds fuse into a few kernels, forward and backward (BENCHMARKS.md has the figures).
+and residual adds fuse into a few kernels, forward and backward (docs/benchmarks.md has the
+figures).
 
 Two modes (``auto``, the default: ``layers`` on one CUDA process, ``none`` on CPU, where
 compiling costs more than it saves at the embedded model's size, and under DeepSpeed, where it

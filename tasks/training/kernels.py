@@ -4,7 +4,7 @@
 2. On CPU, SDPA attention with grouped-query heads broadcast by the kernel (``enable_gqa``)
    instead of copied. transformers copies them whenever there is a mask, because CUDA kernels
    fall back to the slow path with both. The CPU flash kernel does not, and skips the copies
-   (BENCHMARKS.md has the measured gain).
+   (docs/benchmarks.md has the measured gain).
 
 RMSNorm details:
 

@@ -1,5 +1,6 @@
 """The metrics one training step logs (``train/*``), from its rollout log, its dynamic-sampling
-statistics and its updates (``tasks.training.records``). Names are the ones the README documents."""
+statistics and its updates (``tasks.training.records``). Names are the ones
+``dapo_core.metric_names`` documents (``dapo metrics`` lists them)."""
 
 from __future__ import annotations
 

@@ -182,15 +182,17 @@ def test_package_exports():
     assert set(algos.__all__) <= set(dir(algos))
 
 
-def test_the_readmes_added_algorithm_works_as_written(monkeypatch):
-    """README "Adding an algorithm": its loss module, registered as written, is a valid config
-    entry whose parameters check themselves, and its hand test passes (issue 24 item 6)."""
+def test_the_docs_added_algorithm_works_as_written(monkeypatch):
+    """docs/concepts/algorithms.md, "Adding an algorithm": its loss module, registered as
+    written, is a valid config entry whose parameters check themselves, and its hand test passes
+    (issue 24 item 6)."""
     import math
     import re
 
     from tasks.params import REPO_ROOT, load_params
 
-    section = (REPO_ROOT / "README.md").read_text().split("### Adding an algorithm", 1)[1]
+    page = REPO_ROOT / "docs" / "concepts" / "algorithms.md"
+    section = page.read_text().split("### Adding an algorithm", 1)[1]
     module, test = re.findall(r"```python\n(.*?)```", section, re.S)[:2]
     losses = algos.POLICY_LOSSES
     monkeypatch.setattr(losses, "_entries", dict(losses._entries))  # unregistered afterwards

@@ -62,26 +62,26 @@ def test_bench_shapes_parse_and_bad_ones_are_usage_errors(capsys):
         assert e.value.code == 2 and "is not PxGxL" in capsys.readouterr().err
 
 
-def test_ladder_check_reads_the_readme_tables_and_judges_by_their_ci(capsys):
-    """bench.ladder_check finds the README's whole chain ladder and its algorithm table, and
-    counts a README value outside the sweep's CI as a miss."""
+def test_ladder_check_reads_the_results_tables_and_judges_by_their_ci(capsys):
+    """bench.ladder_check finds the whole chain ladder of docs/results.md and its algorithm
+    table, and counts a published value outside the sweep's CI as a miss."""
     import pandas as pd
 
     from bench import ladder_check
     from dapo_core.ablation import ABLATION_LADDER, ALGORITHM_PRESETS
 
-    readme = ladder_check.readme_table("ladder")
-    assert list(readme) == list(ABLATION_LADDER) and all(0 < v < 1 for v in readme.values())
-    algorithms = ladder_check.readme_table("algorithms")
+    ladder = ladder_check.results_table("ladder")
+    assert list(ladder) == list(ABLATION_LADDER) and all(0 < v < 1 for v in ladder.values())
+    algorithms = ladder_check.results_table("algorithms")
     assert list(algorithms)[0] == "dapo" and set(algorithms) <= set(ALGORITHM_PRESETS)
     assert len(algorithms) >= 8
-    grpo = readme["grpo"]
+    grpo = ladder["grpo"]
     inside = pd.DataFrame(
         [{"variant": "grpo", "avg_at_k": grpo, "ci_low": grpo - 0.01, "ci_high": grpo + 0.01}]
     )
     outside = inside.assign(ci_low=grpo + 0.001)
-    assert ladder_check.compare(inside, readme) == 0
-    assert ladder_check.compare(outside, readme) == 1
+    assert ladder_check.compare(inside, ladder) == 0
+    assert ladder_check.compare(outside, ladder) == 1
     assert "NO" in capsys.readouterr().out
 
 

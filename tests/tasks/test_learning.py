@@ -1,7 +1,7 @@
 """The product's claim on the embedded default: DAPO lifts held-out accuracy on 2 CPU cores.
 
-At least 15 points of avg@k over the starting policy (the shipped checkpoint); the README has the
-measured figures, and ``bench`` the time it takes.
+At least 15 points of avg@k over the starting policy (the shipped checkpoint);
+docs/getting-started.md has the measured figures, and ``bench`` the time it takes.
 """
 
 import time

@@ -84,15 +84,17 @@ def test_ship_then_annotate_releases_a_build_with_its_record(tiny_cfg, tmp_path,
     assert sorted(p.name for p in out.parent.iterdir()) == ["tiny-test"]  # no staging left
 
 
-def test_the_readme_quotes_the_shipped_releases():
-    """The digests and starting scores the README states are the releases' own."""
-    readme = (ROOT / "README.md").read_text()
+@pytest.mark.parametrize("page", ["README.md", "docs/results.md"])
+def test_the_docs_quote_the_shipped_releases(page):
+    """The digests and starting scores the README's summary and the results page state are the
+    releases' own."""
+    text = (ROOT / page).read_text()
     for name in PRESETS:
         release = json.loads((shipped.SHIPPED_ROOT / name / BUILD_RECORD).read_text())["release"]
-        assert release["digest"] in readme, name
-    chain = read_record(shipped.SHIPPED_ROOT / "tiny-chain")["release"]
-    assert chain["reference_run"]["digest"] in readme
-    assert re.search(rf"{chain['start']['avg_at_k']:.3f}", readme)
+        assert release["digest"] in text, name
+        assert release["reference_run"]["digest"] in text, name
+        start = re.escape(f"{release['start']['avg_at_k']:.3f}")
+        assert re.search(rf"\b{start}\b", text), name
 
 
 # The stopping rule of the warm start.

@@ -12,7 +12,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DVC_NO_ANALYTICS := 1
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench docs clean
 
 setup: $(STAMP)
 
@@ -38,5 +38,9 @@ bench: setup
 	$(BIN)/pip install -q -c constraints.txt -e '.[bench]'
 	$(BIN)/python -m bench
 
+# The documentation site: the generated reference pages, then site/ (a broken link fails it).
+docs: setup
+	$(BIN)/python -m flows.reference_docs && $(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site

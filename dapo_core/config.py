@@ -351,6 +351,9 @@ class TrackingConfig:
     """Experiments are named <prefix>-<flow kind> (one per flow kind)."""
     log_samples: int
     """Sample generations logged per step as a table."""
+    system_metrics_s: float
+    """Seconds between two samples of CPU, memory, disk, network (GPU where ``nvidia-ml-py``
+    is installed) that a training run logs to its MLflow System metrics tab; 0 = off."""
     switch_probe: str | None
     """An ``algo`` switch whose effect on each update is measured all else equal (one of
     ``UPDATE_SWITCHES``): every step also makes its update from the same weights, optimizer state

@@ -64,6 +64,7 @@ AT_LEAST: dict[str, float] = {
             "rollout.max_staleness",
             "eval.every_n_steps",
             "tracking.log_samples",
+            "tracking.system_metrics_s",
         ],
         0,
     ),

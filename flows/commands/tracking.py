@@ -70,6 +70,32 @@ def ui(
         raise typer.Exit(rc)
 
 
+@app.command("register")
+@user_errors
+def register(
+    ref: Annotated[
+        str, typer.Argument(help="A run id (its policy), a model id (m-...) or a models:/ URI.")
+    ],
+    name: Annotated[str, typer.Option(help="The registered model's name.")] = "dapo-policy",
+    alias: Annotated[str, typer.Option(help="The alias moved to the new version.")] = "champion",
+    params: ParamsOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Put a run's policy in the MLflow Model Registry under NAME, with ALIAS on the new
+    version, so that `dapo evaluate --model models:/NAME@ALIAS` and
+    `-S model.name_or_path=models:/NAME@ALIAS` load it."""
+    from tasks.tracking.registry import register as register_model
+    from tasks.tracking.store import tracking_uri
+
+    done = register_model(ref, name, alias, tracking_uri(_load(params, config, set_)))
+    console.print(
+        f"registered {done.name} version {done.version} ({done.model_id}, {done.path}) "
+        f"as [bold]{done.uri}[/]",
+        highlight=False,
+    )
+
+
 def _experiment_links(uri: str, cfg: Any, served_at: str) -> dict[str, str]:
     """The project's experiments in the training view, on the address ``dapo ui`` serves (none
     before the store exists: MLflow would create it)."""

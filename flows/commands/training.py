@@ -172,7 +172,10 @@ def preflight(
 @user_errors
 def evaluate(
     model: Annotated[
-        str | None, typer.Option(help="Model directory or hub id (default: model.name_or_path).")
+        str | None,
+        typer.Option(
+            help="Model directory, hub id or models:/NAME@ALIAS (default: model.name_or_path)."
+        ),
     ] = None,
     eval_set: Annotated[
         str | None,

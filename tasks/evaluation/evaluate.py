@@ -59,10 +59,15 @@ def evaluate_model(
     from tasks.models.resolve import resolve_model_path
     from tasks.rollout.factory import make_generator
     from tasks.runtime import configure_torch
+    from tasks.tracking.registry import is_model_uri
+    from tasks.tracking.registry import model_path as registered_path
+    from tasks.tracking.store import tracking_uri
 
     name, problems = eval_problems(cfg, eval_set)
     device = configure_torch(cfg.train.cpu_threads)
     path = model_path or resolve_model_path(cfg)
+    if is_model_uri(path):  # dapo evaluate --model models:/NAME@champion
+        path = registered_path(path, tracking_uri(cfg))
     model, tokenizer = load_policy(path, cfg.model.dtype, device)
     generator = make_generator(cfg, model, tokenizer, path)
     return name, evaluate_policy(generator, tokenizer, problems, cfg, progress=progress)

@@ -113,7 +113,11 @@ def _log_evaluation(
             **(extra_tags or {}),
         }
     )
-    tracker.log_metrics({**result.metrics, metric.EVAL_TIME: wall}, step)
+    # a checkpoint's evaluation is its model's too (the Models page)
+    model_id = (
+        tracker.log_model(model_path, step) if model_path and Path(model_path).is_dir() else None
+    )
+    tracker.log_metrics({**result.metrics, metric.EVAL_TIME: wall}, step, model_id, (name, digest))
     tracker.log_frame(pp, f"{artifact_dir}/{name}/per_problem.csv")
     tracker.log_table(result.samples, f"{artifact_dir}/{name}/samples.json")
     from tasks.tracking.plots import eval_curve, save_figures  # matplotlib: not at start-up

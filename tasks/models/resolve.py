@@ -2,8 +2,8 @@
 
 The one place that knows the names the project makes itself: ``tiny`` (the embedded default,
 shipped under ``checkpoints/`` or built), the packaged models of ``tasks.models.fetch``
-(``smollm2-135m-instruct``: fetched), and local ``.gguf`` files (converted once into
-``data/models/<stem>``).
+(``smollm2-135m-instruct``: fetched), local ``.gguf`` files (converted once into
+``data/models/<stem>``) and ``models:/`` URIs of the MLflow Model Registry (``dapo register``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from tasks.models.fetch import KNOWN, convert_gguf, fetch_model, gguf_model_dir,
 from tasks.models.tiny import TINY, build_spec, ensure_tiny_model, shipped_key
 from tasks.models.warm_start import ensure_warm_started
 from tasks.params import repo_path
+from tasks.tracking.registry import is_model_uri, model_path
+from tasks.tracking.store import tracking_uri
 
 
 def resolve_model_path(cfg: Config) -> str:
@@ -26,6 +28,8 @@ def resolve_model_path(cfg: Config) -> str:
     name = cfg.model.name_or_path
     if name == TINY:
         return str(ensure_tiny_model(cfg))  # its build includes its own warm start
+    if is_model_uri(name):  # a registered policy: the directory its run logged
+        return model_path(name, tracking_uri(cfg))
     base = name
     if name in KNOWN:
         base = str(fetch_model(name))

@@ -112,6 +112,9 @@ def run_tags(cfg: Config, kind: str, variant: str | None = None, **extra: Any) -
         "git.commit": commit,
         "git.dirty": git_dirty(),
         "mlflow.source.git.commit": commit,
+        # the runs table's Source column: the command that made the run
+        "mlflow.source.name": f"dapo {kind.replace('_', '-')}",
+        "mlflow.source.type": "LOCAL",
         "data.version": data_version_of(cfg),
         "data.source": cfg.data.source,
         "variant": variant or variant_of(cfg),

@@ -25,6 +25,8 @@ from tasks.params import REPO_ROOT
 KINDS = ("train", "evaluate", "pipeline", "ablate", "reward_model", "dpo", "compare")
 STORE_DIR = REPO_ROOT / "mlflow"
 MAX_PARAM_LEN = 6000  # MLflow's limit on a param value
+# A policy logged as an MLflow model (LoggedModel): by reference to its directory.
+POLICY_MODEL_NAME, POLICY_MODEL_TYPE, MODEL_PATH_TAG = "policy", "dapo-policy", "dapo.path"
 
 
 def tracking_uri(cfg: Config | None = None) -> str:

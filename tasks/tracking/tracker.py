@@ -33,7 +33,10 @@ from tasks.rundir import RunDir
 from tasks.tracking.store import (
     END_ORPHAN,
     MAX_PARAM_LEN,
+    MODEL_PATH_TAG,
     OWNER_TAG,
+    POLICY_MODEL_NAME,
+    POLICY_MODEL_TYPE,
     artifact_root,
     experiment_name,
     flatten_config,
@@ -87,11 +90,13 @@ class Tracker:
         self.run_id: str | None = None
         self.failures = 0
         self._client: Any = None
-        self._buffer: list[tuple[str, float, int, int]] = []  # (key, value, timestamp_ms, step)
+        # (key, value, timestamp_ms, step, model_id, dataset name, dataset digest)
+        self._buffer: list[tuple[str, float, int, int, str | None, str | None, str | None]] = []
         self._steps_waiting: set[int] = set()
         self._last_flush = time.monotonic()
         self._retry_at = 0.0
         self._warned = False
+        self._system_metrics: Any = None
         if self.uri.startswith(("http://", "https://")):
             # MLflow's HTTP defaults retry for ~4 minutes per call when the server is down;
             # a training run should not stall that long (a value already set wins).
@@ -227,6 +232,7 @@ class Tracker:
         """Flush buffered metrics and set the run's final status (FINISHED, FAILED, KILLED)."""
         if not self.active:
             return
+        self._stop_system_metrics()
         self.flush()
         self._retry_at = 0.0  # the last chance to record the status
         ended = self._guard(
@@ -311,12 +317,21 @@ class Tracker:
 
     # -- metrics -----------------------------------------------------------------------------
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        """Buffer one step's metrics; written in batches (see the class docstring)."""
+    def log_metrics(
+        self,
+        metrics: Mapping[str, float],
+        step: int,
+        model_id: str | None = None,
+        dataset: tuple[str, str] | None = None,
+    ) -> None:
+        """Buffer one step's metrics; written in batches (see the class docstring). With
+        ``model_id`` (:meth:`log_model`) they are that model's too, measured on ``dataset``
+        (name, digest): the Models page shows them."""
         now_ms = int(time.time() * 1000)
+        name, digest = dataset or (None, None)
         for key, value in metrics.items():
             try:
-                self._buffer.append((key, float(value), now_ms, int(step)))
+                self._buffer.append((key, float(value), now_ms, int(step), model_id, name, digest))
             except (TypeError, ValueError):
                 continue  # not a number: not a metric
         self._steps_waiting.add(int(step))
@@ -339,13 +354,73 @@ class Tracker:
 
         def write() -> bool:
             for i in range(0, len(pending), METRICS_PER_BATCH):
-                chunk = [Metric(k, v, t, s) for k, v, t, s in pending[i : i + METRICS_PER_BATCH]]
+                chunk = [Metric(*m) for m in pending[i : i + METRICS_PER_BATCH]]
                 self.client.log_batch(self.run_id, metrics=chunk)
                 del self._buffer[: len(chunk)]  # written: never sent twice
             return True
 
         if self._guard("logging metrics", write):
             self._steps_waiting.clear()
+
+    # -- models and system metrics -----------------------------------------------------------
+
+    def log_model(self, path: str | Path, step: int) -> str | None:
+        """The policy directory ``path`` as an MLflow LoggedModel of this run (the Models page,
+        the runs table's Model column), by reference: its files stay where they are (tag
+        ``dapo.path``), as a 7B model's would. Logged once per run and directory; returns its
+        id (``m-...``), which :meth:`log_metrics` links an evaluation of it to."""
+        if not self.active:
+            return None
+        where = str(Path(path).resolve())
+        return self._guard(
+            f"logging the model at {where}",
+            lambda: self._model_at(where) or self._new_model(where, step),
+        )
+
+    def _model_at(self, where: str) -> str | None:
+        """This run's LoggedModel of the directory ``where``, if it logged one."""
+        query = f"source_run_id = '{self.run_id}' AND tags.`{MODEL_PATH_TAG}` = '{where}'"
+        found = self.client.search_logged_models([self._experiment_id()], filter_string=query)
+        return found[0].model_id if found else None
+
+    def _new_model(self, where: str, step: int) -> str:
+        from tasks.tracking.provenance import variant_of
+
+        model = self.client.create_logged_model(
+            self._experiment_id(),
+            name=POLICY_MODEL_NAME,
+            source_run_id=self.run_id,
+            tags={MODEL_PATH_TAG: where},
+            params={"step": str(step), "variant": variant_of(self.cfg)},
+            model_type=POLICY_MODEL_TYPE,
+        )
+        self.client.finalize_logged_model(model.model_id, "READY")
+        from mlflow.entities import LoggedModelOutput
+
+        # the run's outputs: the runs table's Model column, the run page's Logged models
+        self.client.log_outputs(self.run_id, [LoggedModelOutput(model.model_id, step)])
+        return model.model_id
+
+    def start_system_metrics(self, interval_s: float) -> None:
+        """Sample CPU, memory, disk, network (and GPU where ``nvidia-ml-py`` is installed) every
+        ``interval_s`` seconds into the run's System metrics tab, until :meth:`end`; 0 = off."""
+        if not self.active or interval_s <= 0 or self._system_metrics is not None:
+            return
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        def start() -> Any:
+            monitor = SystemMetricsMonitor(
+                self.run_id, sampling_interval=interval_s, tracking_uri=self.uri
+            )
+            monitor.start()
+            return monitor
+
+        self._system_metrics = self._guard("starting system metrics", start)
+
+    def _stop_system_metrics(self) -> None:
+        monitor, self._system_metrics = self._system_metrics, None
+        if monitor is not None:
+            self._guard("stopping system metrics", monitor.finish)
 
     # -- artifacts ---------------------------------------------------------------------------
 

@@ -178,6 +178,7 @@ def _train(
     try:  # every way out of here ends the MLflow run: FINISHED, KILLED or FAILED
         if track:
             tracker.start_or_resume(rd, run_name or rd.name, tags, parent_run_id)
+            tracker.start_system_metrics(cfg.tracking.system_metrics_s)
             source = data_source(cfg)
             tracker.log_datasets(
                 [
@@ -203,6 +204,8 @@ def _train(
         )
         complete = result.steps >= cfg.train.steps
         _log_run_artifacts(tracker, rd, result.history, monitor.samples)
+        if complete:  # the policy to use, on the Models page (evaluations link their metrics)
+            tracker.log_model(rd.final, result.steps)
         tracker.set_tags(
             {
                 "train.steps_done": result.steps,

@@ -37,12 +37,20 @@ def test_cli_train_and_evaluate_are_tracked(flows_env, flow_cfg, flow_params, tm
     assert "Traceback" not in changed.output
     assert (run_dir / "metrics.jsonl").read_text() == metrics
 
-    ev = runner.invoke(
-        app, ["evaluate", "--params", flow_params, "--model", str(run_dir / "final")]
-    )
+    # The run's policy, registered, is what `--model models:/NAME@champion` evaluates
+    reg = runner.invoke(app, ["register", run_id, "--params", flow_params])
+    assert reg.exit_code == 0 and "as models:/dapo-policy@champion" in reg.output, reg.output
+    champion = ["--model", "models:/dapo-policy@champion"]
+    ev = runner.invoke(app, ["evaluate", "--params", flow_params, *champion])
     assert ev.exit_code == 0, ev.output
     eval_runs = {r["run_id"]: r for r in search_runs(flow_cfg, "evaluate", uri=mlflow_uri)}
-    assert "eval/avg_at_k" in eval_runs[_run_id(ev.output)]["metrics"]
+    evaluated = eval_runs[_run_id(ev.output)]
+    assert "eval/avg_at_k" in evaluated["metrics"]
+    assert evaluated["tags"]["eval.model"] == "models:/dapo-policy@champion"
+    # a name nobody registered: one line that says what to do, no run
+    missing = runner.invoke(app, ["evaluate", "--params", flow_params, "--model", "models:/x@y"])
+    assert missing.exit_code == 2 and "dapo register" in missing.output, missing.output
+    assert "Traceback" not in missing.output
 
     before = len(search_runs(flow_cfg, "train", uri=mlflow_uri))
     quiet = runner.invoke(

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from dapo_core import metric_names as metric
 from dapo_core.config_loader import resolve
 from mlflow import MlflowClient
 from tasks.data import version
@@ -58,6 +59,14 @@ def test_pipeline_logs_train_and_eval_to_one_run(pipeline_run, flow_cfg):
     assert source["tags"]["synthetic.num_train"] == str(flow_cfg.synthetic.num_train)
     # (others may commit meanwhile: check the form, not today's HEAD)
     assert re.fullmatch(r"[0-9a-f]{40}|unknown", tags["git.commit"])
+    assert (tags["mlflow.source.name"], tags["mlflow.source.type"]) == ("dapo pipeline", "LOCAL")
+    # the final policy is the run's MLflow model, its evaluation linked to it
+    client = MlflowClient(store.tracking_uri(flow_cfg))
+    (output,) = client.get_run(run["run_id"]).outputs.model_outputs
+    model = client.get_logged_model(output.model_id)
+    assert model.tags["dapo.path"] == str(Path(train.model_path).resolve()) and output.step == 2
+    linked = {m.key: m.value for m in model.metrics}
+    assert linked[metric.AVG_AT_K] == ev.metrics[metric.AVG_AT_K]
     assert tags["git.dirty"] in ("true", "false", "unknown")
     assert tags["seed"] == str(flow_cfg.train.seed)
     assert tags["variant"] == "+token_level_loss"  # full DAPO without dynamic sampling

@@ -1,0 +1,144 @@
+"""The Model Registry: a policy that a run logged as an MLflow model (``Tracker.log_model``) put
+under a registered name with an alias (``dapo register``), and a ``models:/`` URI read back as
+the directory it refers to (``dapo evaluate --model models:/NAME@champion``,
+``-S model.name_or_path=models:/NAME/3``).
+
+The models are logged by reference (the files stay in the run directory; tag ``dapo.path``), so
+a registered version names a directory on this machine's disk: one deleted since is refused in
+one line, not loaded half.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from dapo_core.errors import PipelineError
+from tasks.tracking.store import MODEL_PATH_TAG, POLICY_MODEL_TYPE, tracking_uri
+
+MODELS_URI = "models:/"
+DEFAULT_NAME, DEFAULT_ALIAS = "dapo-policy", "champion"
+_RUN_ID = re.compile(r"[0-9a-f]{32}")
+
+
+@dataclass(frozen=True)
+class Registered:
+    name: str
+    version: str
+    alias: str
+    model_id: str
+    path: str
+
+    @property
+    def uri(self) -> str:
+        return f"{MODELS_URI}{self.name}@{self.alias}"
+
+
+def is_model_uri(name: str) -> bool:
+    return name.startswith(MODELS_URI)
+
+
+def _client(uri: str | None):
+    import mlflow
+    from mlflow import MlflowClient
+
+    uri = uri or tracking_uri()
+    # a models:/ source is looked up in the global store: make it this one
+    mlflow.set_tracking_uri(uri)
+    return MlflowClient(uri)
+
+
+def logged_model_of(ref: str, uri: str | None = None) -> str:
+    """The model id that ``ref`` names: a model id (``m-...``), a ``models:/`` URI, or a run id
+    (the latest of the policies that run logged: the one at its highest step)."""
+    client = _client(uri)
+    if ref.startswith("m-"):
+        return ref
+    if is_model_uri(ref):
+        return _model_id_of_uri(client, ref)
+    if not _RUN_ID.fullmatch(ref):
+        raise PipelineError(
+            f"{ref!r} is not a run id, a model id (m-...) or a models:/ URI: copy one from "
+            "`dapo ui` (a run's Overview, or the Models page)"
+        )
+    try:
+        run = client.get_run(ref)
+    except Exception:  # noqa: BLE001 - MLflow raises its own error for an unknown id
+        raise PipelineError(f"no MLflow run {ref} in {client.tracking_uri}") from None
+    models = client.search_logged_models(
+        [run.info.experiment_id],
+        filter_string=f"source_run_id = '{ref}' AND model_type = '{POLICY_MODEL_TYPE}'",
+    )
+    if not models:
+        raise PipelineError(
+            f"run {ref} logged no policy: a training run logs one when it completes (finish "
+            "it with `dapo train --resume RUN_DIR`), an evaluation when it evaluates a directory"
+        )
+    return max(models, key=lambda m: int(m.params.get("step", 0))).model_id
+
+
+def register(
+    ref: str, name: str = DEFAULT_NAME, alias: str = DEFAULT_ALIAS, uri: str | None = None
+) -> Registered:
+    """A new version of registered model ``name`` made from the policy ``ref`` names, with
+    ``alias`` moved to it (the registered model is created on first use)."""
+    model_id = logged_model_of(ref, uri)
+    client = _client(uri)
+    model = client.get_logged_model(model_id)
+    path = _existing_path(model.tags.get(MODEL_PATH_TAG), model_id)
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.create_registered_model(name)
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    version = client.create_model_version(
+        name, f"{MODELS_URI}{model_id}", run_id=model.source_run_id, model_id=model_id
+    )
+    client.set_registered_model_alias(name, alias, version.version)
+    return Registered(name, str(version.version), alias, model_id, path)
+
+
+def model_path(model_uri: str, uri: str | None = None) -> str:
+    """The policy directory ``models:/NAME@ALIAS``, ``models:/NAME/VERSION`` or
+    ``models:/m-ID`` refers to."""
+    client = _client(uri)
+    model_id = _model_id_of_uri(client, model_uri)
+    return _existing_path(client.get_logged_model(model_id).tags.get(MODEL_PATH_TAG), model_uri)
+
+
+def _model_id_of_uri(client, model_uri: str) -> str:
+    from mlflow.exceptions import MlflowException
+
+    rest = model_uri[len(MODELS_URI) :]
+    try:
+        if rest.startswith("m-"):
+            return rest
+        if "@" in rest:
+            version = client.get_model_version_by_alias(*rest.split("@", 1))
+        elif "/" in rest:
+            version = client.get_model_version(*rest.split("/", 1))
+        else:
+            raise PipelineError(
+                f"{model_uri}: name a version or an alias (models:/NAME/3, models:/NAME@champion)"
+            )
+    except MlflowException as e:
+        raise PipelineError(
+            f"{model_uri} is not in the Model Registry of {client.tracking_uri} "
+            f"({e.message.splitlines()[0][:200]}): `dapo register RUN_ID` puts a run's policy "
+            "there"
+        ) from None
+    return version.model_id or version.source[len(MODELS_URI) :]
+
+
+def _existing_path(path: str | None, what: str) -> str:
+    if not path:
+        raise PipelineError(f"{what} is not a policy this project logged (no {MODEL_PATH_TAG} tag)")
+    if not (Path(path) / "config.json").is_file():
+        raise PipelineError(
+            f"{what} refers to {path}, which holds no model any more (the run directory was "
+            "moved or deleted): register another run's policy"
+        )
+    return path

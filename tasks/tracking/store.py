@@ -240,7 +240,8 @@ def ui_command(uri: str, port: int = 5000, host: str = "127.0.0.1") -> list[str]
     root = artifact_root(uri)
     if root:  # for experiments created by MLflow itself (ours set their own location)
         cmd += ["--default-artifact-root", root]
-    return [*cmd, "--host", host, "--port", str(port)]
+    # one worker: a UI for one person (MLflow's default of 4 holds ~0.25 GB each)
+    return [*cmd, "--host", host, "--port", str(port), "--workers", "1"]
 
 
 TRAINING_VIEW = {"workflowType": "machine_learning"}

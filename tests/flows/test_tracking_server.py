@@ -211,6 +211,16 @@ def test_dapo_ui_stops_its_server_and_workers_on_sigterm(flows_env, tmp_path):
             ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
         ).stdout.split()
         assert children  # the server, in a process group of its own
+        # MLflow's launcher and one uvicorn worker (beside the reaper): no pool of 4 workers, no
+        # GenAI job consumers
+        import psutil
+
+        serving = [
+            " ".join(c.cmdline()[1:4])
+            for c in psutil.Process(proc.pid).children(recursive=True)
+            if "lifetime.py" not in " ".join(c.cmdline())
+        ]
+        assert len(serving) == 2, serving
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         group = int(children[0])

@@ -22,6 +22,10 @@ import torch  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["DAPO_WARM"] = "0"  # no test command runs in a developer's warm process
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One thread per worker: the workers are the parallelism. Torch's default (one per core)
+    # in each of three workers on 2 cores has threads waiting on each other at every barrier.
+    torch.set_num_threads(1)
 
 
 def pytest_xdist_auto_num_workers(config):

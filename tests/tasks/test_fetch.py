@@ -176,6 +176,7 @@ def test_smollm2_fetches_loads_and_samples(tmp_path):
             "train.steps=1",
             "train.preflight_prompts=2",
             "train.max_stalled_steps=0",
+            "train.cpu_threads=1",  # the preset's 2 would outnumber a test worker's core
             *small,
         ],
     )

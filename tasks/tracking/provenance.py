@@ -6,6 +6,8 @@ reproduced from MLflow alone."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -82,12 +84,13 @@ GENERATED = "generated:"  # the prefix of a data.version that is not DVC's
 
 def data_version_of(cfg: Config) -> str:
     """What ``data.version`` says a run read: the DVC data version (``dvc.lock``) when it trains
-    on the curated data DVC produces, else ``generated:<source>`` for an embedded task, whose
-    problems come from the ``synthetic.*`` settings and not from any DVC output (two runs with
-    other ``synthetic.num_train`` read different problems under the same lock; their content
-    digests, ``data.train_digest`` and the others, tell them apart)."""
+    on the curated data DVC produces, else ``generated:<source>@<settings digest>`` for an
+    embedded task, whose problems come from the ``synthetic.*`` settings and not from any DVC
+    output: two runs with other ``synthetic.num_train`` read other problems, and their versions
+    differ (as do their content digests, ``data.train_digest`` and the others)."""
     if cfg.data.source.startswith("synthetic:"):
-        return GENERATED + cfg.data.source
+        settings = json.dumps(data_source(cfg), sort_keys=True).encode()
+        return f"{GENERATED}{cfg.data.source}@{hashlib.sha256(settings).hexdigest()[:12]}"
     return data_version()
 
 

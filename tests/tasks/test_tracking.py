@@ -109,6 +109,16 @@ def test_tags_name_variant_seed_and_flow(tiny_cfg):
     assert provenance.variant_of(tiny_cfg) == "+dynamic_sampling"  # params.yaml = full DAPO
 
 
+def test_generated_data_versions_name_the_settings_the_problems_came_from(tiny_cfg):
+    from dapo_core.config_loader import resolve
+
+    version = provenance.data_version_of(tiny_cfg)
+    assert version.startswith("generated:synthetic:arith@")
+    assert provenance.data_version_of(resolve(tiny_cfg.to_dict())) == version  # same settings
+    fewer = resolve(tiny_cfg.to_dict(), overrides=["synthetic.num_train=20"])
+    assert provenance.data_version_of(fewer) != version  # other problems, another version
+
+
 def test_only_tracking_imports_mlflow():
     """Layering: one room of the product (``tasks/tracking``) talks to MLflow."""
     offenders = []

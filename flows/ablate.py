@@ -65,6 +65,7 @@ from tasks.orchestration import (
     cancelled_when_interrupted,
     crashed_when_killed,
     deferred_signals,
+    publish_markdown,
     run_logger,
 )
 from tasks.rundir import RunDir
@@ -266,6 +267,7 @@ def ablate_flow(
         re.sub(r"[^A-Za-z0-9_-]", "-", name), f"ablation {name}", children_view(parent.run_id)
     )
     table.attrs["mlflow_view"] = view
+    _publish(name, table, parent.run_url(), view)
     parent.end("FAILED" if failed else "FINISHED")
     log.info("ablate: tables written to %s and to MLflow run %s", root, parent.run_id)
     if view:
@@ -537,6 +539,16 @@ def gather(cfg: Config, parent_id: str | None, child: Child) -> dict[str, Any]:
         "train_wall_s": float(run["tags"].get("train.wall_s", "nan")),
         "eval_wall_s": metrics.get(metric.EVAL_TIME, float("nan")),
     }
+
+
+def _publish(name: str, table: pd.DataFrame, run_url: str | None, view: str | None) -> None:
+    """The ablation table as the sweep's Prefect artifact, linking to its MLflow runs."""
+    from tasks.tracking.tracker import markdown_table
+
+    links = [f"[the parent MLflow run]({run_url})"] if run_url else []
+    links += [f"[every run side by side]({view})"] if view else []
+    text = f"# Ablation {name}\n\n{markdown_table(table)}\n\n{', '.join(links)}\n"
+    publish_markdown(f"ablation-{name}", text, f"dapo ablate {name}: avg@k per variant")
 
 
 def log_tables(

@@ -53,7 +53,12 @@ from tasks.evaluation.comparison import (
     terminal_table,
 )
 from tasks.evaluation.task import evaluate_task
-from tasks.orchestration import crashed_when_killed, deferred_signals, run_logger
+from tasks.orchestration import (
+    crashed_when_killed,
+    deferred_signals,
+    publish_markdown,
+    run_logger,
+)
 from tasks.rundir import RunDir
 from tasks.training.task import train_task
 
@@ -166,6 +171,12 @@ def compare_flow(
         re.sub(r"[^A-Za-z0-9_-]", "-", name),
         f"compare {name}",
         children_view(parent.run_id, by="method", metrics=VIEW_METRICS),
+    )
+    link = f"\n\n[The parent MLflow run]({parent.run_url()})" if parent.run_url() else ""
+    publish_markdown(
+        f"compare-{name}",
+        f"# Comparison {name}\n\n```\n{table.attrs['terminal']}\n```{link}\n",
+        f"dapo compare {name}: stability, update variance, sample efficiency",
     )
     parent.end("FINISHED" if all(r.status == "ok" for r in records) else "FAILED")
     table.attrs |= {"dir": str(root), "run_id": parent.run_id, "warm": warm, "mlflow_view": view}

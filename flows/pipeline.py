@@ -19,13 +19,18 @@ from typing import Any
 
 from prefect import flow
 
+from dapo_core import metric_names as metric
 from dapo_core.config import Config
 from dapo_core.errors import TrainingInterrupted
 from flows import stages
 from flows.stages import default_run_name, load_config, preflight_if_new, run_dir_for
 from tasks.data.task import curate_task
 from tasks.evaluation.task import EvalSummary, evaluate_task
-from tasks.orchestration import cancelled_when_interrupted, crashed_when_killed
+from tasks.orchestration import (
+    cancelled_when_interrupted,
+    crashed_when_killed,
+    publish_markdown,
+)
 from tasks.rundir import RunDir
 from tasks.training.task import TrainSummary, train_task
 
@@ -100,7 +105,21 @@ def pipeline_flow(
             raise TrainingInterrupted(
                 f"{e}; the training is kept: `dapo pipeline --run-name {name}` evaluates it"
             ) from None
+        _publish(name, trained, evaluated, before)
         return {"curate": data, "train": trained, "evaluate": evaluated, "baseline": before}
+
+
+def _publish(name: str, trained: TrainSummary, after: EvalSummary, before: EvalSummary | None):
+    """The evaluation summary as the flow run's Prefect artifact, linking to its MLflow run."""
+    rows = [("trained", trained.steps, after)] + ([("start", 0, before)] if before else [])
+    lines = ["| policy | step | avg@k (95% CI) |", "|---|---|---|"]
+    for what, step, ev in rows:
+        m = ev.metrics
+        ci = f"{m[metric.AVG_AT_K_CI_LOW]:.3f}-{m[metric.AVG_AT_K_CI_HIGH]:.3f}"
+        lines.append(f"| {what} | {step} | {m[metric.AVG_AT_K]:.3f} ({ci}) |")
+    link = f"\n\n[The MLflow run]({trained.mlflow_url})" if trained.mlflow_url else ""
+    text = f"# Pipeline {name}: {after.eval_set}\n\n" + "\n".join(lines) + link + "\n"
+    publish_markdown(f"pipeline-{name}", text, f"dapo pipeline {name}: the evaluation")
 
 
 def _evaluate(

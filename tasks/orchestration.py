@@ -82,6 +82,28 @@ def run_logger() -> Any:
         return logging.getLogger("dapo")
 
 
+def publish_markdown(key: str, markdown: str, description: str) -> str | None:
+    """``markdown`` as a Prefect artifact of the flow run we are in (its Artifacts tab, and the
+    Artifacts page under ``key``, newest version first); nothing outside a flow run. ``key``:
+    lowercase letters, digits and dashes (Prefect's rule), other characters become dashes.
+    Returns the artifact's id."""
+    if _direct.get() or "prefect" not in sys.modules:  # no Prefect run can be active
+        return None
+    import re
+
+    from prefect.artifacts import create_markdown_artifact
+    from prefect.context import FlowRunContext
+
+    if FlowRunContext.get() is None:
+        return None
+    key = re.sub(r"[^a-z0-9-]+", "-", key.lower()).strip("-")
+    try:
+        return str(create_markdown_artifact(markdown, key=key, description=description))
+    except Exception as e:  # noqa: BLE001 - a report is not worth failing the flow for
+        run_logger().warning("could not publish the Prefect artifact %s: %s", key, e)
+        return None
+
+
 def stage_task(name: str, retries: int, retry_delay_seconds: float) -> Any:
     """The Prefect ``task`` decorator as every stage uses it: retried unless the error is the
     user's, never cached (a stage's inputs are files a config names, not its arguments), and

@@ -248,6 +248,15 @@ def test_ablate_flow_parent_with_six_children(flows_env, flow_cfg, tmp_path):
     assert children_names == sorted(f"{v} seed{cfg.train.seed}" for v in ABLATION_LADDER)
     arts = set(store.list_artifacts(parent["run_id"]))
     assert {"ablation/table.csv", "ablation/table.md", "ablation/table.png"} <= arts
+    # ... and the table is the sweep's Prefect artifact, linking to its MLflow runs
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        only = ArtifactFilter(key=ArtifactFilterKey(any_=["ablation-ablate-test"]))
+        (artifact,) = client.read_artifacts(artifact_filter=only)
+    assert artifact.type == "markdown" and "+dynamic_sampling" in artifact.data
+    assert parent["run_id"] in artifact.data  # the parent run's page
     assert {"ablation/table.json", "ablation/mechanisms.csv", "ablation/mechanisms.json"} <= arts
     mechanisms = table.attrs["mechanisms"]  # one row per rung after grpo, its own signal
     expected = [(v, s) for v, signals in MECHANISM_SIGNALS.items() for s, _ in signals]

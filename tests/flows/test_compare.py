@@ -69,6 +69,14 @@ def _every_method_and_seed_is_trained_evaluated_and_tabled(compared, flow_cfg):
     for name in ("comparison.csv", "comparison.txt", "sample_efficiency.png", "records.jsonl"):
         assert (root / name).stat().st_size > 0
     assert max(len(line) for line in table.attrs["terminal"].splitlines()) <= 80
+    # the terminal table is the sweep's Prefect artifact, linking to its MLflow parent run
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        only = ArtifactFilter(key=ArtifactFilterKey(any_=["compare-compare-test"]))
+        (artifact,) = client.read_artifacts(artifact_filter=only)
+    assert table.attrs["terminal"] in artifact.data and table.attrs["run_id"] in artifact.data
 
 
 def _the_methods_that_learn_from_preferences_pay_for_the_mined_responses(compared, flow_cfg):

@@ -68,6 +68,12 @@ def test_pipeline_logs_train_and_eval_to_one_run(pipeline_run, flow_cfg):
     assert model.tags["dapo.path"] == str(Path(train.model_path).resolve()) and output.step == 2
     linked = {m.key: m.value for m in model.metrics}
     assert linked[metric.AVG_AT_K] == ev.metrics[metric.AVG_AT_K]
+    # the evaluation summary is the flow run's Prefect artifact, linking to the MLflow run
+    (artifact,) = _artifacts(pipeline_run["flow_run_id"])
+    assert artifact.type == "markdown" and artifact.key.startswith("pipeline-")
+    assert (
+        f"{ev.metrics[metric.AVG_AT_K]:.3f}" in artifact.data and train.mlflow_url in artifact.data
+    )
     assert tags["git.dirty"] in ("true", "false", "unknown")
     assert tags["seed"] == str(flow_cfg.train.seed)
     assert tags["variant"] == "+token_level_loss"  # full DAPO without dynamic sampling
@@ -106,6 +112,17 @@ def test_pipeline_logs_train_and_eval_to_one_run(pipeline_run, flow_cfg):
 
 
 @pytest.mark.parametrize("prefect", [True, False], ids=["prefect", "without-prefect"])
+def _artifacts(flow_run_id: str) -> list:
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    only = ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(flow_run_id)]))
+    with get_client(sync_client=True) as client:
+        return client.read_artifacts(artifact_filter=only)
+
+
 def test_train_retry_resumes_from_checkpoint(flows_env, flow_cfg, tmp_path, monkeypatch, prefect):
     """A train task that fails after a checkpoint is retried (by Prefect, or as Prefect would
     without a server: ``tasks.orchestration.without_prefect``) and continues from that

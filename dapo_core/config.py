@@ -303,6 +303,12 @@ class TrainConfig:
     """torch threads for host ops (0 = torch's default), on a GPU too. Tiny models run fastest on
     1 thread when the cores are shared: OpenMP threads that compete with another process stall
     each other."""
+    concurrency_limit: str | None
+    """A Prefect global concurrency limit each training run holds one slot of while it trains
+    (e.g. ``gpu``): every sweep, pipeline and schedule on the same Prefect server then shares
+    its slots, so two sweeps never train more runs at once than it allows. Create it once
+    (``prefect gcl create gpu --limit 1``); null: no limit. Needs a Prefect server; a run
+    without one (``dapo train``) says so and trains."""
     rollout_ranks: int
     """Processes that only generate (0: the trainer generates between its updates). 1: a
     rollout process on this machine, started by the trainer, samples the next batches while the

@@ -104,6 +104,47 @@ def publish_markdown(key: str, markdown: str, description: str) -> str | None:
         return None
 
 
+@contextmanager
+def concurrency_slot(limit: str | None) -> Iterator[None]:
+    """One slot of the Prefect global concurrency limit ``limit`` held while the block runs
+    (waiting for one first, with a line saying so); nothing with no limit. Outside a flow run
+    on a Prefect server there are no slots to take: it says so once and runs the block."""
+    if not limit:
+        yield
+        return
+    log = run_logger()
+    if _direct.get() or "prefect" not in sys.modules or not _in_flow_run():
+        log.warning(
+            "train.concurrency_limit %s: no Prefect server to hold its slots (start one with "
+            "`dapo server start`), so this run takes none",
+            limit,
+        )
+        yield
+        return
+    from prefect.concurrency._asyncio import ConcurrencySlotAcquisitionError
+    from prefect.concurrency.sync import concurrency
+
+    log.info("waiting for a slot of the Prefect concurrency limit %s", limit)
+    acquired = False
+    try:
+        with concurrency(limit, occupy=1, strict=True):
+            acquired = True
+            yield
+    except ConcurrencySlotAcquisitionError:
+        if acquired:
+            raise
+        raise PipelineError(
+            f"train.concurrency_limit names {limit!r}, which this Prefect server does not have: "
+            f"create it (`prefect gcl create {limit} --limit 1`) or set the key to null"
+        ) from None
+
+
+def _in_flow_run() -> bool:
+    from prefect.context import FlowRunContext
+
+    return FlowRunContext.get() is not None
+
+
 def stage_task(name: str, retries: int, retry_delay_seconds: float) -> Any:
     """The Prefect ``task`` decorator as every stage uses it: retried unless the error is the
     user's, never cached (a stage's inputs are files a config names, not its arguments), and

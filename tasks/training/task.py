@@ -22,7 +22,13 @@ from tasks.evaluation.evaluate import evaluate_policy
 from tasks.models import shipped
 from tasks.models.build import model_dir_digest
 from tasks.models.resolve import resolve_model_path
-from tasks.orchestration import deferred_signals, interrupts, run_logger, stage_task
+from tasks.orchestration import (
+    concurrency_slot,
+    deferred_signals,
+    interrupts,
+    run_logger,
+    stage_task,
+)
 from tasks.rundir import RunDir
 from tasks.runtime import configure_torch
 from tasks.tracking.provenance import data_source, run_tags
@@ -192,16 +198,17 @@ def _train(
             if preflight.problem:
                 tracker.set_tags({"preflight.warning": preflight.problem})
         monitor = TrainingMonitor(cfg, tracker, rd, start.logged_through, data.val)
-        result = run_training(
-            cfg,
-            rd,
-            resume=True,
-            sink=tracker.log_metrics,
-            max_steps=max_steps,
-            progress=progress,
-            on_step=monitor,
-            problems=data.train,
-        )
+        with concurrency_slot(cfg.train.concurrency_limit):  # e.g. one run per GPU at a time
+            result = run_training(
+                cfg,
+                rd,
+                resume=True,
+                sink=tracker.log_metrics,
+                max_steps=max_steps,
+                progress=progress,
+                on_step=monitor,
+                problems=data.train,
+            )
         complete = result.steps >= cfg.train.steps
         _log_run_artifacts(tracker, rd, result.history, monitor.samples)
         if complete:  # the policy to use, on the Models page (evaluations link their metrics)

@@ -111,7 +111,6 @@ def test_pipeline_logs_train_and_eval_to_one_run(pipeline_run, flow_cfg):
     assert (Path(train.run_dir) / "plots" / "eval_curve.png").exists()
 
 
-@pytest.mark.parametrize("prefect", [True, False], ids=["prefect", "without-prefect"])
 def _artifacts(flow_run_id: str) -> list:
     from uuid import UUID
 
@@ -123,6 +122,7 @@ def _artifacts(flow_run_id: str) -> list:
         return client.read_artifacts(artifact_filter=only)
 
 
+@pytest.mark.parametrize("prefect", [True, False], ids=["prefect", "without-prefect"])
 def test_train_retry_resumes_from_checkpoint(flows_env, flow_cfg, tmp_path, monkeypatch, prefect):
     """A train task that fails after a checkpoint is retried (by Prefect, or as Prefect would
     without a server: ``tasks.orchestration.without_prefect``) and continues from that

@@ -150,6 +150,13 @@ def bf16_autocast(cfg: Config, device: torch.device) -> bool:
     return device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16")
 
 
+def rule_correctness(response: str, answer: str) -> float:
+    """The rule-based reward's verdict (Eq. 7): 1.0 when the response's answer is right."""
+    from dapo_core.reward import score
+
+    return score(response, answer).acc
+
+
 def make_collector(
     cfg: Config,
     tokenizer,
@@ -163,8 +170,6 @@ def make_collector(
     """The rollout side as training builds it, in the trainer or in its rollout process:
     ``is_correct`` or the rule-based reward (Eq. 7), the reward model under
     ``rollout.reward: model`` (issue 27), bf16 autocast as the trainer's."""
-    from dapo_core.reward import score
-
     learned = None
     if cfg.rollout.reward == "model":
         from tasks.models.learned_reward import LearnedReward
@@ -173,7 +178,7 @@ def make_collector(
         learned = LearnedReward(
             r.reward_model, tokenizer, device, r.max_prompt_len + r.max_response_len
         )
-    correct = is_correct or (lambda response, answer: score(response, answer).acc)
+    correct = is_correct or rule_correctness
     autocast = (device.type, bf16_autocast(cfg, device))
     return RolloutCollector(
         cfg, tokenizer, generator, problems, correct, rank, world, autocast, learned

@@ -51,7 +51,6 @@ from dapo_core.algos import explained_variance, reduce_metrics
 from dapo_core.config import AlgoConfig, Config
 from dapo_core.errors import PipelineError, TrainingStopped
 from dapo_core.problem import Problem
-from dapo_core.reward import score
 from tasks.rollout.generators import Generator
 from tasks.runtime import seed_everything
 from tasks.training import probe
@@ -118,10 +117,9 @@ class DAPOTrainer:
         sampling = sampling_ranks(cfg.train.rollout_ranks)  # under a launcher: not training
         self.rank, self.world = init_distributed(self.device.type, sampling)
         self.sink = sink if self.rank == 0 else None  # one writer of metrics and files
-        # Correctness of a response against the answer; the rule-based reward (Eq. 7) by default.
-        is_correct = reward_fn or (lambda response, answer: score(response, answer).acc)
+        # Correctness of a response against the answer: ``reward_fn``, else the rule (Eq. 7).
         self.rollouts = make_collector(
-            cfg, tokenizer, generator, problems, self.device, is_correct, self.rank, self.world
+            cfg, tokenizer, generator, problems, self.device, reward_fn, self.rank, self.world
         )
         # train.rollout_ranks: a rollout process samples the next batches (async_rollouts.py)
         if rollout_spec is not None and reward_fn is not None:  # the rollout process scores

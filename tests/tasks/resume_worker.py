@@ -8,21 +8,19 @@ uninterrupted one. Each run writes its run directory (metrics.jsonl, final/) as 
 import json
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 from dapo_core.config_loader import resolve
 from tasks.rundir import RunDir
-from tasks.training import trainer
+from tasks.training import rollouts
 from tasks.training.distributed import shutdown_distributed
 from tasks.training.run import run_training
 
-real_score = trainer.score
-PARITY = SimpleNamespace(acc=True), SimpleNamespace(acc=False)
+rule = rollouts.rule_correctness
 
 
 def main(params_json: str, out: str, parity_reward: bool) -> None:
     cfg = resolve(json.loads(Path(params_json).read_text()))
-    trainer.score = parity_score if parity_reward else real_score
+    rollouts.rule_correctness = parity_score if parity_reward else rule
     root = Path(out)
     run_training(cfg, RunDir(root / "full"), progress=False)
     run_training(cfg, RunDir(root / "cut"), progress=False, max_steps=2)
@@ -31,7 +29,7 @@ def main(params_json: str, out: str, parity_reward: bool) -> None:
 
 def parity_score(response, _):
     """Mixed groups from step 1, whatever the model writes."""
-    return PARITY[len(response) % 2]
+    return float(len(response) % 2 == 0)
 
 
 if __name__ == "__main__":

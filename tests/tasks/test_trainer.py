@@ -126,11 +126,9 @@ def test_resume_reproduces_uninterrupted_run(tiny_cfg, tmp_path, dtype, monkeypa
     """bfloat16: weights in bf16, float32 master copies in the optimizer's checkpoint. A reward
     the tiny model earns from step 1 (response-length parity): every step updates, so a resume
     that lost the optimizer's state (or anything else an update reads) would differ."""
-    from types import SimpleNamespace
+    from tasks.training import rollouts
 
-    from tasks.training import trainer
-
-    monkeypatch.setattr(trainer, "score", lambda r, _: SimpleNamespace(acc=len(r) % 2 == 0))
+    monkeypatch.setattr(rollouts, "rule_correctness", lambda r, _: float(len(r) % 2 == 0))
     cfg = resolve(tiny_cfg.to_dict(), overrides=["train.steps=4", f"model.dtype={dtype}"])
     full = run_training(cfg, RunDir(tmp_path / "full"), progress=False)
     assert all(r["train/kept_group_frac"] > 0 for r in full.history)  # real updates each step

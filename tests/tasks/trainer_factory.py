@@ -19,12 +19,9 @@ def parity_trainer(cfg) -> DAPOTrainer:
 
 def parity_scores(monkeypatch) -> None:
     """``run_training``'s trainers score by the response length's parity (mixed groups)."""
-    from types import SimpleNamespace
+    from tasks.training import rollouts
 
-    from tasks.training import trainer as trainer_module
-
-    parity = SimpleNamespace(acc=True), SimpleNamespace(acc=False)
-    monkeypatch.setattr(trainer_module, "score", lambda response, _: parity[len(response) % 2])
+    monkeypatch.setattr(rollouts, "rule_correctness", lambda response, _: len(response) % 2 == 0)
 
 
 def full_and_resumed(cfg, root, cut_at: int = 2):

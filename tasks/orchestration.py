@@ -20,6 +20,7 @@ import contextvars
 import functools
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -87,15 +88,10 @@ def publish_markdown(key: str, markdown: str, description: str) -> str | None:
     Artifacts page under ``key``, newest version first); nothing outside a flow run. ``key``:
     lowercase letters, digits and dashes (Prefect's rule), other characters become dashes.
     Returns the artifact's id."""
-    if _direct.get() or "prefect" not in sys.modules:  # no Prefect run can be active
+    if _direct.get() or "prefect" not in sys.modules or not _in_flow_run():
         return None
-    import re
-
     from prefect.artifacts import create_markdown_artifact
-    from prefect.context import FlowRunContext
 
-    if FlowRunContext.get() is None:
-        return None
     key = re.sub(r"[^a-z0-9-]+", "-", key.lower()).strip("-")
     try:
         return str(create_markdown_artifact(markdown, key=key, description=description))

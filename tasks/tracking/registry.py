@@ -40,13 +40,9 @@ def is_model_uri(name: str) -> bool:
 
 
 def _client(uri: str | None):
-    import mlflow
     from mlflow import MlflowClient
 
-    uri = uri or tracking_uri()
-    # a models:/ source is looked up in the global store: make it this one
-    mlflow.set_tracking_uri(uri)
-    return MlflowClient(uri)
+    return MlflowClient(uri or tracking_uri())
 
 
 def logged_model_of(ref: str, uri: str | None = None) -> str:
@@ -94,6 +90,10 @@ def register(
     except MlflowException as e:
         if e.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
+    import mlflow
+
+    # MLflow looks a models:/ source up in the process's global store: make it this one
+    mlflow.set_tracking_uri(client.tracking_uri)
     version = client.create_model_version(
         name, f"{MODELS_URI}{model_id}", run_id=model.source_run_id, model_id=model_id
     )

@@ -15,6 +15,10 @@ from tasks.models.resolve import resolve_model_path
 # Long enough that the signal lands inside the phase: more samples to draw. (More test problems
 # would be other build settings: a model built again, inside the trial.)
 LONGER_EVAL = ["-S", "eval.n_samples=1024"]
+# Long enough that a signal sent once training has begun lands inside it, not after the last
+# step (a few steps of the test model end within a poll on a busy machine). Stopped by the
+# signal, a trial trains no longer for it.
+LONGER_TRAINING = ["-S", "train.steps=400"]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +47,7 @@ def setting(flow_cfg, empty_stores, tmp_path_factory):
 )
 def test_a_signal_to_the_group_ends_the_command_with_its_records(setting, trial, seed_prefect_home):
     scratch, model, uri, params = setting
-    extra = params + (LONGER_EVAL if trial.phase == "evaluation" else [])
+    extra = params + (LONGER_EVAL if trial.phase == "evaluation" else LONGER_TRAINING)
     seed_prefect_home(trial_home(scratch, trial))
     out = run_trial(trial, scratch, model, uri, extra)
     # exited by itself (run_trial waits up to a minute; how fast is `python -m bench.interrupts`)
@@ -79,7 +83,7 @@ def test_sigkill_of_the_command_leaves_nothing_running_and_no_run_live(
     seed_prefect_home(trial_home(scratch, trial))
     # a hang guard, not the figure (bench.interrupts: 30 s); the reaper's last words import
     # MLflow, which a suite's other tests on the same cores can slow several times over
-    out = run_trial(trial, scratch, model, uri, params, settle_s=180)
+    out = run_trial(trial, scratch, model, uri, params + LONGER_TRAINING, settle_s=180)
     assert out.exit_code == -9 and not out.left, out
     assert out.mlflow and set(out.mlflow) == {"KILLED"}, out
     assert out.prefect and set(out.prefect) == {"CRASHED"}, out

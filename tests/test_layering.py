@@ -29,13 +29,13 @@ def test_dapo_core_imports_no_orchestration():
 
 
 # What dapo_core may import besides the standard library: the numerical stack, everywhere; and
-# Math-Verify in the reward alone. Judging whether an answer equals the ground truth is the
-# reward's job (Eq. 7), so the judge sits with it rather than behind an adapter in tasks/ that
-# training and evaluation would each have to call: Math-Verify is pure Python on sympy (no
-# orchestration, no I/O), and the reward imports it lazily, only for a ground truth that is not
-# an integer, so training on integer answers never loads it.
+# Math-Verify in the reward's equivalence alone. Judging whether an answer equals the ground
+# truth is the reward's job (Eq. 7), so the judge sits with it rather than behind an adapter in
+# tasks/ that training and evaluation would each have to call: Math-Verify is pure Python on
+# sympy (no orchestration, no I/O), and the reward imports it lazily, only for a ground truth that
+# is not an integer, so training on integer answers never loads it.
 CORE_ALLOWED = {"numpy", "torch", "sympy"}
-CORE_ALLOWED_IN = {"dapo_core.reward": {"math_verify"}}
+CORE_ALLOWED_IN = {"dapo_core.equivalence": {"math_verify"}}
 
 
 def _third_party_imports(path: Path) -> set[str]:

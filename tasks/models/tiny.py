@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from dapo_core import answers, curation, reward, synthetic
+from dapo_core import answers, curation, deadline, equivalence, extraction, reward, synthetic
 from dapo_core.config import Config, TinyModelConfig
 from dapo_core.curation import apply_template
 from dapo_core.problem import Problem
@@ -188,4 +188,4 @@ def build_tiny(cfg: Config) -> Path:
 # The code a build runs: a change to any of these changes what is built (code_digest). The
 # reward and its answer parser are in it: the warm start stops by a validation score they compute.
 BUILD_MODULES = (sys.modules[__name__], warm_start, loading, synthetic, curation, data_splits)
-BUILD_MODULES += (reward, answers)
+BUILD_MODULES += (reward, extraction, equivalence, deadline, answers)

@@ -801,11 +801,11 @@ def _stubborn(*args: object, **kwargs: object) -> bool:
 def test_a_judgement_past_its_deadline_is_not_equivalent(monkeypatch, in_thread: bool) -> None:
     import math_verify
 
-    from dapo_core import reward
+    from dapo_core import equivalence
 
-    reward._math_verify()  # loaded and warmed up first, with the real verify
-    monkeypatch.setattr(reward, "_EQUIVALENCE_SECONDS", 0.2)
-    monkeypatch.setattr(reward, "_EQUIVALENCE_WALL_SECONDS", 0.5)
+    equivalence._math_verify()  # loaded and warmed up first, with the real verify
+    monkeypatch.setattr(equivalence, "_EQUIVALENCE_SECONDS", 0.2)
+    monkeypatch.setattr(equivalence, "_EQUIVALENCE_WALL_SECONDS", 0.5)
     monkeypatch.setattr(math_verify, "verify", _stubborn)
     gold = f"\\frac{{1}}{{{7 + in_thread}}}"  # a pair no other test has cached
     outcome: list[object] = []
@@ -833,17 +833,18 @@ def test_the_deadline_counts_cpu_time_not_waiting(monkeypatch) -> None:
     """A judgement that waits (a busy machine: the thread is not running) is not cut short."""
     import math_verify
 
-    from dapo_core import reward
+    from dapo_core import equivalence
+    from dapo_core.deadline import thread_cpu_clock
 
-    if reward._thread_cpu_clock(threading.get_ident()) is None:
+    if thread_cpu_clock(threading.get_ident()) is None:
         pytest.skip("no per-thread CPU clock here: the budget is wall-clock time")
 
     def patient(*args: object, **kwargs: object) -> bool:
         time.sleep(0.5)
         return True
 
-    reward._math_verify()  # loaded and warmed up first, with the real verify
-    monkeypatch.setattr(reward, "_EQUIVALENCE_SECONDS", 0.2)
+    equivalence._math_verify()  # loaded and warmed up first, with the real verify
+    monkeypatch.setattr(equivalence, "_EQUIVALENCE_SECONDS", 0.2)
     monkeypatch.setattr(math_verify, "verify", patient)
     assert score("Answer: 0.0625", "\\frac{1}{16}").acc
 

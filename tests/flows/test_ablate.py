@@ -350,7 +350,7 @@ def test_on_a_pool_a_crashed_child_is_submitted_once_more(tiny_cfg, monkeypatch)
     import prefect.client.orchestration
     import prefect.deployments
 
-    from flows import ablate
+    from flows import ablate, sweep_pool
 
     outcomes = {"grpo seed0": ["Crashed", "Completed"], "grpo seed1": ["Failed", "Failed"]}
     outcomes["+overlong_filtering seed0"] = ["Completed"]
@@ -394,15 +394,15 @@ def test_on_a_pool_a_crashed_child_is_submitted_once_more(tiny_cfg, monkeypatch)
 
     deployment = types.SimpleNamespace(apply=lambda work_pool_name: None)
     flow = types.SimpleNamespace(to_deployment=lambda **kw: deployment)
-    monkeypatch.setattr(ablate, "ablate_run_flow", flow)
     monkeypatch.setattr(prefect.deployments, "run_deployment", fake_run_deployment)
     monkeypatch.setattr(prefect.client.orchestration, "get_client", lambda **kw: Client())
-    monkeypatch.setattr(ablate, "POLL_S", 0.0)
+    monkeypatch.setattr(sweep_pool, "POLL_S", 0.0)
     children = [
         ablate.Child(v, s, tiny_cfg, "/x")
         for v, s in (("grpo", 0), ("grpo", 1), ("+overlong_filtering", 0), ("+clip_higher", 0))
     ]
-    statuses = {c.label: st for c, st in ablate._on_pool(children, "p", None, "pool", "sw")}
+    runs = sweep_pool.on_pool(flow, children, "p", None, "pool", "sw")
+    statuses = {c.label: st for c, st in runs}
     assert statuses["grpo seed0"] == "ok" and statuses["+overlong_filtering seed0"] == "ok"
     assert statuses["grpo seed1"] == "failed: Failed: boom"
     assert statuses["+clip_higher seed0"] == "cancelled: boom"

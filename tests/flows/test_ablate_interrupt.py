@@ -231,7 +231,7 @@ def test_cancel_sweep_ends_queued_runs_and_asks_running_ones_to_stop(monkeypatch
     import prefect.client.orchestration
     import prefect.states
 
-    from flows import ablate
+    from flows import sweep_pool
 
     ended = getattr(prefect.states, stopped)
 
@@ -264,7 +264,7 @@ def test_cancel_sweep_ends_queued_runs_and_asks_running_ones_to_stop(monkeypatch
                 runs[run_id].state = runs[run_id].transitions()  # the worker stops it
 
     monkeypatch.setattr(prefect.client.orchestration, "get_client", lambda **kw: Client())
-    assert ablate.cancel_sweep("sw", wait_s=30) == (2, 1, 0)  # queued, running, not ended
+    assert sweep_pool.cancel_sweep("sw", wait_s=30) == (2, 1, 0)  # queued, running, not ended
     asked = [(r, "CANCELLING", False) for r in runs]  # not forced
     settled = [("run-2", "CANCELLED", True)] if stopped == "Crashed" else []
     assert sorted(proposed) == sorted(asked + settled)

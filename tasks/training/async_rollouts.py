@@ -10,19 +10,19 @@ verl's pipeline) up to k + s.
 Weights travel through s + 1 shared-memory slots (``torch.multiprocessing``): after step t the
 trainer writes version t + 1 into slot (t + 1) mod (s + 1) and asks for batch t + 1 + s. That slot
 last held version t - s, which only batch t (now trained on) needed, so nothing waits for the
-rollout process to finish reading it. Batches come back through a queue, as bytes (``_packed``),
-with the rollout side's state after each one (the problem stream and the groups carried by
-dynamic sampling), so that a checkpoint holds the batches still in flight and the state after
-them: a resumed run continues exactly as the uninterrupted one.
+rollout process to finish reading it. Batches come back through a queue, as bytes
+(``rollout_wire.packed``), with the rollout side's state after each one (the problem stream and
+the groups carried by dynamic sampling), so that a checkpoint holds the batches still in flight
+and the state after them: a resumed run continues exactly as the uninterrupted one.
 
-The rollout process is this module's ``_serve``: it loads the policy the trainer loaded, with the
+The rollout process is ``rollout_process.serve``: it loads the policy the trainer loaded, with the
 same drop-in kernels (``tasks.training.kernels``), and builds the same sampler. It ends on a stop
 message, when the trainer's process is gone, or on Ctrl-C (quietly: the trainer reports).
 
 Under a launcher (torchrun, deepspeed: several ranks, on one machine or many) the rollout side is
-the world's last ``train.rollout_ranks`` ranks instead (:func:`serve_rollout_rank`), and the
-others train (DeepSpeed over their own group, ``distributed.Layout``): requests and batches
-travel as torch.distributed point-to-point messages (gloo on CPU, NCCL on GPU), the weights
+the world's last ``train.rollout_ranks`` ranks instead (``rollout_process.serve_rollout_rank``),
+and the others train (DeepSpeed over their own group, ``distributed.Layout``): requests and
+batches travel as torch.distributed point-to-point messages (gloo on CPU, NCCL on GPU), the weights
 after each update are broadcast from training rank 0's s + 1 send buffers without waiting for
 the rollout ranks to receive them (``_RankLink``). The rollout ranks sample each batch together,
 each its share of the prompts, as training ranks do in a synchronous step. The protocol is the
@@ -33,58 +33,29 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import pickle
 import queue
-import threading
 import time
-import traceback
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dapo_core.config import Config
 from dapo_core.errors import PipelineError
-from dapo_core.problem import Problem
-from dapo_core.sampling import BatchStats
-from tasks.models.loading import load_policy
-from tasks.rollout.factory import make_generator
-from tasks.runtime import configure_torch, env_world_size, seed_everything
-from tasks.training.batches import Group
+from tasks.runtime import env_world_size
 from tasks.training.distributed import layout
-from tasks.training.kernels import install_rms_norm, use_cpu_sdpa
-from tasks.training.records import RolloutLog
-from tasks.training.rollouts import make_collector
-
-POLL_S = 0.5  # how often a waiting side checks that the other is still alive
-CLOSE_S = 5.0  # how long a stopping side waits for the other to take its last message
-
-
-@dataclass
-class RolloutSpec:
-    """What the rollout process needs to build the trainer's sampler (all picklable)."""
-
-    cfg: Config
-    model_path: str
-    dtype: str  # the trainer's weights dtype (``weights_dtype``)
-    device: str
-    problems: list[Problem]
-    is_correct: Any = None  # a picklable (response, answer) -> bool; None: the rule-based reward
-
-
-@dataclass
-class Batch:
-    """One batch as the rollout process sampled it, and its state after it."""
-
-    index: int  # the training step it is for
-    version: int  # the policy version that sampled it: the weights after that many steps
-    groups: list[Group]
-    stats: BatchStats
-    log: RolloutLog
-    state: dict  # the rollout side's state after this batch (stream, carried groups)
+from tasks.training.rollout_process import RolloutSpec, serve
+from tasks.training.rollout_wire import (
+    CLOSE_S,
+    POLL_S,
+    Batch,
+    broadcast,
+    isend_object,
+    recv_object,
+    unpacked,
+    wait_for,
+)
 
 
 def version_for(index: int, staleness: int, start: int) -> int:
@@ -174,7 +145,7 @@ class AsyncRollouts:
         if msg[0] == "error":
             self.close()
             raise msg[1] if isinstance(msg[1], Exception) else PipelineError(msg[1])
-        batch = _unpacked(msg[1])
+        batch = unpacked(msg[1])
         self.ready[batch.index] = batch
         self.state = batch.state
 
@@ -188,7 +159,7 @@ class _LocalLink:
         self.slots = _slots(policy, n)
         self.requests, self.results = ctx.Queue(), ctx.Queue()
         self.proc = ctx.Process(
-            target=_serve,
+            target=serve,
             args=(spec, self.slots, self.requests, self.results),
             name="dapo-rollout",
             daemon=True,
@@ -259,25 +230,25 @@ class _RankLink:
 
     def send(self, msg: tuple) -> None:
         if self.leader:
-            self.messages += _isend_object(msg, self.samplers, self.device)
+            self.messages += isend_object(msg, self.samplers, self.device)
 
     def write(self, policy, version: int) -> None:
         if not self.leader:
             return
         # The rollout ranks read messages in order, and have read every one sent before the
         # request of the batch just trained on (they sampled it): these waits end at once.
-        _wait([work for work, _ in self.messages])
+        wait_for([work for work, _ in self.messages])
         self.messages = []
         i = version % len(self.buffers)
-        _wait(self.sending[i])
+        wait_for(self.sending[i])
         with torch.no_grad():
             for name, t in policy.state_dict().items():
                 self.buffers[i][name].copy_(t)
         self.send(("weights", version))
-        self.sending[i] = [_broadcast(t, self.group) for t in self.buffers[i].values()]
+        self.sending[i] = [broadcast(t, self.group) for t in self.buffers[i].values()]
 
     def receive(self) -> tuple:
-        return _recv_object(self.source, self.device)
+        return recv_object(self.source, self.device)
 
     def close(self) -> None:
         """Tell the rollout ranks to stop, and wait until they have the message: a send not yet
@@ -285,12 +256,7 @@ class _RankLink:
         error) the wait fails at once, and the launcher ends what is left."""
         with contextlib.suppress(Exception):
             self.send(("stop",))
-            _wait([work for work, _ in self.messages], deadline_s=CLOSE_S)
-
-
-def _broadcast(t: torch.Tensor, group) -> Any:
-    """``t`` from rank 0 to the rest of ``group``, without waiting (rank 0 is the group's first)."""
-    return dist.broadcast(t, src=0, group=group, async_op=True)
+            wait_for([work for work, _ in self.messages], deadline_s=CLOSE_S)
 
 
 def _checked_reward(is_correct: Any) -> Any:
@@ -304,73 +270,6 @@ def _checked_reward(is_correct: Any) -> Any:
             "function, or set train.rollout_ranks=0"
         ) from None
     return is_correct
-
-
-def _isend_object(obj: Any, peers: list[int], device: str) -> list:
-    """``obj`` pickled once and sent to each of ``peers`` as its length then its bytes; the
-    sends and the tensors they read (kept alive until the sends complete)."""
-    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
-    size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
-    return [(dist.isend(t, peer), t) for peer in peers for t in (size, data)]
-
-
-def _recv_object(peer: int, device: str) -> Any:
-    size = torch.empty(1, dtype=torch.int64, device=device)
-    _wait([dist.irecv(size, peer)])
-    data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
-    _wait([dist.irecv(data, peer)])
-    return pickle.loads(data.cpu().numpy().tobytes())
-
-
-def _wait(works: list, deadline_s: float | None = None) -> bool:
-    """Wait for point-to-point operations in a helper thread: waited for in this (the main)
-    thread, a silent peer would hold off Ctrl-C and SIGTERM for as long as it is silent (Python
-    runs signal handlers between bytecodes; gloo's ``is_completed`` is only true after a wait).
-    False when ``deadline_s`` passed first; a failed operation's error (the peer gone) raised."""
-    done, errors = threading.Event(), []
-
-    def wait_all() -> None:
-        try:
-            for w in works:
-                w.wait()
-        except Exception as e:  # noqa: BLE001 - raised in the caller's thread
-            errors.append(e)
-        finally:
-            done.set()
-
-    threading.Thread(target=wait_all, name="dapo-p2p-wait", daemon=True).start()
-    t0 = time.monotonic()
-    while not done.wait(POLL_S):  # a signal interrupts this wait
-        if deadline_s is not None and time.monotonic() - t0 > deadline_s:
-            return False
-    if errors:
-        raise errors[0]
-    return True
-
-
-def _packed(batch: Batch) -> bytes:
-    """A batch as bytes, its groups' log-probs as numpy arrays. Hundreds of small tensors cost
-    ~0.1 ms each to pickle (and a queue would give each a shared-memory segment of its own):
-    longer than sampling the embedded model's batch. The rollout side's own groups (the carried
-    ones are in its state) are left as they are."""
-    return pickle.dumps(_converted(batch, lambda t: t.numpy()))
-
-
-def _unpacked(data: bytes) -> Batch:
-    return _converted(pickle.loads(data), torch.from_numpy)
-
-
-def _converted(batch: Batch, convert) -> Batch:
-    """The batch with every group's log-probs converted (groups copied, not changed)."""
-
-    def group(g: Group) -> Group:
-        lps = None if g.logprobs is None else [convert(t) for t in g.logprobs]
-        return dataclasses.replace(g, logprobs=lps)
-
-    buffer = batch.state["buffer"]
-    carried = [(born, group(g)) for born, g in buffer["groups"]]
-    state = {**batch.state, "buffer": {**buffer, "groups": carried}}
-    return dataclasses.replace(batch, groups=[group(g) for g in batch.groups], state=state)
 
 
 def _slots(policy, n: int) -> list[dict]:
@@ -392,141 +291,3 @@ def _shared_copy(policy) -> dict:
         k: v.detach().to("cpu", copy=True).share_memory_() for k, v in policy.state_dict().items()
     }
     return {"weights": weights, "version": torch.full((), -1, dtype=torch.long).share_memory_()}
-
-
-def _serve(spec: RolloutSpec, slots: list[dict], requests, results) -> None:
-    """The rollout process: build the sampler, then answer requests until told to stop or the
-    trainer's process is gone. An error goes to the trainer, which raises it."""
-    try:
-        sampler = _Sampler(spec, functools.partial(_slot_weights, slots))
-        while _serving(sampler, requests, results):
-            pass
-    except KeyboardInterrupt:
-        pass  # Ctrl-C reaches the whole process group: the trainer reports it
-    except Exception as e:  # noqa: BLE001 - handed to the trainer, which raises it
-        try:
-            results.put(("error", e))
-        except Exception:  # noqa: BLE001 - an unpicklable error: its text
-            results.put(("error", f"rollout process: {traceback.format_exc(limit=3)}"))
-        if mp.parent_process().is_alive():
-            return  # the error is flushed to the trainer before this process ends
-    results.cancel_join_thread()  # batches nobody will read: do not wait to flush them
-
-
-def _serving(sampler: _Sampler, requests, results) -> bool:
-    """Answer one request; False when it is time to stop."""
-    try:
-        msg = requests.get(timeout=POLL_S)
-    except queue.Empty:
-        return mp.parent_process().is_alive()  # the trainer died without stopping us
-    except (EOFError, OSError):
-        return False  # the trainer's end of the queue is gone
-    if msg[0] == "stop":
-        return False
-    if msg[0] == "state":
-        sampler.collector.load_state_dict(msg[1])
-    else:
-        results.put(("batch", _packed(sampler.batch(*msg[1:]))))
-    return True
-
-
-def _slot_weights(slots: list[dict], version: int) -> dict[str, torch.Tensor]:
-    slot = slots[version % len(slots)]
-    if int(slot["version"]) != version:  # the trainer writes a slot before asking for it
-        raise PipelineError(
-            f"rollout process: slot holds version {int(slot['version'])}, not {version}"
-        )
-    return slot["weights"]
-
-
-def serve_rollout_rank(device: str) -> None:
-    """A rollout rank under a launcher (one of the world's last ``train.rollout_ranks``): build
-    the sampler training rank 0 describes, then answer its messages until it says stop. The
-    rollout ranks sample each batch together, each its share of the prompts (gathered among
-    them, as training ranks do in a synchronous step); the first sends it to every training
-    rank. An error goes to the training ranks, which raise it; if they are gone, the receive
-    fails and this rank ends."""
-    split, leader = layout(), 0
-    index_here = dist.get_rank() - split.trainers  # among the rollout ranks
-    trainers = list(range(split.trainers)) if index_here == 0 else []  # whom this rank sends to
-    kind, spec = _recv_object(leader, device)
-    assert kind == "spec", kind
-    versions: dict[int, dict[str, torch.Tensor]] = {}
-    sending: dict[int, list] = {}  # each batch's sends in flight, with the tensors they read
-    s = spec.cfg.rollout.max_staleness
-    try:
-        sampler = _Sampler(spec, versions.__getitem__, index_here, dist.get_world_size(split.peers))
-        while True:
-            msg = _recv_object(leader, device)
-            if msg[0] == "stop":
-                break
-            if msg[0] == "state":
-                sampler.collector.load_state_dict(msg[1])
-            elif msg[0] == "weights":
-                versions[msg[1]] = _recv_weights(sampler.model, split.weights)
-            else:
-                _, index, version = msg
-                batch = _packed(sampler.batch(index, version))
-                for older in [v for v in versions if v < version]:  # no later batch needs it
-                    del versions[older]
-                # batch index asked for after the training ranks trained on batch index - s - 1:
-                # they have every batch up to that one, so those sends are done (the waits end
-                # at once)
-                done = [k for k in sending if k <= index - s - 1]
-                _wait([work for k in done for work, _ in sending.pop(k)])
-                sending[index] = _isend_object(("batch", batch), trainers, device)
-    except Exception as e:  # noqa: BLE001 - handed to the training ranks, which raise it
-        # (Ctrl-C is not caught: it reaches every rank, and each ends by it)
-        with contextlib.suppress(Exception):
-            error = _isend_object(("error", _picklable(e)), trainers, device)
-            _wait([w for w, _ in error], CLOSE_S)
-        raise
-    _wait([work for sends in sending.values() for work, _ in sends])
-
-
-def _recv_weights(model, group) -> dict[str, torch.Tensor]:
-    """One version of the weights, received in the order the trainer sends its state dict."""
-    weights = {k: torch.empty_like(v) for k, v in model.state_dict().items()}
-    _wait([_broadcast(t, group) for t in weights.values()])
-    return weights
-
-
-def _picklable(error: Exception) -> Exception | str:
-    try:
-        pickle.dumps(error)
-        return error
-    except Exception:  # noqa: BLE001 - its text instead
-        return f"rollout rank: {traceback.format_exc(limit=3)}"
-
-
-class _Sampler:
-    """The rollout side's policy copy, sampler and rollout state; ``weights(version)`` gives
-    the policy's weights after that many steps."""
-
-    def __init__(self, spec: RolloutSpec, weights: Any, rank: int = 0, world: int = 1):
-        cfg = spec.cfg
-        configure_torch(cfg.train.cpu_threads)
-        self.cfg, self.weights, self.loaded = cfg, weights, None
-        self.model, tokenizer = load_policy(spec.model_path, spec.dtype, spec.device)
-        install_rms_norm(self.model)  # the trainer's sampler runs these drop-ins too
-        use_cpu_sdpa(self.model)
-        generator = make_generator(cfg, self.model, tokenizer, spec.model_path)
-        device = torch.device(spec.device)
-        self.collector = make_collector(  # rank, world: among the rollout ranks
-            cfg, tokenizer, generator, spec.problems, device, spec.is_correct, rank, world
-        )
-
-    def batch(self, index: int, version: int) -> Batch:
-        if version != self.loaded:
-            self._load(version)
-        seed_everything(self.cfg.train.seed * 1_000_003 + index)  # as the trainer's step does
-        self.collector.version = version
-        groups, stats, log = self.collector.collect(self.model, index)
-        return Batch(index, version, groups, stats, log, self.collector.state_dict())
-
-    def _load(self, version: int) -> None:
-        weights = self.weights(version)
-        with torch.no_grad():
-            for name, t in self.model.state_dict().items():
-                t.copy_(weights[name])
-        self.loaded = version

@@ -30,10 +30,10 @@ from safetensors.torch import load_file, save_file
 from dapo_core.errors import PipelineError
 from dapo_core.sampling import BatchStats
 from tasks.rundir import RunDir, checkpoint_step, seal_files
-from tasks.training.async_rollouts import Batch
 from tasks.training.batches import Group
 from tasks.training.distributed import all_gather_objects, barrier
 from tasks.training.records import RolloutLog
+from tasks.training.rollout_wire import Batch
 from tasks.training.trainer import DAPOTrainer
 
 TRAINER_STATE = "trainer.pt"

@@ -51,7 +51,7 @@ _layout: Layout | None = None  # the one in use; None: every rank trains
 def init_distributed(device: str, rollout_ranks: int = 0) -> tuple[int, int]:
     """(rank, number of ranks) on this rank's side; initialises the process group when
     launched with several ranks. Under a launcher the world's last ``rollout_ranks`` ranks
-    sample rollouts (``async_rollouts.serve_rollout_rank``): a training rank gets (its rank,
+    sample rollouts (``rollout_process.serve_rollout_rank``): a training rank gets (its rank,
     the number of training ranks), a rollout rank (its index among the rollout ranks, their
     number)."""
     global _layout

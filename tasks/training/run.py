@@ -25,7 +25,6 @@ from tasks.rollout.factory import make_generator
 from tasks.rundir import ResumePoint, RunDir
 from tasks.runtime import configure_torch, env_world_size
 from tasks.training import checkpoint, probe
-from tasks.training.async_rollouts import RolloutSpec, serve_rollout_rank
 from tasks.training.distributed import (
     all_gather_objects,
     all_ranks_true,
@@ -34,6 +33,7 @@ from tasks.training.distributed import (
     is_rollout_rank,
     sampling_ranks,
 )
+from tasks.training.rollout_process import RolloutSpec, serve_rollout_rank
 from tasks.training.trainer import DAPOTrainer, MetricsSink, StepResult
 
 

@@ -54,7 +54,7 @@ from dapo_core.problem import Problem
 from tasks.rollout.generators import Generator
 from tasks.runtime import seed_everything
 from tasks.training import probe
-from tasks.training.async_rollouts import AsyncRollouts, RolloutSpec
+from tasks.training.async_rollouts import AsyncRollouts
 from tasks.training.batches import Group, Sample
 from tasks.training.compiled import compile_decoder
 from tasks.training.critic import Critic, OptimizerFactory, value_model
@@ -64,6 +64,7 @@ from tasks.training.kernels import install_rms_norm, use_cpu_sdpa
 from tasks.training.precision import adamw_optimizer
 from tasks.training.records import RolloutLog, UpdateResult
 from tasks.training.reference import ReferencePolicy, frozen_copy
+from tasks.training.rollout_process import RolloutSpec
 from tasks.training.rollouts import bf16_autocast, make_collector
 from tasks.training.step_metrics import (
     StallWatch,

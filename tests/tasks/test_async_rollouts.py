@@ -167,7 +167,7 @@ def test_a_reward_that_cannot_reach_the_rollout_process_is_a_one_line_error(tiny
     from dapo_core.problem import Problem
     from tasks.models.loading import load_policy
     from tasks.models.resolve import resolve_model_path
-    from tasks.training.async_rollouts import RolloutSpec
+    from tasks.training.rollout_process import RolloutSpec
     from tasks.training.trainer import DAPOTrainer
 
     cfg = resolve(tiny_cfg.to_dict(), overrides=["train.rollout_ranks=1"])

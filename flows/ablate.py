@@ -382,7 +382,7 @@ def gather(cfg: Config, parent_id: str | None, child: Child) -> dict[str, Any]:
 
 def _publish(name: str, table: pd.DataFrame, run_url: str | None, view: str | None) -> None:
     """The ablation table as the sweep's Prefect artifact, linking to its MLflow runs."""
-    from tasks.tracking.tracker import markdown_table
+    from tasks.tracking.artifacts import markdown_table
 
     links = [f"[the parent MLflow run]({run_url})"] if run_url else []
     links += [f"[every run side by side]({view})"] if view else []
@@ -399,8 +399,8 @@ def log_tables(
     baseline: str | None = None,
 ) -> pd.DataFrame:
     """The ablation and mechanism tables and the chart: to the parent run and to ``root``."""
+    from tasks.tracking.artifacts import markdown_table
     from tasks.tracking.plots import ablation_chart, save_figures
-    from tasks.tracking.tracker import markdown_table
 
     n_boot, seed = cfg.eval.bootstrap_samples, cfg.eval.seed
     table = ablation_table(results, n_boot, seed, variants=names, baseline=baseline)

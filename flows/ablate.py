@@ -63,11 +63,11 @@ from tasks.evaluation.task import evaluate_task
 from tasks.orchestration import (
     cancelled_when_interrupted,
     crashed_when_killed,
-    deferred_signals,
     publish_markdown,
     run_logger,
 )
 from tasks.rundir import RunDir
+from tasks.signals import deferred_signals
 from tasks.training.task import train_task
 
 SIGNAL_METRICS = sorted(

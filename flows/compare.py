@@ -55,11 +55,11 @@ from tasks.evaluation.comparison import (
 from tasks.evaluation.task import evaluate_task
 from tasks.orchestration import (
     crashed_when_killed,
-    deferred_signals,
     publish_markdown,
     run_logger,
 )
 from tasks.rundir import RunDir
+from tasks.signals import deferred_signals
 from tasks.training.task import train_task
 
 RL_METHODS = {"ppo_rm": "ppo", "grpo": "grpo", "dapo": "dapo"}  # method -> variant

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from dapo_core.errors import PipelineError
 from tasks.lifetime import start_helper, stop_helper, unwatch
-from tasks.orchestration import own_session, release_session, without_prefect
+from tasks.orchestration import without_prefect
+from tasks.signals import own_session, release_session
 
 SERVER_START_TIMEOUT_S = 120.0
 SERVER_STOP_GRACE_S = 10.0

@@ -65,7 +65,7 @@ def _terminate(signum: int, frame: Any) -> None:
 def _working() -> None:
     """From here on the command does work with a clean-up: Ctrl-C and SIGTERM raise, so that it
     runs (MLflow run ended KILLED, Prefect state written, servers stopped)."""
-    from tasks.orchestration import watched
+    from tasks.signals import watched
 
     # the first interrupt gives the clean-up CLEANUP_DEADLINE_S, then the command gives up
     signal.signal(signal.SIGINT, watched(signal.default_int_handler))

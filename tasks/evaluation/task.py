@@ -17,8 +17,9 @@ from dapo_core.errors import TrainingInterrupted
 from tasks.data.eval_sets import SYNTHETIC_TEST
 from tasks.data.version import pairs_digest
 from tasks.evaluation.evaluate import evaluate_model
-from tasks.orchestration import deferred_signals, interrupts, run_logger, stage_task
+from tasks.orchestration import interrupts, run_logger, stage_task
 from tasks.rundir import RunDir
+from tasks.signals import deferred_signals
 from tasks.tracking.provenance import data_source, run_tags
 from tasks.tracking.tracker import Tracker
 

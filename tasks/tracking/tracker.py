@@ -101,7 +101,7 @@ class Tracker(ArtifactLog):
     def _guard(self, what: str, fn: Callable[[], Any]) -> Any:
         """Run one MLflow call, whole (a Ctrl-C or SIGTERM is held until it returns); on any error
         warn once, pause MLflow for a while, return None."""
-        from tasks.orchestration import held_signals
+        from tasks.signals import held_signals
 
         if time.monotonic() < self._retry_at:
             return None

@@ -24,13 +24,13 @@ from tasks.models.build import model_dir_digest
 from tasks.models.resolve import resolve_model_path
 from tasks.orchestration import (
     concurrency_slot,
-    deferred_signals,
     interrupts,
     run_logger,
     stage_task,
 )
 from tasks.rundir import RunDir
 from tasks.runtime import configure_torch
+from tasks.signals import deferred_signals
 from tasks.tracking.provenance import data_source, run_tags
 from tasks.tracking.tracker import Tracker
 from tasks.training.preflight import PreflightResult

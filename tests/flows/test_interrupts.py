@@ -145,12 +145,12 @@ def test_a_signal_while_the_command_imports_ends_it_at_once(tmp_path, delay_s):
 
 HUNG_CLEAN_UP = """
 import signal, subprocess, sys, time
-from tasks import orchestration
-orchestration.CLEANUP_DEADLINE_S = 1.0
+from tasks import signals
+signals.CLEANUP_DEADLINE_S = 1.0
 server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                           start_new_session=True)
-orchestration.own_session(server.pid)
-signal.signal(signal.SIGTERM, orchestration.watched(lambda s, f: (_ for _ in ()).throw(
+signals.own_session(server.pid)
+signal.signal(signal.SIGTERM, signals.watched(lambda s, f: (_ for _ in ()).throw(
     KeyboardInterrupt)))
 try:
     print(server.pid, flush=True)  # ready: inside the block that handles the interrupt
@@ -199,7 +199,7 @@ def test_a_flow_run_keeps_the_watchdog_on_prefects_handler():
     whatever is installed (so the watchdog arms there too) and puts it back after."""
     import signal
 
-    from tasks.orchestration import watched_signals
+    from tasks.signals import watched_signals
 
     def prefects(signum, frame):  # stands in for Prefect's TerminationSignal bridge
         raise RuntimeError("prefect")
@@ -234,12 +234,12 @@ def test_a_signal_ends_the_rollout_process_with_the_trainer(setting, sig, to):
 
 LOST_IN_A_CALLBACK = """
 import os, signal, time
-from tasks import orchestration
+from tasks import signals
 
 def stop(signum, frame):
     raise KeyboardInterrupt
 
-signal.signal(signal.SIGTERM, orchestration.watched(stop))
+signal.signal(signal.SIGTERM, signals.watched(stop))
 
 class Dying:
     def __del__(self):  # as a garbage-collection callback: what it raises is not raised

@@ -44,6 +44,7 @@ is exercised there; the CPU prints achieved FLOP/s only, as MFU needs a peak (--
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 import types
@@ -224,8 +225,10 @@ def measure(
     samples = make_samples(P, G, L, prompt_len, config.vocab_size, seed=0)
     trainer = make_trainer(model, P, G, L, budget, compile_, variant)
     if trainer.critic:  # PPO: the critic's update is part of the step; it needs its targets
-        for s in samples:
-            s.old_values, s.returns = torch.zeros(L), torch.full((L,), s.advantage)
+        samples = [
+            dataclasses.replace(s, old_values=torch.zeros(L), returns=torch.full((L,), s.advantage))
+            for s in samples
+        ]
     # The analytic count follows the trainer's own packing: a group split across micro-batches
     # runs its prompt once per micro-batch; the chunk is the one _forward_logprobs uses.
     batches = trainer.updater.micro_batches(samples)

@@ -62,19 +62,20 @@ class Group:
     version: int | None = None  # the policy that sampled it: the weights after this many steps
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class Sample:
-    """One response ready for the loss: its ids, advantage and loss weight."""
+    """One response ready for the loss: its ids, advantage and loss weight, and what its loss
+    reads besides the policy's own log-probs. Built whole, never changed: what the step's
+    no-grad passes compute for it (log pi_old, log pi_ref, the critic's values) comes back as
+    ``Rows`` keyed by the sample (by identity: ``eq=False``)."""
 
     input_ids: list[int]  # prompt + response
     prompt_len: int
     advantage: float  # the response's advantage (the mean over its tokens of token_advantages)
     keep: bool  # False when overlong filtering masks it out
-    old_logp: torch.Tensor | None = None  # (response_len,), when several updates per rollout
     rollout_logp: torch.Tensor | None = None  # (response_len,), the sampler's log-probs
     fresh: bool = True  # sampled by this step's policy (not a group carried from an earlier step)
     token_advantages: torch.Tensor | None = None  # (response_len,); None: ``advantage`` on each
-    ref_logp: torch.Tensor | None = None  # (response_len,), the frozen reference's (KL term)
     kl: bool = False  # its loss has a KL term, never identically zero (GRPO's KL in the loss)
     old_values: torch.Tensor | None = None  # (response_len,), the critic's before the updates
     returns: torch.Tensor | None = None  # (response_len,), the critic's regression target
@@ -100,6 +101,11 @@ class Sample:
         if self.token_advantages is not None:
             return self.token_advantages
         return torch.full((self.response_len,), self.advantage)
+
+
+Rows = dict[Sample, torch.Tensor]
+"""A no-grad pass's output: a (response_len,) row per sample it ran on (log pi_old, log pi_ref,
+the critic's values), keyed by the sample itself."""
 
 
 def fed_tokens(

@@ -40,7 +40,7 @@ from dapo_core.algorithm import Chosen
 from dapo_core.algos import NoParams, ValueParams, aggregate
 from dapo_core.config import Config
 from dapo_core.errors import PipelineError
-from tasks.training.batches import Sample
+from tasks.training.batches import Rows, Sample
 from tasks.training.compiled import compile_decoder
 from tasks.training.distributed import OptimizerEngine, all_reduce_sum
 from tasks.training.forward import PolicyForward
@@ -149,13 +149,15 @@ class Critic:
         self.metric_names = sorted(loss(zero, zero, zero, one)[1])
 
     @torch.no_grad()
-    def values(self, batches: list[list[Sample]], dummy: Callable[[], list[Sample]]) -> None:
-        """Set ``old_values`` (response_len,) of every sample in this rank's ``batches`` (an
-        empty micro-batch runs a dummy: ZeRO-3 gathers at every forward)."""
+    def values(self, batches: list[list[Sample]], dummy: Callable[[], list[Sample]]) -> Rows:
+        """The values (response_len,) of every sample in this rank's ``batches`` (an empty
+        micro-batch runs a dummy: ZeRO-3 gathers at every forward)."""
+        rows: Rows = {}
         for batch in batches:
             values, mask = self.forward(batch or dummy())
             for s, row, n in zip(batch, values, mask.sum(dim=1), strict=False):
-                s.old_values = row[: int(n)].float()
+                rows[s] = row[: int(n)].float()
+        return rows
 
     def update(
         self,

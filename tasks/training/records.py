@@ -47,7 +47,7 @@ class RolloutLog:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class UpdateResult:
     """One gradient update over a mini-batch, reduced over its micro-batches and ranks.
 

@@ -121,17 +121,17 @@ class RolloutCollector:
                 scores = self.reward_model(p.prompt, out.texts[sl])
             groups.append(
                 Group(
-                    p.id,
-                    p.answer,
-                    out.prompt_ids[i],
-                    out.response_ids[sl],
-                    out.finished[sl],
-                    acc,
-                    out.texts[sl],
-                    logprobs,
-                    step,
-                    scores,
-                    step if self.version is None else self.version,
+                    problem_id=p.id,
+                    answer=p.answer,
+                    prompt_ids=out.prompt_ids[i],
+                    response_ids=out.response_ids[sl],
+                    finished=out.finished[sl],
+                    acc=acc,
+                    texts=out.texts[sl],
+                    logprobs=logprobs,
+                    step=step,
+                    scores=scores,
+                    version=step if self.version is None else self.version,
                 )
             )
         return groups

@@ -128,9 +128,10 @@ class UpdateSums:
         self.entries = {k: [pairs[2 * j], pairs[2 * j + 1]] for j, k in enumerate(names)}
         self.max_ratio = all_reduce_max(self.max_ratio, world)
 
-    def result(self) -> UpdateResult:
+    def result(self, grad_norm: float, applied: bool, padding_frac: float) -> UpdateResult:
         """Token means, the loss and token count, the mismatch means when any were measured,
-        and each entry metric's summed (numerator, denominator)."""
+        and each entry metric's summed (numerator, denominator); with the optimizer step's
+        gradient norm and whether it was applied, and the update's padding share."""
         s, n = self.sums, self.sums["tokens"]
         mismatch = None
         if n_mis := s["mismatch_tokens"]:
@@ -140,7 +141,16 @@ class UpdateSums:
                 "max_ratio": self.max_ratio,
             }
         entropy = s["entropy"] / n if n else 0.0
-        return UpdateResult(s["loss"], n, entropy, dict(self.entries), mismatch)
+        return UpdateResult(
+            loss=s["loss"],
+            tokens=n,
+            entropy=entropy,
+            entries=dict(self.entries),
+            mismatch=mismatch,
+            grad_norm=grad_norm,
+            applied=applied,
+            padding_frac=padding_frac,
+        )
 
 
 POOLED_OVER_STEP = ("clip_high_old_prob",)

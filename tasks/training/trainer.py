@@ -224,7 +224,7 @@ class DAPOTrainer:
             samples, stats, updates = self.learn(groups)
             metrics.update(stats)
             if self.critic:
-                self.updater.critic_updates(samples, updates, self.lr_at(self.step))
+                updates = self.updater.critic_updates(samples, updates, self.lr_at(self.step))
         self.step += 1
         if self.async_rollouts:  # the weights after this step, for the batch s steps ahead
             self.async_rollouts.publish(self.model, self.step)

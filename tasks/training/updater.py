@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -25,7 +26,7 @@ from dapo_core.algorithm import Algorithm, global_count, reward_kl, token_losses
 from dapo_core.algos import Metrics, TokenBatch, aggregate
 from dapo_core.metrics import masked_mean
 from dapo_core.mismatch import mismatch_sums
-from tasks.training.batches import Group, Sample, distinct_prompts, pack_samples
+from tasks.training.batches import Group, Rows, Sample, distinct_prompts, pack_samples
 from tasks.training.batches import sample_padding_fraction as padding_fraction
 from tasks.training.critic import Critic
 from tasks.training.distributed import OptimizerEngine, all_gather_objects, all_reduce_max
@@ -60,12 +61,12 @@ class PolicyUpdater:
     def updates(self, samples: list[Sample], alg: Algorithm | None = None) -> list[UpdateResult]:
         """``prompt_batch / mini_batch`` gradient updates over the step's samples (with the run's
         algorithm unless ``alg`` says otherwise: a switch probe's flipped update)."""
+        alg = alg or self.algorithm
         minis = self.minis(samples)
-        if len(minis) > 1:  # with one update the ratio is exactly 1: no extra pass
-            self.old_logprobs(minis)
-        if (alg or self.algorithm).kl_in_loss:
-            self.ref_logprobs(minis)
-        return [self.update(mini, alg) for mini in minis]
+        # with one update the ratio is exactly 1: no extra pass
+        old = self.old_logprobs(minis) if len(minis) > 1 else None
+        ref = self.ref_logprobs(minis) if alg.kl_in_loss else None
+        return [self.update(mini, alg, old, ref) for mini in minis]
 
     def minis(self, samples: list[Sample]) -> list[list[Sample]]:
         """The step's samples in mini-batches of ``train.mini_batch`` groups, one per update."""
@@ -74,14 +75,16 @@ class PolicyUpdater:
 
     def critic_updates(
         self, samples: list[Sample], updates: list[UpdateResult], lr_scale: float
-    ) -> None:
-        """The critic's update after each of the policy's, over the same mini-batch; its metrics
-        join that update's entries (``train/value_*``), and an update whose critic step was
-        skipped (a non-finite loss or gradient) counts as skipped."""
+    ) -> list[UpdateResult]:
+        """The critic's update after each of the policy's, over the same mini-batch: the
+        policy's updates with the critic's metrics among their entries (``train/value_*``), an
+        update whose critic step was skipped (a non-finite loss or gradient) counted as skipped."""
+        out = []
         for mini, update in zip(self.minis(samples), updates, strict=True):
             entries, applied = self.critic_update(mini, lr_scale)
-            update.entries |= entries
-            update.applied = update.applied and applied
+            both = {**update.entries, **entries}
+            out.append(replace(update, entries=both, applied=update.applied and applied))
+        return out
 
     def critic_update(
         self, samples: list[Sample], lr_scale: float = 1.0
@@ -93,9 +96,17 @@ class PolicyUpdater:
         batches = self.micro_batches(samples, lambda s: s.keep)
         return self.critic.update(batches, count, self.dummy, lr_scale)
 
-    def update(self, samples: list[Sample], alg: Algorithm | None = None) -> UpdateResult:
+    def update(
+        self,
+        samples: list[Sample],
+        alg: Algorithm | None = None,
+        old: Rows | None = None,
+        ref: Rows | None = None,
+    ) -> UpdateResult:
         """One gradient update over a mini-batch of samples (the same list on every rank):
-        correction -> policy loss -> aggregation, each micro-batch divided by the global count."""
+        correction -> policy loss -> aggregation, each micro-batch divided by the global count.
+        ``old``: log pi_old of each sample (None: this update's own policy, a ratio of 1);
+        ``ref``: log pi_ref (a KL term in the loss)."""
         alg = alg or self.algorithm
         # The count spans every sample of the whole mini-batch (every rank holds all of it),
         # including the ones skipped because their loss is identically zero.
@@ -105,16 +116,19 @@ class PolicyUpdater:
         for i, real in enumerate(batches):
             batch = real or self.dummy()
             logp, ent, mask = self.forward(batch)
-            old = padded(batch, "old_logp", logp)
-            rollout = padded(batch, "rollout_logp", logp)
+            old_t = padded([old.get(s) for s in batch] if old else [None], logp)
+            rollout = padded([s.rollout_logp for s in batch], logp)
+            if real:
+                ref_t = padded([ref.get(s) for s in batch] if ref else [None], logp)
+            else:  # a padding micro-batch: no token counts, so its loss and gradient are 0
+                mask, ref_t = torch.zeros_like(mask), torch.zeros_like(logp)
             tokens = TokenBatch(
                 logp,
-                logp.detach() if old is None else old,
+                logp.detach() if old_t is None else old_t,
                 stacked([s.advantages() for s in batch], logp),
-                # a padding micro-batch: no token counts, so its loss and gradient are 0
-                mask if real else torch.zeros_like(mask),
+                mask,
                 rollout_logp=rollout,
-                ref_logp=padded(batch, "ref_logp", logp),
+                ref_logp=ref_t,
             )
             loss_t, keep, m = token_losses(alg, tokens)
             entry = alg.aggregation
@@ -128,10 +142,8 @@ class PolicyUpdater:
             sums.add_micro(stats, m, real=bool(real))
         sums.all_reduce(self.world)
         grad_norm, applied = self.engine.step(finite=math.isfinite(sums.sums["loss"]))
-        out = sums.result()
-        out.grad_norm, out.applied = grad_norm, applied
-        out.padding_frac = padding_fraction([b for b in batches if b])  # this rank's
-        return out
+        padding = padding_fraction([b for b in batches if b])  # this rank's
+        return sums.result(grad_norm, applied, padding)
 
     # -- micro-batches -------------------------------------------------------------------------
 
@@ -152,30 +164,35 @@ class PolicyUpdater:
     def dummy(self) -> list[Sample]:
         """A one-token sample with zero advantage: zero loss and gradient, same collectives."""
         pad, zero = self.pad_id, torch.zeros(1)
-        rows = dict(rollout_logp=zero, ref_logp=zero, old_values=zero, returns=zero)
+        rows = dict(rollout_logp=zero, old_values=zero, returns=zero)
         return [Sample([pad, pad], 1, 0.0, True, **rows)]
 
     # -- no-grad passes ------------------------------------------------------------------------
 
     @torch.no_grad()
-    def old_logprobs(self, minis: list[list[Sample]]) -> None:
-        """log pi_old of every response token, once, before the first update of the step."""
+    def old_logprobs(self, minis: list[list[Sample]]) -> Rows:
+        """log pi_old of every response token this rank will update on, once, before the first
+        update of the step."""
+        rows: Rows = {}
         for mini in minis:
             for batch in self.micro_batches(mini):
                 logp, _, mask = self.forward(batch or self.dummy())
                 for s, lp, m in zip(batch, logp, mask, strict=False):
-                    s.old_logp = lp[: int(m.sum())].float()
+                    rows[s] = lp[: int(m.sum())].float()
+        return rows
 
-    def ref_logprobs(self, minis: list[list[Sample]]) -> None:
+    def ref_logprobs(self, minis: list[list[Sample]]) -> Rows:
         """log pi_ref of every response token this rank will update on, once per step (pi_ref
         never changes: one pass serves every update). A plain module, not under DeepSpeed: an
         empty micro-batch needs no forward to keep ranks in step."""
+        rows: Rows = {}
         for mini in minis:
             for batch in self.micro_batches(mini):
                 if batch:
                     logp, mask = self.reference(batch)
                     for s, lp, m in zip(batch, logp, mask, strict=True):
-                        s.ref_logp = lp[: int(m.sum())].float()
+                        rows[s] = lp[: int(m.sum())].float()
+        return rows
 
     def reward_kl(
         self, groups: list[Group], lengths: torch.Tensor, alg: Algorithm
@@ -185,11 +202,8 @@ class PolicyUpdater:
         and under pi_ref: each rank forwards its shard, and the rows are all-gathered so that
         every rank computes the same advantages."""
         samples = every_response(groups, kl=True)
-        self.old_logprobs([samples])
-        self.ref_logprobs([samples])
-        mine = {
-            k: (s.old_logp, s.ref_logp) for k, s in enumerate(samples) if s.ref_logp is not None
-        }
+        old, ref = self.old_logprobs([samples]), self.ref_logprobs([samples])
+        mine = {k: (old[s], ref[s]) for k, s in enumerate(samples) if s in ref}
         rows = self._gathered(mine)
         like = torch.zeros(len(samples), int(lengths.max()))
         old, ref = (stacked([rows[k][i] for k in range(len(samples))], like) for i in (0, 1))
@@ -200,8 +214,8 @@ class PolicyUpdater:
         (``gae``'s V and the value loss's V_old): each rank forwards its shard, and the rows
         are all-gathered so that every rank computes the same advantages."""
         samples = every_response(groups)
-        self.critic.values(self.micro_batches(samples, lambda s: True), self.dummy)
-        mine = {k: s.old_values for k, s in enumerate(samples) if s.old_values is not None}
+        values = self.critic.values(self.micro_batches(samples, lambda s: True), self.dummy)
+        mine = {k: values[s] for k, s in enumerate(samples) if s in values}
         rows = self._gathered(mine)
         like = torch.zeros(len(samples), int(lengths.max()))
         return stacked([rows[k] for k in range(len(samples))], like)
@@ -227,10 +241,10 @@ def stacked(rows: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
     return to_device(out, like.device).to(like.dtype)
 
 
-def padded(batch: list[Sample], field: str, like: torch.Tensor) -> torch.Tensor | None:
-    """The samples' per-token ``field`` (old_logp or rollout_logp) as a (b, R) tensor shaped
-    like ``like``, zeros past each response; None unless every sample has it."""
-    rows = [getattr(s, field) for s in batch]
+def padded(rows: list[torch.Tensor | None], like: torch.Tensor) -> torch.Tensor | None:
+    """Per-token rows of a micro-batch's samples (log pi_old, the sampler's log-probs, log
+    pi_ref) as a (b, R) tensor shaped like ``like``, zeros past each response; None unless every
+    sample has one."""
     if any(r is None for r in rows):
         return None
     # One padding op on the rows' device and one copy to ``like``'s, not a copy per row.

@@ -59,9 +59,9 @@ def main(params_json: str, out: str) -> None:
         g = torch.Generator().manual_seed(1)  # the same on every rank
         for p in t.reference.model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=g))
-        t.updater.ref_logprobs([samples])
+    ref = t.updater.ref_logprobs([samples]) if t.reference is not None else None
     micro_batches = len(t.updater.micro_batches(samples))  # this rank's (a collective: all call it)
-    stats = t.updater.update(samples)
+    stats = t.updater.update(samples, ref=ref)
     state = t.engine.full_state_dict()  # a collective under ZeRO-3: every rank takes part
     critic = {}
     if t.critic is not None:  # PPO: the critic's update, then a second round from its values
@@ -80,9 +80,8 @@ def main(params_json: str, out: str) -> None:
     # An update where no sample carries loss (every advantage 0): no rank has a micro-batch,
     # and nothing moves (unless a KL term pulls toward the reference)
     idle = [dataclasses.replace(s, advantage=0.0, token_advantages=None) for s in samples]
-    if t.reference is not None:
-        t.updater.ref_logprobs([idle])
-    update = t.updater.update(idle)
+    ref = t.updater.ref_logprobs([idle]) if t.reference is not None else None
+    update = t.updater.update(idle, ref=ref)
     after = t.engine.full_state_dict()
     idle = {
         "grad_norm": update.grad_norm,

@@ -1,6 +1,7 @@
 """KL to a frozen reference policy in the trainer (``algo.kl``): the reference never trains, the
 KL term starts at exactly 0 and grows, it survives resume, and when off nothing changes."""
 
+import dataclasses
 import math
 
 import pytest
@@ -27,9 +28,9 @@ def _state(model):
 def test_a_kl_term_keeps_a_sample_of_zero_advantage_in_the_loss():
     s = Sample([1, 2, 3], 1, 0.0, True, token_advantages=torch.zeros(2))
     assert not s.carries_loss  # nothing to learn: skipped without a KL term
-    s.kl = True
+    s = dataclasses.replace(s, kl=True)
     assert s.carries_loss  # the KL term still pulls it toward pi_ref
-    s.keep = False
+    s = dataclasses.replace(s, keep=False)
     assert not s.carries_loss  # overlong-filtered: no loss at all
 
 

@@ -408,12 +408,13 @@ def test_update_sums_weigh_token_means_by_tokens():
     sums.add_micro(stats(30, 2.0, 0.3, **more), {"clip_frac_high": (t(3), t(30))})
     sums.add_micro(stats(1, 9.0, 9.0), {"clip_frac_high": (t(1), t(1))}, real=False)  # padding
     sums.all_reduce(world=1)
-    out = sums.result()
+    out = sums.result(grad_norm=1.5, applied=False, padding_frac=0.25)
     assert out.entropy == pytest.approx((10 * 1.0 + 30 * 2.0) / 40)
     assert out.entries == {"clip_frac_high": [5.0, 40.0]}  # summed apart, divided once
     assert out.loss == pytest.approx(0.4) and out.tokens == 40
     assert out.mismatch["abs_diff"] == pytest.approx(0.1) and out.mismatch["max_ratio"] == 1.5
-    empty = UpdateSums().result()
+    assert (out.grad_norm, out.applied, out.padding_frac) == (1.5, False, 0.25)
+    empty = UpdateSums().result(0.0, True, 0.0)
     assert empty.entropy == 0.0 and empty.mismatch is None and empty.entries == {}
 
 

@@ -4,7 +4,9 @@ for generation (left padding, a pad token), and the chat prompt the policy is sa
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -47,12 +49,40 @@ def _looks_local(name_or_path: str) -> bool:
     )
 
 
-def load_policy(name_or_path: str, dtype: str = "auto", device: str | torch.device = "cpu"):
-    """(model, tokenizer) from a model directory or hub id; a clear error when it is missing."""
+@dataclass
+class HandedPolicy:
+    """A policy one stage loaded, which the next stage takes instead of loading it again (the
+    preflight's, for the training after it). Taken once, and only by a load of the same model,
+    dtype and device: a retried training loads afresh, since its first attempt trained this one."""
+
+    name_or_path: str
+    dtype: str
+    device: str
+    loaded: tuple[Any, Any] | None = field(default=None, repr=False)  # (model, tokenizer)
+
+    def take(self, name_or_path: str, dtype: str, device: torch.device) -> tuple[Any, Any] | None:
+        """The (model, tokenizer) if they are what a load of these would give, and not taken."""
+        asked = (str(name_or_path), dtype, str(device))
+        if self.loaded is None or asked != (self.name_or_path, self.dtype, self.device):
+            return None
+        loaded, self.loaded = self.loaded, None
+        return loaded
+
+
+def load_policy(
+    name_or_path: str,
+    dtype: str = "auto",
+    device: str | torch.device = "cpu",
+    handed: HandedPolicy | None = None,
+):
+    """(model, tokenizer) from a model directory or hub id (or from ``handed``, when it holds
+    that load); a clear error when it is missing."""
+    device = torch.device(device)
+    if handed is not None and (loaded := handed.take(name_or_path, dtype, device)) is not None:
+        return loaded
     transformers = transformers_quietly()
     AutoModelForCausalLM = transformers.AutoModelForCausalLM
 
-    device = torch.device(device)
     local = Path(name_or_path)
     if _looks_local(name_or_path) and not local.exists():
         raise ModelNotFound(

@@ -21,7 +21,7 @@ from dapo_core.problem import Problem
 from dapo_core.reward import extract_answer, score
 from dapo_core.signal import GroupSignal, diagnose, group_signal
 from tasks.data.splits import splits
-from tasks.models.loading import load_policy
+from tasks.models.loading import HandedPolicy, load_policy
 from tasks.models.resolve import resolve_model_path
 from tasks.orchestration import run_logger, stage_task
 from tasks.rollout.factory import make_generator
@@ -42,6 +42,8 @@ class PreflightResult:
     group_size: int
     problem: str | None  # why there is too little to learn from, with what to do; None if fine
     samples: list[dict[str, Any]]
+    # the policy it sampled, for the training that follows (one load, not two)
+    policy: HandedPolicy | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def metrics(self) -> dict[str, float]:
         """``preflight/*`` metrics for MLflow (logged at step 0 of the run)."""
@@ -69,6 +71,7 @@ def run_preflight(
     device = configure_torch(cfg.train.cpu_threads)
     path = model_path or resolve_model_path(cfg)
     model, tokenizer = load_policy(path, cfg.model.dtype, device)
+    policy = HandedPolicy(str(path), cfg.model.dtype, str(torch.device(device)), (model, tokenizer))
     generator = make_generator(cfg, model, tokenizer, path)
     problems = preflight_problems(cfg, n)
     texts, _, finished = sample_problems(
@@ -90,7 +93,7 @@ def run_preflight(
         for i, p in enumerate(problems[:SAMPLE_ROWS])
     ]
     why = diagnose(signal, cfg.train.preflight_min_mixed)
-    return PreflightResult(signal, len(problems), G, why, samples)
+    return PreflightResult(signal, len(problems), G, why, samples, policy)
 
 
 def describe(result: PreflightResult) -> str:

@@ -19,7 +19,7 @@ from dapo_core.config import Config
 from dapo_core.errors import PipelineError
 from dapo_core.problem import Problem
 from tasks.data.splits import splits
-from tasks.models.loading import load_policy
+from tasks.models.loading import HandedPolicy, load_policy
 from tasks.models.resolve import resolve_model_path
 from tasks.rollout.factory import make_generator
 from tasks.rundir import ResumePoint, RunDir
@@ -84,13 +84,15 @@ def run_training(
     progress: bool = True,
     on_step: Callable[[DAPOTrainer, StepResult], None] | None = None,
     problems: list[Problem] | None = None,
+    policy: HandedPolicy | None = None,
 ) -> TrainResult:
     """Train for ``train.steps`` steps (or stop after ``max_steps`` more, e.g. nightly).
 
     ``sink(metrics, step)`` receives each step's metrics once (MLflow); ``on_step(trainer,
     result)`` runs after every step, after that step's checkpoint if any (validation, samples).
     ``resume``: continue the run already in ``run_dir``; without it a used directory is refused.
-    ``problems``: the training split, when the caller has read it already.
+    ``problems``: the training split, when the caller has read it already; ``policy``: the
+    starting policy, when the caller has loaded it already (the preflight).
     The run directory is held as its one writer throughout (rank 0 holds it for all ranks).
     """
     t0 = time.perf_counter()
@@ -109,7 +111,7 @@ def run_training(
     with _writer(run_dir, rank, world):
         run_dir.refuse_unless(resume)
         barrier(world)  # every rank has checked before rank 0 writes
-        trainer, start = _start(cfg, run_dir, device, (rank, world), sink, problems)
+        trainer, start = _start(cfg, run_dir, device, (rank, world), sink, problems, policy)
         try:
             end = cfg.train.steps if max_steps is None else trainer.step + max_steps
             _steps(trainer, run_dir, min(end, cfg.train.steps), progress and rank == 0, on_step)
@@ -144,6 +146,7 @@ def _start(
     ranks: tuple[int, int],
     sink: MetricsSink | None,
     problems: list[Problem] | None,
+    policy: HandedPolicy | None = None,
 ) -> tuple[DAPOTrainer, ResumePoint]:
     """Write the config, load the policy and restore the latest intact checkpoint, if any."""
     rank, world = ranks
@@ -153,7 +156,8 @@ def _start(
     barrier(world)
     start = _resume_point(run_dir, rank, world)
     model_path = resolve_model_path(cfg)
-    model, tokenizer = load_policy(model_path, weights_dtype(cfg, world), device)
+    # a checkpoint's weights replace the starting ones below: the handed policy serves either way
+    model, tokenizer = load_policy(model_path, weights_dtype(cfg, world), device, policy)
     if cfg.model.gradient_checkpointing:
         model.activation_checkpointing_enable()
     generator = make_generator(cfg, model, tokenizer, model_path)

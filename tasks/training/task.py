@@ -208,6 +208,7 @@ def _train(
                 progress=progress,
                 on_step=monitor,
                 problems=data.train,
+                policy=preflight.policy if preflight is not None else None,
             )
         complete = result.steps >= cfg.train.steps
         _log_run_artifacts(tracker, rd, result.history, monitor.samples)

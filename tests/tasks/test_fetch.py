@@ -182,7 +182,8 @@ def test_smollm2_fetches_loads_and_samples(tmp_path):
     )
     pre = run_preflight(cfg)
     assert (pre.problems, pre.group_size) == (2, 2) and 0.0 <= pre.signal.parsed_frac <= 1.0
-    result = run_training(cfg, RunDir(tmp_path / "run"), progress=False)
+    result = run_training(cfg, RunDir(tmp_path / "run"), progress=False, policy=pre.policy)
+    assert pre.policy.loaded is None  # the preflight's load served the training
     assert result.steps == 1 and (tmp_path / "run" / "final" / "config.json").exists()
     assert result.history[-1]["train/response_len_mean"] > 0
 

@@ -30,3 +30,35 @@ def test_preflight_of_an_untrained_policy_names_the_format(tiny_cfg, tmp_path):
     with pytest.raises(NothingToLearn, match="parseable answer"):
         preflight_task.fn(cfg, strict=True, prompts=8)
     assert preflight_task.fn(cfg, strict=False, prompts=8).problem  # a warning, not an error
+
+
+@pytest.mark.slow
+def test_the_training_after_a_preflight_takes_its_policy_and_trains_as_from_a_fresh_load(
+    tiny_cfg, tmp_path, monkeypatch
+):
+    """One load for the two stages (``HandedPolicy``), the same run as without the hand-off, and
+    the hand-off taken once: a retried training loads afresh (its first attempt trained it)."""
+    import torch
+
+    from tasks.models.loading import load_policy, transformers_quietly
+    from tasks.rundir import RunDir
+    from tasks.training.run import run_training
+
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["train.steps=2"])
+    auto = transformers_quietly().AutoModelForCausalLM
+    loads, from_pretrained = [], auto.from_pretrained
+
+    def counted(*args, **kwargs):
+        loads.append(args[0])
+        return from_pretrained(*args, **kwargs)
+
+    monkeypatch.setattr(auto, "from_pretrained", counted)
+    checked = run_preflight(cfg, n_prompts=4)
+    runs = RunDir(tmp_path / "handed"), RunDir(tmp_path / "fresh")
+    run_training(cfg, runs[0], progress=False, policy=checked.policy)
+    assert len(loads) == 1 and checked.policy.loaded is None  # taken, not loaded again
+    run_training(cfg, runs[1], progress=False, policy=checked.policy)
+    assert len(loads) == 2  # nothing left to take: loaded
+    monkeypatch.undo()
+    handed, fresh = (load_policy(str(r.final), "float32")[0].state_dict() for r in runs)
+    assert all(torch.equal(handed[k], fresh[k]) for k in fresh)  # the same run

@@ -39,7 +39,8 @@ def ui(
     _orchestration_env()
     import shlex
 
-    from tasks.tracking.store import serve_ui, sqlite_path, tracking_uri, ui_command
+    from tasks.tracking.store import mlflow_env, sqlite_path, tracking_uri, ui_command
+    from tasks.tracking.ui_host import exec_host
 
     cfg = _load(params, config, set_)
     uri = tracking_uri(cfg)
@@ -64,10 +65,7 @@ def ui(
         sys.stdout.write(" ".join(shlex.quote(c) for c in cmd) + "\n")
         return
     console.print(f"MLflow UI on store {uri}; Ctrl-C stops it.")
-    rc = serve_ui(cmd)
-    if rc:
-        console.print(f"[bold red]error:[/] mlflow ui exited with {rc} (is port {port} in use?)")
-        raise typer.Exit(rc)
+    exec_host(port, cmd, mlflow_env())  # this process, lighter: it holds nothing while it waits
 
 
 @app.command("register")

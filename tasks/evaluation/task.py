@@ -87,6 +87,16 @@ def evaluate_task(
     )
 
 
+def _evaluated_model(tracker: Tracker, model_path: str | None, step: int) -> str | None:
+    """The MLflow LoggedModel an evaluation's metrics belong to (the Models page): the registered
+    one a ``models:/`` URI names, or the evaluated directory's (this run logs it, once)."""
+    from tasks.tracking.registry import is_model_uri
+
+    if model_path and is_model_uri(model_path):
+        return tracker.registered_model(model_path)
+    return tracker.log_model(model_path, step) if model_path and Path(model_path).is_dir() else None
+
+
 def _log_evaluation(
     tracker: Tracker,
     cfg: Config,
@@ -114,10 +124,7 @@ def _log_evaluation(
             **(extra_tags or {}),
         }
     )
-    # a checkpoint's evaluation is its model's too (the Models page)
-    model_id = (
-        tracker.log_model(model_path, step) if model_path and Path(model_path).is_dir() else None
-    )
+    model_id = _evaluated_model(tracker, model_path, step)
     tracker.log_metrics({**result.metrics, metric.EVAL_TIME: wall}, step, model_id, (name, digest))
     tracker.log_frame(pp, f"{artifact_dir}/{name}/per_problem.csv")
     tracker.log_table(result.samples, f"{artifact_dir}/{name}/samples.json")

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from dapo_core.config import Config
-from tasks.lifetime import start_helper, stop_helper
 from tasks.params import REPO_ROOT
 
 KINDS = ("train", "evaluate", "pipeline", "ablate", "reward_model", "dpo", "compare")
@@ -275,20 +274,6 @@ def experiment_urls(cfg: Config, uri: str | None = None, ui: str = UI_DEFAULT) -
         if exp is not None:
             out[exp.name] = ui_url(uri, exp.experiment_id, ui=ui)
     return out
-
-
-def serve_ui(cmd: list[str], grace_s: float = 10.0) -> int:
-    """Run the MLflow UI until it exits or this process is stopped (Ctrl-C, or SIGTERM turned
-    into KeyboardInterrupt by the CLI); then stop the server and every worker it started.
-
-    The server runs in its own process group: ``mlflow ui`` forks a pool of workers, and
-    stopping only the process we started would leave them holding the port."""
-    proc = start_helper(cmd, env=mlflow_env())
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        stop_helper(proc, grace_s)
-        return 0
 
 
 def mlflow_env() -> dict[str, str]:

@@ -370,6 +370,15 @@ class Tracker(ArtifactLog):
             lambda: self._model_at(where) or self._new_model(where, step),
         )
 
+    def registered_model(self, model_uri: str) -> str | None:
+        """The id of the LoggedModel a ``models:/`` URI names (``dapo register``), to link an
+        evaluation of it to (:meth:`log_metrics`); None when not tracked or not found."""
+        if not self.active:
+            return None
+        from tasks.tracking.registry import logged_model_of
+
+        return self._guard(f"reading {model_uri}", lambda: logged_model_of(model_uri, self.uri))
+
     def _model_at(self, where: str) -> str | None:
         """This run's LoggedModel of the directory ``where``, if it logged one."""
         query = f"source_run_id = '{self.run_id}' AND tags.`{MODEL_PATH_TAG}` = '{where}'"

@@ -6,7 +6,9 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
+from mlflow import MlflowClient
 from tasks.params import REPO_ROOT as ROOT
+from tasks.tracking import registry
 from tasks.tracking.store import metric_history, search_runs
 
 
@@ -47,6 +49,13 @@ def test_cli_train_and_evaluate_are_tracked(flows_env, flow_cfg, flow_params, tm
     evaluated = eval_runs[_run_id(ev.output)]
     assert "eval/avg_at_k" in evaluated["metrics"]
     assert evaluated["tags"]["eval.model"] == "models:/dapo-policy@champion"
+    # ... and its metrics are the registered model's (the Models page), not a new model's
+    client = MlflowClient(mlflow_uri)
+    champ = registry.logged_model_of("models:/dapo-policy@champion", mlflow_uri)
+    linked = {(m.key, m.run_id) for m in client.get_logged_model(champ).metrics or []}
+    assert ("eval/avg_at_k", evaluated["run_id"]) in linked
+    outputs = client.get_run(evaluated["run_id"]).outputs
+    assert not (outputs and outputs.model_outputs)  # no new model logged for it
     # a name nobody registered: one line that says what to do, no run
     missing = runner.invoke(app, ["evaluate", "--params", flow_params, "--model", "models:/x@y"])
     assert missing.exit_code == 2 and "dapo register" in missing.output, missing.output

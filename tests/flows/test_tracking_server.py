@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from tasks.data import version
-from tasks.tracking import provenance, store
+from tasks.tracking import provenance, registry, store
 
 SERVER_START_TIMEOUT_S = 90
 
@@ -111,6 +111,47 @@ def test_runs_read_back_through_the_rest_api(mlflow_server, pipeline_run, flow_c
     with urllib.request.urlopen(url, timeout=30) as r:
         history = json.loads(r.read())["metrics"]
     assert sorted(m["step"] for m in history) == list(range(1, flow_cfg.train.steps + 1))
+
+
+@pytest.mark.slow
+def test_the_ui_reads_datasets_source_models_and_the_registry(
+    mlflow_server, pipeline_run, flows_env
+):
+    """What the MLflow UI's pages fetch (its ``ajax-api`` calls, no browser here): the runs
+    table's Dataset, Source and Model columns, the Models page, and the registry's page."""
+    with urllib.request.urlopen(mlflow_server + "/", timeout=30) as r:
+        assert r.status == 200 and b"<html" in r.read(2000).lower()  # the UI itself is served
+    exps = _post(mlflow_server, "/ajax-api/2.0/mlflow/experiments/search", {"max_results": 100})
+    exp_id = {e["name"]: e for e in exps["experiments"]}["dapo-pipeline"]["experiment_id"]
+    found = _post(
+        mlflow_server,
+        "/ajax-api/2.0/mlflow/runs/search",
+        {
+            "experiment_ids": [exp_id],
+            "filter": f"tags.`prefect.flow_run_id` = '{pipeline_run['flow_run_id']}'",
+        },
+    )
+    (run,) = found["runs"]
+    contexts = {
+        tag["value"]
+        for d in run["inputs"]["dataset_inputs"]
+        for tag in d["tags"]
+        if tag["key"] == "mlflow.data.context"
+    }
+    assert {"training", "validation", "evaluation"} <= contexts  # the Dataset column
+    tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+    assert tags["mlflow.source.name"] and tags["mlflow.source.type"]  # the Source column
+    (output,) = run["outputs"]["model_outputs"]  # the Model column
+    models = _post(
+        mlflow_server, "/ajax-api/2.0/mlflow/logged-models/search", {"experiment_ids": [exp_id]}
+    )
+    assert output["model_id"] in {m["info"]["model_id"] for m in models["models"]}  # Models page
+    registered = registry.register(run["info"]["run_id"], "ui-check", uri=flows_env)
+    url = f"{mlflow_server}/ajax-api/2.0/mlflow/registered-models/search?max_results=100"
+    with urllib.request.urlopen(url, timeout=30) as r:
+        listed = json.loads(r.read())
+    (entry,) = [m for m in listed["registered_models"] if m["name"] == "ui-check"]
+    assert {a["alias"]: a["version"] for a in entry["aliases"]} == {"champion": registered.version}
 
 
 def test_cli_ui_prints_the_url_and_the_store(flows_env):
@@ -222,6 +263,11 @@ def test_dapo_ui_stops_its_server_and_workers_on_sigterm(flows_env, tmp_path):
             if "lifetime.py" not in " ".join(c.cmdline())
         ]
         assert len(serving) == 2, serving
+        # `dapo ui` itself waits as a process of the standard library (tasks.tracking.ui_host):
+        # it gave up what the CLI had imported (torch alone is some 300 MB resident)
+        host = psutil.Process(proc.pid)
+        assert "tasks.tracking.ui_host" in host.cmdline(), host.cmdline()
+        assert host.memory_info().rss < 100 * 2**20, host.memory_info()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         group = int(children[0])

@@ -160,3 +160,16 @@ def test_folders_inside_tasks_import_only_downwards(lower, upper):
         if b.startswith(upper)
     ]
     assert not upward, upward
+
+
+MAX_MODULE_LINES = 450  # a module a newcomer reads in one sitting
+
+
+def test_every_module_of_the_layers_reads_in_one_sitting():
+    long = {
+        str(path.relative_to(ROOT)): n
+        for layer in LAYERS
+        for path in (ROOT / layer).rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"split these by what they do (at most {MAX_MODULE_LINES} lines): {long}"

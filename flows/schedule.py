@@ -49,6 +49,7 @@ def schedule_specs(
     variants: list[str] | None = None,
     seeds: list[int] | None = None,
     timezone: str = "UTC",
+    promote: str | None = None,
 ) -> list[ScheduleSpec]:
     """The deployments to register; an empty cron leaves that one out."""
     common = {"params": params, "config": config or [], "overrides": overrides or []}
@@ -66,11 +67,19 @@ def schedule_specs(
                     "run_name": run_name,
                     "max_steps": nightly_steps,
                     "progress": False,
+                    **({"promote": promote} if promote else {}),
                 },
                 description=(
                     f"Continue the run '{run_name}' from its latest checkpoint"
                     + (f", {nightly_steps} steps per night" if nightly_steps else "")
-                    + " (until train.steps)."
+                    + " (until train.steps)"
+                    + (
+                        f"; once complete, its policy becomes models:/{promote}@champion if "
+                        "its validation avg@k beats the champion's"
+                        if promote
+                        else ""
+                    )
+                    + "."
                 ),
             )
         )

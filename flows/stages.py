@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from dapo_core.ablation import apply_variant, split_overrides
 from dapo_core.config import Config
-from tasks.orchestration import running_directly
+from tasks.orchestration import run_logger, running_directly
 from tasks.params import load_params, repo_path
 from tasks.rundir import RunDir
 from tasks.training.distributed import shutdown_distributed
@@ -63,15 +63,45 @@ def train(
     run_dir: str | None = None,
     resume: bool = True,
     track: bool = True,
+    promote: str | None = None,
 ) -> TrainSummary:
     """Train with DAPO (or a Table 1 variant) in ``run_dir`` (default: ``train.out_dir/<run
     name>``). With ``resume`` a run already there continues from its latest checkpoint
     (``max_steps`` more steps at most, e.g. nightly); without it such a directory is refused.
-    ``track=False`` logs nothing to MLflow (the run directory still has every metric)."""
+    ``track=False`` logs nothing to MLflow (the run directory still has every metric).
+    ``promote``: a registered model name the completed run's policy is promoted to (alias
+    ``champion``) when it beats the champion (``registry.promote_if_better``)."""
     cfg = load_config(params, config, overrides, variant)
     name = run_name or (Path(run_dir).name if run_dir else default_run_name("train"))
     target = run_dir or str(run_dir_for(cfg, name))
-    return train_config(cfg, target, name, variant, max_steps, progress, resume, track)
+    summary = train_config(cfg, target, name, variant, max_steps, progress, resume, track)
+    if promote:
+        promote_run(cfg, summary, promote)
+    return summary
+
+
+def promote_run(cfg: Config, summary: TrainSummary, name: str) -> None:
+    """Promote a completed run's policy to ``models:/NAME@champion`` if it beats the champion;
+    say what was decided. A registry that cannot be reached is a warning: the training stands."""
+    from tasks.tracking.registry import DEFAULT_ALIAS, promote_if_better
+    from tasks.tracking.store import tracking_uri
+
+    log = run_logger()
+    if not summary.complete or not summary.mlflow_run_id:
+        log.info("promote: not yet: the run's policy is logged once it reaches train.steps")
+        return
+    try:
+        decided = promote_if_better(summary.mlflow_run_id, name, uri=tracking_uri(cfg))
+    except Exception as e:  # noqa: BLE001 - the run is trained and kept either way
+        log.warning(
+            "promote: could not reach the Model Registry (%s); promote later with "
+            "`dapo register %s --name %s`",
+            e,
+            summary.mlflow_run_id,
+            name,
+        )
+        return
+    log.info("promote: %s", decided.describe(name, DEFAULT_ALIAS))
 
 
 def train_config(

@@ -256,6 +256,13 @@ def schedule(
         list[str] | None, typer.Option("--seeds", help="Seeds of the weekly ablate, e.g. 0,1.")
     ] = None,
     timezone: Annotated[str, typer.Option(help="Time zone of the cron schedules.")] = "UTC",
+    promote: Annotated[
+        str | None,
+        typer.Option(
+            help="A registered model name: once the nightly run completes, its policy becomes "
+            "models:/NAME@champion if its validation avg@k beats the champion's."
+        ),
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the deployments; register nothing.")
     ] = False,
@@ -284,6 +291,7 @@ def schedule(
         variants=_split(variants),
         seeds=_seeds(seeds),
         timezone=timezone,
+        promote=promote,
         **_flow_args(params, config, set_),
     )
     if not specs:

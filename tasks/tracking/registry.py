@@ -142,3 +142,59 @@ def _existing_path(path: str | None, what: str) -> str:
             "moved or deleted): register another run's policy"
         )
     return path
+
+
+PROMOTION_METRIC = "val/avg_at_k"  # the validation score the nightly promotion compares
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """What a promotion decided: the candidate's score, the champion's (None: no champion yet),
+    and the new version when it was promoted."""
+
+    score: float | None
+    champion: float | None
+    registered: Registered | None
+
+    def describe(self, name: str, alias: str) -> str:
+        if self.registered is not None:
+            was = "none" if self.champion is None else f"{self.champion:.4f}"
+            return (
+                f"promoted to {self.registered.uri} (version {self.registered.version}): "
+                f"{PROMOTION_METRIC} {self.score:.4f} against the champion's {was}"
+            )
+        if self.score is None:
+            return (
+                f"not promoted: the run logged no {PROMOTION_METRIC} to compare (set "
+                "eval.every_n_steps > 0)"
+            )
+        return (
+            f"not promoted: {PROMOTION_METRIC} {self.score:.4f} does not beat "
+            f"{MODELS_URI}{name}@{alias}'s {self.champion:.4f}"
+        )
+
+
+def promote_if_better(
+    run_id: str, name: str = DEFAULT_NAME, alias: str = DEFAULT_ALIAS, uri: str | None = None
+) -> Promotion:
+    """The rule the nightly schedule promotes by: run ``run_id``'s policy becomes a new version
+    of ``name`` with ``alias`` when its last validation score (``PROMOTION_METRIC``) is higher
+    than the last one of the run that logged the current ``alias`` version, or when there is no
+    such version yet. A run without that score is not promoted."""
+    client = _client(uri)
+    score = _last_value(client, run_id)
+    champion = None
+    try:
+        current = client.get_model_version_by_alias(name, alias)
+    except Exception:  # noqa: BLE001 - no such model or alias yet: no champion to beat
+        current = None
+    if current is not None and current.run_id:
+        champion = _last_value(client, current.run_id)
+    better = score is not None and (champion is None or score > champion)
+    registered = register(run_id, name, alias, uri) if better else None
+    return Promotion(score, champion, registered)
+
+
+def _last_value(client, run_id: str) -> float | None:
+    history = client.get_metric_history(run_id, PROMOTION_METRIC)
+    return max(history, key=lambda m: m.step).value if history else None

@@ -84,3 +84,63 @@ def test_without_a_flow_run_there_is_no_slot_to_take_and_it_says_so(caplog):
     with concurrency_slot("gpu"):
         ran.append(True)
     assert ran and "no Prefect server to hold its slots" in caplog.text
+
+
+def test_ctrl_c_while_waiting_for_a_slot_ends_the_run_killed_and_takes_no_slot(
+    flows_env, flow_cfg, tmp_path
+):
+    """Ctrl-C while a training run waits for its slot (another holds the only one): the run's
+    MLflow run ends KILLED, the flow run says it was interrupted, and the slot it waited for is
+    not left taken: once the holder lets go, the next asker gets it (a slot taken by the
+    abandoned request would stay held for its 300 s lease)."""
+    import signal
+
+    from prefect.concurrency.sync import concurrency
+
+    from dapo_core.errors import TrainingInterrupted
+    from tasks.tracking import store
+    from tasks.training.task import train_task
+
+    _limit("gpu-held", 1)
+    holding, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with concurrency("gpu-held", occupy=1, strict=True):
+            holding.set()
+            release.wait(180)
+
+    held = threading.Thread(target=holder)
+    held.start()
+    try:
+        assert holding.wait(60)
+        cfg = resolve(flow_cfg.to_dict(), overrides=["train.concurrency_limit=gpu-held"])
+        main, ended = threading.get_ident(), threading.Event()
+
+        def interrupt_once_tracked() -> None:  # the run is tracked, then waits for the slot
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if [r for r in store.search_runs(cfg, "train") if r["name"] == "slot-wait"]:
+                    time.sleep(1.0)
+                    if not ended.is_set():  # never into the test after the flow
+                        signal.pthread_kill(main, signal.SIGINT)  # Ctrl-C, in the main thread
+                    return
+                time.sleep(0.2)
+
+        @flow
+        def waits_for_a_slot() -> None:
+            try:
+                train_task(cfg, str(tmp_path / "run"), run_name="slot-wait", progress=False)
+            finally:
+                ended.set()
+
+        threading.Thread(target=interrupt_once_tracked, daemon=True).start()
+        with pytest.raises((TrainingInterrupted, KeyboardInterrupt)):
+            waits_for_a_slot()
+    finally:
+        release.set()
+        held.join(timeout=60)
+    (run,) = [r for r in store.search_runs(cfg, "train") if r["name"] == "slot-wait"]
+    assert run["status"] == "KILLED"
+    assert not (tmp_path / "run" / "final").exists()
+    with concurrency("gpu-held", occupy=1, strict=True, timeout_seconds=60):
+        pass  # the slot is free again

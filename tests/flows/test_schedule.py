@@ -19,6 +19,11 @@ def test_default_schedules_nightly_train_and_weekly_ablate():
     assert ablate.parameters["variants"] == list(ABLATION_LADDER)
     assert ablate.parameters["seeds"] == [0, 1]
     assert [s.name for s in schedule_specs(ablate_cron="")] == ["dapo-nightly-train"]
+    assert "promote" not in train.parameters  # off unless asked for
+    (promoting,) = schedule_specs(ablate_cron="", promote="dapo-policy")
+    assert promoting.parameters["promote"] == "dapo-policy"
+    assert "models:/dapo-policy@champion" in promoting.description
+    build_deployments([promoting])  # the train flow takes the parameter
     with pytest.raises(ConfigError, match="not a cron expression"):
         schedule_specs(train_cron="every night")
 
@@ -72,3 +77,24 @@ def test_cli_schedule_needs_a_prefect_server(monkeypatch):
     assert "dapo server start" in out.output and "PREFECT_API_URL" in out.output
     bad = CliRunner().invoke(app, ["schedule", "--train-cron", "nightly"])
     assert bad.exit_code == 2 and "not a cron expression" in bad.output
+
+
+@pytest.mark.slow
+def test_the_nightly_train_promotes_its_completed_run_by_the_rule(flows_env, flow_params, tmp_path):
+    """The train flow with ``promote`` (what ``dapo schedule --promote`` passes): a run that is
+    not complete yet promotes nothing; once complete, its policy is the champion (none before)."""
+    from flows import stages
+    from mlflow import MlflowClient
+    from tasks.orchestration import without_prefect
+
+    with without_prefect():
+        part = stages.train(
+            params=flow_params, run_dir=str(tmp_path / "n"), max_steps=1, promote="nightly-x"
+        )
+        assert not part.complete
+        client = MlflowClient(flows_env)
+        assert not client.search_registered_models("name = 'nightly-x'")
+        done = stages.train(params=flow_params, run_dir=str(tmp_path / "n"), promote="nightly-x")
+    assert done.complete
+    champion = client.get_model_version_by_alias("nightly-x", "champion")
+    assert champion.run_id == done.mlflow_run_id

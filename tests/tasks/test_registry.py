@@ -128,3 +128,35 @@ def test_system_metrics_are_off_at_zero(tiny_cfg, fresh_mlflow_uri):
     t.start_system_metrics(0)
     assert t._system_metrics is None
     t.end()
+
+
+def test_the_nightly_promotion_rule_promotes_only_a_better_validation_score(
+    tiny_cfg, fresh_mlflow_uri, tmp_path
+):
+    """``promote_if_better``: no champion yet -> promoted; a lower or equal score -> kept; a
+    higher one -> promoted, the alias moved; a run with no validation score -> not promoted."""
+
+    def run(name: str, score: float | None) -> str:
+        t = Tracker(tiny_cfg, "train", uri=fresh_mlflow_uri)
+        t.start_run(name, log_config=False)
+        t.log_model(_policy_dir(tmp_path / name / "final"), 4)
+        if score is not None:
+            t.log_metrics({"val/avg_at_k": 0.9}, 2)  # an earlier step's: not the one compared
+            t.log_metrics({"val/avg_at_k": score}, 4)
+        t.end()
+        return t.run_id
+
+    uri = fresh_mlflow_uri
+    first = registry.promote_if_better(run("first", 0.40), uri=uri)
+    assert first.registered.version == "1" and first.champion is None
+    assert "promoted to models:/dapo-policy@champion" in first.describe("dapo-policy", "champion")
+    for kept in (0.35, 0.40):
+        same = registry.promote_if_better(run(f"kept{kept}", kept), uri=uri)
+        assert same.registered is None and same.champion == 0.40
+        assert "does not beat" in same.describe("dapo-policy", "champion")
+    better = registry.promote_if_better(run("better", 0.45), uri=uri)
+    assert better.registered.version == "2" and better.champion == 0.40
+    champion = MlflowClient(uri).get_model_version_by_alias("dapo-policy", "champion")
+    assert str(champion.version) == "2"
+    unscored = registry.promote_if_better(run("unscored", None), uri=uri)
+    assert unscored.registered is None and "eval.every_n_steps" in unscored.describe("d", "c")

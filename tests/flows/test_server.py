@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
@@ -25,10 +26,16 @@ def _dapo(*args, env):
 
 
 @pytest.mark.slow
-def test_a_started_server_is_used_by_commands_and_stopped_whole(tmp_path, flow_cfg, prefect_home):
+def test_a_started_server_is_used_by_commands_and_stopped_whole(
+    tmp_path, flow_cfg, prefect_home, fresh_mlflow_uri
+):
+    """`dapo server start`: commands report their flow runs there (no temporary server), and two
+    `dapo ablate` started at once on a one-slot concurrency limit (issue 45) train one after the
+    other; `dapo server stop` ends the server's whole session."""
     home = prefect_home
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env.update(PREFECT_HOME=str(home), HF_HUB_OFFLINE="1", DO_NOT_TRACK="true")
+    env["MLFLOW_TRACKING_URI"] = fresh_mlflow_uri
     assert srv.running_server(home) is None
     port = srv.free_port()
     started = _dapo("server", "start", "--port", str(port), env=env)
@@ -40,16 +47,37 @@ def test_a_started_server_is_used_by_commands_and_stopped_whole(tmp_path, flow_c
     try:
         again = _dapo("server", "start", "--port", str(srv.free_port()), env=env)
         assert "already running" in again.stderr and srv.running_server(home) == url
-        # a command reports its flow run there, and the server outlives it
+        # two sweeps report their flow runs there, and their trainings share one slot
+        _post(url + "/v2/concurrency_limits/", {"name": "one-gpu", "limit": 1})
         params = tmp_path / "params.json"
         params.write_text(json.dumps(flow_cfg.to_dict()))
-        train = _dapo(
-            "train", "--no-track", "--params", str(params), "--run-dir", str(tmp_path / "run"),
-            "-S", "train.steps=1", env=env,
-        )  # fmt: skip
-        assert train.returncode == 0, train.stderr[-2000:]
-        assert f"View at http://127.0.0.1:{port}/runs/flow-run/" in train.stderr
+        runs = tmp_path / "runs"
+        sweeps = [
+            subprocess.Popen(
+                [
+                    *(sys.executable, "-m", "flows.cli", "ablate", "--params", str(params)),
+                    *("--variants", "grpo", "--seeds", "0", "--run-name", name, "--no-curate"),
+                    *("-S", "train.concurrency_limit=one-gpu", "-S", f"train.out_dir={runs}"),
+                ],
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for name in ("sweep-a", "sweep-b")
+        ]
+        outs = [p.communicate(timeout=300)[0] for p in sweeps]
+        assert [p.returncode for p in sweeps] == [0, 0], [o[-2000:] for o in outs]
+        assert all(f"View at http://127.0.0.1:{port}/runs/flow-run/" in o for o in outs)
         assert not (home / "logs" / "prefect-server.log").exists()  # no temporary server
+        # a run's training begins (its config written) only once the other's has ended (its
+        # final policy written): one slot, one training at a time
+        spans = sorted(
+            (d.joinpath("config.json").stat().st_mtime, d.joinpath("final").stat().st_mtime)
+            for d in runs.glob("sweep-*/grpo/seed0")
+        )
+        assert len(spans) == 2 and spans[1][0] >= spans[0][1], spans
         assert srv.running_server(home) == url
     finally:
         stopped = _dapo("server", "stop", env=env)
@@ -58,6 +86,13 @@ def test_a_started_server_is_used_by_commands_and_stopped_whole(tmp_path, flow_c
         os.killpg(pid, 0)
     assert not (home / "dapo-server.json").exists()
     assert "no Prefect server was running" in _dapo("server", "stop", env=env).stderr
+
+
+def _post(url: str, body: dict) -> None:
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    urllib.request.urlopen(request, timeout=30).close()
 
 
 def test_a_torn_or_stale_record_means_no_server(tmp_path):

@@ -106,20 +106,29 @@ def watched(handler: Any) -> Any:
 
 
 @contextmanager
-def watched_signals() -> Iterator[None]:
-    """Wrap the installed Ctrl-C and SIGTERM handlers (a flow run's are Prefect's, which raise
-    TerminationSignal) with :func:`watched` for the body; main thread only."""
+def _replaced_handlers(replace: Any) -> Iterator[dict[int, Any]]:
+    """Ctrl-C's and SIGTERM's handlers replaced by ``replace(previous handler)`` for the body,
+    then put back; yields the previous ones. Main thread only, where handlers run: elsewhere
+    nothing changes and nothing is yielded."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield {}
         return
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     for s, handler in previous.items():
-        signal.signal(s, watched(handler))
+        signal.signal(s, replace(handler))
     try:
-        yield
+        yield previous
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+@contextmanager
+def watched_signals() -> Iterator[None]:
+    """Wrap the installed Ctrl-C and SIGTERM handlers (a flow run's are Prefect's, which raise
+    TerminationSignal) with :func:`watched` for the body; main thread only."""
+    with _replaced_handlers(watched):
+        yield
 
 
 @contextmanager
@@ -127,15 +136,8 @@ def deferred_signals() -> Iterator[None]:
     """Ignore Ctrl-C and SIGTERM for the few seconds a stop takes to clean up (a sweep cancelling
     its runs, a run ending its MLflow run KILLED): cut short, it would leave them looking alive.
     A terminal sends Ctrl-C to every process of its group, and a scheduler may repeat SIGTERM."""
-    if threading.current_thread() is not threading.main_thread():  # only it may set handlers
+    with _replaced_handlers(lambda _: signal.SIG_IGN):
         yield
-        return
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 @contextmanager
@@ -146,11 +148,8 @@ def held_signals() -> Iterator[None]:
     catch) left the SQLite store locked by the half-done transaction, so ending the run KILLED
     then waited out the lock and failed: a traceback, and the run left RUNNING. A second signal
     is not held: whoever sends it again means it now. Main thread only, where handlers run."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     held: list[int] = []
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous: dict[int, Any] = {}
 
     def hold(signum: int, frame: Any) -> Any:
         if held:
@@ -159,12 +158,10 @@ def held_signals() -> Iterator[None]:
         held.append(signum)
         return None
 
-    for s in previous:
-        signal.signal(s, hold)
     try:
-        yield
+        with _replaced_handlers(lambda _: hold) as replaced:
+            previous.update(replaced)
+            yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         if held and callable(previous[held[0]]):
             signal.raise_signal(held[0])  # now, to the handler the body ran under

@@ -87,7 +87,10 @@ def promote_run(cfg: Config, summary: TrainSummary, name: str) -> None:
     from tasks.tracking.store import tracking_uri
 
     log = run_logger()
-    if not summary.complete or not summary.mlflow_run_id:
+    if not summary.mlflow_run_id:
+        log.warning("promote: nothing to promote: the run is not tracked in MLflow")
+        return
+    if not summary.complete:
         log.info("promote: not yet: the run's policy is logged once it reaches train.steps")
         return
     try:

@@ -61,12 +61,16 @@ class HandedPolicy:
     loaded: tuple[Any, Any] | None = field(default=None, repr=False)  # (model, tokenizer)
 
     def take(self, name_or_path: str, dtype: str, device: torch.device) -> tuple[Any, Any] | None:
-        """The (model, tokenizer) if they are what a load of these would give, and not taken."""
-        asked = (str(name_or_path), dtype, str(device))
-        if self.loaded is None or asked != (self.name_or_path, self.dtype, self.device):
-            return None
+        """The (model, tokenizer) if they are what a load of these would give, and not taken.
+        Let go of either way: a load of something else (another dtype) must not find a second
+        copy still held."""
         loaded, self.loaded = self.loaded, None
-        return loaded
+        asked = (str(name_or_path), dtype, str(device))
+        return loaded if asked == (self.name_or_path, self.dtype, self.device) else None
+
+    def drop(self) -> None:
+        """Let go of the policy, taken or not."""
+        self.loaded = None
 
 
 def load_policy(

@@ -149,8 +149,8 @@ PROMOTION_METRIC = "val/avg_at_k"  # the validation score the nightly promotion 
 
 @dataclass(frozen=True)
 class Promotion:
-    """What a promotion decided: the candidate's score, the champion's (None: no champion yet),
-    and the new version when it was promoted."""
+    """What a promotion decided: the candidate's score, the champion's (None: no champion, or
+    one whose run logged no score), and the new version when it was promoted."""
 
     score: float | None
     champion: float | None
@@ -158,15 +158,20 @@ class Promotion:
 
     def describe(self, name: str, alias: str) -> str:
         if self.registered is not None:
-            was = "none" if self.champion is None else f"{self.champion:.4f}"
+            was = "no champion before" if self.champion is None else f"champion {self.champion:.4f}"
             return (
                 f"promoted to {self.registered.uri} (version {self.registered.version}): "
-                f"{PROMOTION_METRIC} {self.score:.4f} against the champion's {was}"
+                f"{PROMOTION_METRIC} {self.score:.4f}, {was}"
             )
         if self.score is None:
             return (
                 f"not promoted: the run logged no {PROMOTION_METRIC} to compare (set "
                 "eval.every_n_steps > 0)"
+            )
+        if self.champion is None:
+            return (
+                f"not promoted: {MODELS_URI}{name}@{alias} has no {PROMOTION_METRIC} to beat (it "
+                "was registered by hand, or its run is gone): promote with `dapo register`"
             )
         return (
             f"not promoted: {PROMOTION_METRIC} {self.score:.4f} does not beat "
@@ -180,21 +185,35 @@ def promote_if_better(
     """The rule the nightly schedule promotes by: run ``run_id``'s policy becomes a new version
     of ``name`` with ``alias`` when its last validation score (``PROMOTION_METRIC``) is higher
     than the last one of the run that logged the current ``alias`` version, or when there is no
-    such version yet. A run without that score is not promoted."""
+    such version yet. A run without that score is not promoted, nor is any run over a champion
+    without one (registered by hand: a person's choice is not overruled by a rule)."""
+    from mlflow.exceptions import MlflowException
+
     client = _client(uri)
     score = _last_value(client, run_id)
-    champion = None
     try:
         current = client.get_model_version_by_alias(name, alias)
-    except Exception:  # noqa: BLE001 - no such model or alias yet: no champion to beat
+    except MlflowException as e:  # no such model or alias yet: no champion to beat
+        if e.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise
         current = None
-    if current is not None and current.run_id:
-        champion = _last_value(client, current.run_id)
-    better = score is not None and (champion is None or score > champion)
+    champion = _last_value(client, current.run_id) if current and current.run_id else None
+    if current is None:
+        better = score is not None
+    else:
+        better = score is not None and champion is not None and score > champion
     registered = register(run_id, name, alias, uri) if better else None
     return Promotion(score, champion, registered)
 
 
 def _last_value(client, run_id: str) -> float | None:
-    history = client.get_metric_history(run_id, PROMOTION_METRIC)
+    """The run's last ``PROMOTION_METRIC``; None without one, or when the run is gone."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        history = client.get_metric_history(run_id, PROMOTION_METRIC)
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        return None
     return max(history, key=lambda m: m.step).value if history else None

@@ -198,18 +198,23 @@ def _train(
             if preflight.problem:
                 tracker.set_tags({"preflight.warning": preflight.problem})
         monitor = TrainingMonitor(cfg, tracker, rd, start.logged_through, data.val)
-        with concurrency_slot(cfg.train.concurrency_limit):  # e.g. one run per GPU at a time
-            result = run_training(
-                cfg,
-                rd,
-                resume=True,
-                sink=tracker.log_metrics,
-                max_steps=max_steps,
-                progress=progress,
-                on_step=monitor,
-                problems=data.train,
-                policy=preflight.policy if preflight is not None else None,
-            )
+        handed = preflight.policy if preflight is not None else None
+        try:
+            with concurrency_slot(cfg.train.concurrency_limit):  # e.g. one run per GPU at once
+                result = run_training(
+                    cfg,
+                    rd,
+                    resume=True,
+                    sink=tracker.log_metrics,
+                    max_steps=max_steps,
+                    progress=progress,
+                    on_step=monitor,
+                    problems=data.train,
+                    policy=handed,
+                )
+        finally:
+            if handed is not None:  # taken by the training, or never to be: held no longer
+                handed.drop()
         complete = result.steps >= cfg.train.steps
         _log_run_artifacts(tracker, rd, result.history, monitor.samples)
         if complete:  # the policy to use, on the Models page (evaluations link their metrics)

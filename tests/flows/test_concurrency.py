@@ -87,7 +87,7 @@ def test_without_a_flow_run_there_is_no_slot_to_take_and_it_says_so(caplog):
 
 
 def test_ctrl_c_while_waiting_for_a_slot_ends_the_run_killed_and_takes_no_slot(
-    flows_env, flow_cfg, tmp_path
+    flows_env, flow_cfg, tmp_path, monkeypatch
 ):
     """Ctrl-C while a training run waits for its slot (another holds the only one): the run's
     MLflow run ends KILLED, the flow run says it was interrupted, and the slot it waited for is
@@ -95,6 +95,7 @@ def test_ctrl_c_while_waiting_for_a_slot_ends_the_run_killed_and_takes_no_slot(
     abandoned request would stay held for its 300 s lease)."""
     import signal
 
+    import prefect.concurrency.sync
     from prefect.concurrency.sync import concurrency
 
     from dapo_core.errors import TrainingInterrupted
@@ -114,17 +115,19 @@ def test_ctrl_c_while_waiting_for_a_slot_ends_the_run_killed_and_takes_no_slot(
     try:
         assert holding.wait(60)
         cfg = resolve(flow_cfg.to_dict(), overrides=["train.concurrency_limit=gpu-held"])
-        main, ended = threading.get_ident(), threading.Event()
+        main, asking, ended = threading.get_ident(), threading.Event(), threading.Event()
 
-        def interrupt_once_tracked() -> None:  # the run is tracked, then waits for the slot
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                if [r for r in store.search_runs(cfg, "train") if r["name"] == "slot-wait"]:
-                    time.sleep(1.0)
-                    if not ended.is_set():  # never into the test after the flow
-                        signal.pthread_kill(main, signal.SIGINT)  # Ctrl-C, in the main thread
-                    return
-                time.sleep(0.2)
+        def asks(*args, **kwargs):  # the training run asks for its slot (and waits)
+            asking.set()
+            return concurrency(*args, **kwargs)
+
+        monkeypatch.setattr(prefect.concurrency.sync, "concurrency", asks)
+
+        def interrupt_once_waiting() -> None:
+            if asking.wait(120):
+                time.sleep(1.0)  # into the wait the held slot makes
+                if not ended.is_set():  # never into the test after the flow
+                    signal.pthread_kill(main, signal.SIGINT)  # Ctrl-C, in the main thread
 
         @flow
         def waits_for_a_slot() -> None:
@@ -133,7 +136,7 @@ def test_ctrl_c_while_waiting_for_a_slot_ends_the_run_killed_and_takes_no_slot(
             finally:
                 ended.set()
 
-        threading.Thread(target=interrupt_once_tracked, daemon=True).start()
+        threading.Thread(target=interrupt_once_waiting, daemon=True).start()
         with pytest.raises((TrainingInterrupted, KeyboardInterrupt)):
             waits_for_a_slot()
     finally:

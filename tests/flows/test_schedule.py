@@ -1,5 +1,7 @@
 """Cron deployments: built without a server, registered against the test harness, never served."""
 
+import logging
+
 import pytest
 from typer.testing import CliRunner
 
@@ -79,22 +81,30 @@ def test_cli_schedule_needs_a_prefect_server(monkeypatch):
     assert bad.exit_code == 2 and "not a cron expression" in bad.output
 
 
-@pytest.mark.slow
-def test_the_nightly_train_promotes_its_completed_run_by_the_rule(flows_env, flow_params, tmp_path):
-    """The train flow with ``promote`` (what ``dapo schedule --promote`` passes): a run that is
-    not complete yet promotes nothing; once complete, its policy is the champion (none before)."""
+def test_the_nightly_train_promotes_a_completed_tracked_run_only(monkeypatch, caplog):
+    """``stages.train(promote=NAME)`` (what ``dapo schedule --promote`` passes) hands a completed,
+    tracked run to the rule (``registry.promote_if_better``, tested in test_registry.py); a run
+    not complete yet, or not tracked, is not offered, and the log says why."""
     from flows import stages
-    from mlflow import MlflowClient
-    from tasks.orchestration import without_prefect
+    from tasks.tracking import registry
+    from tasks.training.task import TrainSummary
 
-    with without_prefect():
-        part = stages.train(
-            params=flow_params, run_dir=str(tmp_path / "n"), max_steps=1, promote="nightly-x"
-        )
-        assert not part.complete
-        client = MlflowClient(flows_env)
-        assert not client.search_registered_models("name = 'nightly-x'")
-        done = stages.train(params=flow_params, run_dir=str(tmp_path / "n"), promote="nightly-x")
-    assert done.complete
-    champion = client.get_model_version_by_alias("nightly-x", "champion")
-    assert champion.run_id == done.mlflow_run_id
+    caplog.set_level(logging.INFO, logger="dapo")
+    offered = []
+
+    class Kept:
+        def describe(self, name, alias):
+            return f"kept {name}@{alias}"
+
+    monkeypatch.setattr(registry, "promote_if_better", lambda run, name, uri: offered.append(
+        (run, name)) or Kept())  # fmt: skip
+
+    def summary(complete: bool, run_id: str | None) -> TrainSummary:
+        return TrainSummary("d", "d/final", 2, complete, 0.0, run_id, {}, 0)
+
+    for outcome in (summary(False, "r1"), summary(True, None), summary(True, "r2")):
+        monkeypatch.setattr(stages, "train_config", lambda *a, o=outcome, **k: o)
+        stages.train(overrides=["train.steps=2"], run_dir="/tmp/x", promote="nightly-x")
+    assert offered == [("r2", "nightly-x")]
+    assert "not yet" in caplog.text and "not tracked" in caplog.text
+    assert "kept nightly-x@champion" in caplog.text

@@ -44,6 +44,7 @@ def test_a_started_server_is_used_by_commands_and_stopped_whole(
     assert f"UI http://127.0.0.1:{port};" in started.stderr
     assert srv.running_server(home) == url
     pid = json.loads((home / "dapo-server.json").read_text())["pid"]
+    sweeps: list[subprocess.Popen] = []
     try:
         again = _dapo("server", "start", "--port", str(srv.free_port()), env=env)
         assert "already running" in again.stderr and srv.running_server(home) == url
@@ -51,24 +52,26 @@ def test_a_started_server_is_used_by_commands_and_stopped_whole(
         _post(url + "/v2/concurrency_limits/", {"name": "one-gpu", "limit": 1})
         params = tmp_path / "params.json"
         params.write_text(json.dumps(flow_cfg.to_dict()))
-        runs = tmp_path / "runs"
-        sweeps = [
-            subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "flows.cli", "ablate", "--params", str(params)),
-                    *("--variants", "grpo", "--seeds", "0", "--run-name", name, "--no-curate"),
-                    *("-S", "train.concurrency_limit=one-gpu", "-S", f"train.out_dir={runs}"),
-                ],
-                cwd=REPO_ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            for name in ("sweep-a", "sweep-b")
-        ]
-        outs = [p.communicate(timeout=300)[0] for p in sweeps]
-        assert [p.returncode for p in sweeps] == [0, 0], [o[-2000:] for o in outs]
+        runs, logs = tmp_path / "runs", [tmp_path / "sweep-a.log", tmp_path / "sweep-b.log"]
+        for log in logs:  # files, not pipes: a full pipe would stall its sweep holding the slot
+            with log.open("w") as out:
+                sweeps.append(
+                    subprocess.Popen(
+                        [
+                            *(sys.executable, "-m", "flows.cli", "ablate", "--params", str(params)),
+                            *("--variants", "grpo", "--seeds", "0", "--run-name", log.stem),
+                            *("--no-curate", "-S", "train.concurrency_limit=one-gpu"),
+                            *("-S", f"train.out_dir={runs}"),
+                        ],
+                        cwd=REPO_ROOT,
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+        codes = [p.wait(timeout=300) for p in sweeps]
+        outs = [log.read_text() for log in logs]
+        assert codes == [0, 0], [o[-2000:] for o in outs]
         assert all(f"View at http://127.0.0.1:{port}/runs/flow-run/" in o for o in outs)
         assert not (home / "logs" / "prefect-server.log").exists()  # no temporary server
         # a run's training begins (its config written) only once the other's has ended (its
@@ -80,6 +83,10 @@ def test_a_started_server_is_used_by_commands_and_stopped_whole(
         assert len(spans) == 2 and spans[1][0] >= spans[0][1], spans
         assert srv.running_server(home) == url
     finally:
+        for p in sweeps:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
         stopped = _dapo("server", "stop", env=env)
     assert "stopped" in stopped.stderr and srv.running_server(home) is None
     with pytest.raises(ProcessLookupError):  # its whole session is gone

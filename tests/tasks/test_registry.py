@@ -160,3 +160,7 @@ def test_the_nightly_promotion_rule_promotes_only_a_better_validation_score(
     assert str(champion.version) == "2"
     unscored = registry.promote_if_better(run("unscored", None), uri=uri)
     assert unscored.registered is None and "eval.every_n_steps" in unscored.describe("d", "c")
+    # a champion chosen by hand (its run logged no score) is not overruled by the rule
+    registry.register(run("by-hand", None), "picked", uri=uri)
+    kept = registry.promote_if_better(run("scored", 0.99), "picked", uri=uri)
+    assert kept.registered is None and "has no val/avg_at_k to beat" in kept.describe("p", "c")

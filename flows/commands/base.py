@@ -67,6 +67,7 @@ def _working() -> None:
     runs (MLflow run ended KILLED, Prefect state written, servers stopped)."""
     from tasks.signals import watched
 
+    gc.enable()  # off while the command imported (flows.signals.until_work_begins)
     # the first interrupt gives the clean-up CLEANUP_DEADLINE_S, then the command gives up
     signal.signal(signal.SIGINT, watched(signal.default_int_handler))
     signal.signal(signal.SIGTERM, watched(_terminate))

@@ -25,9 +25,15 @@ def until_work_begins() -> None:
     """Handle Ctrl-C and SIGTERM with :func:`exit_at_once` (main thread only), and keep the
     garbage collector off: the imports allocate millions of objects, none of them garbage, and
     the collector walked them again and again (a sixth of a command's import time, measured on
-    2 cores). ``flows.commands.base._working`` turns it back on when the work begins."""
+    2 cores). ``flows.commands.base._working`` turns it back on when the work begins.
+
+    A process that ``multiprocessing`` spawns (the rollout process) imports its parent's main
+    module, which for ``dapo`` calls this too, and never reaches ``_working``: it keeps its
+    collector, which it needs for the hours it serves."""
     import gc
 
-    gc.disable()
+    # (the interpreter's own arguments: a spawned child's sys.argv is its parent's by now)
+    if "--multiprocessing-fork" not in sys.orig_argv:
+        gc.disable()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, exit_at_once)

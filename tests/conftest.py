@@ -41,6 +41,22 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+@pytest.fixture(autouse=True)
+def _interrupt_handlers_put_back():
+    """Fail a test that leaves Ctrl-C's or SIGTERM's handler changed (and put it back): the
+    tests after it in the same worker would run under it, and a test that sends itself Ctrl-C
+    would find it ignored or held."""
+    import signal
+
+    signals = (signal.SIGINT, signal.SIGTERM)
+    before = {s: signal.getsignal(s) for s in signals}
+    yield
+    changed = {s: signal.getsignal(s) for s in signals if signal.getsignal(s) is not before[s]}
+    for s in changed:
+        signal.signal(s, before[s])
+    assert not changed, f"the test left these signal handlers in place: {changed}"
+
+
 TINY_OVERRIDES = [
     "synthetic.max_operand=9",
     "synthetic.num_train=60",

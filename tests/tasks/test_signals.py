@@ -61,3 +61,32 @@ def test_the_collector_is_off_while_a_command_imports_and_on_once_its_work_begin
         gc.enable()
         for s, handler in handlers.items():
             signal.signal(s, handler)
+
+
+def test_a_process_that_dapo_spawns_keeps_its_collector(tmp_path):
+    """The rollout process is spawned (``multiprocessing``): it imports its parent's main module,
+    which for ``dapo`` turns the collector off at import, and never loads a config to turn it on
+    again. It serves for hours: it must collect its garbage."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "dapo_like.py"  # what the `dapo` console script imports first
+    script.write_text(
+        "import gc\n"
+        "import multiprocessing as mp\n"
+        "from flows.entry import main  # noqa: F401\n"
+        "def probe(q):\n"
+        "    q.put(gc.isenabled())\n"
+        "if __name__ == '__main__':\n"
+        "    print('parent', gc.isenabled())\n"
+        "    ctx = mp.get_context('spawn')\n"
+        "    q = ctx.Queue()\n"
+        "    p = ctx.Process(target=probe, args=(q,))\n"
+        "    p.start()\n"
+        "    print('child', q.get(timeout=120))\n"
+        "    p.join()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=180, check=True
+    )
+    assert out.stdout.split() == ["parent", "False", "child", "True"], out.stdout + out.stderr

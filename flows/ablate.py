@@ -55,6 +55,7 @@ from dapo_core.ablation_stats import PROBES, SIGNALS, probe_steps, probed_switch
 from dapo_core.config import Config, ConfigError
 from dapo_core.config_loader import from_dict, resolve
 from dapo_core.errors import PipelineError, TrainingInterrupted
+from flows.signals import collector_for_work
 from flows.stages import default_run_name, load_config, run_dir_for
 from flows.sweep_pool import Stopped, check_pool, describe, on_pool, stop_runs
 from tasks.data.task import curate_task
@@ -142,6 +143,7 @@ def ablate_run_flow(
     worker on another machine needs nothing else); returns its MLflow run id. Training continues
     from the run's last checkpoint: a retried train task, or a resubmitted child, redoes only the
     steps after it."""
+    collector_for_work()  # in a worker's flow-run process, nothing else has
     cfg = from_dict(config)
     trained = train_task.with_options(task_run_name=f"train {variant} seed{seed}")(
         cfg,

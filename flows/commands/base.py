@@ -65,9 +65,10 @@ def _terminate(signum: int, frame: Any) -> None:
 def _working() -> None:
     """From here on the command does work with a clean-up: Ctrl-C and SIGTERM raise, so that it
     runs (MLflow run ended KILLED, Prefect state written, servers stopped)."""
+    from flows.signals import collector_for_work
     from tasks.signals import watched
 
-    gc.enable()  # off while the command imported (flows.signals.until_work_begins)
+    collector_for_work()  # off while the command imported (flows.signals.until_work_begins)
     # the first interrupt gives the clean-up CLEANUP_DEADLINE_S, then the command gives up
     signal.signal(signal.SIGINT, watched(signal.default_int_handler))
     signal.signal(signal.SIGTERM, watched(_terminate))

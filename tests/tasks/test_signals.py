@@ -49,15 +49,22 @@ def test_the_collector_is_off_while_a_command_imports_and_on_once_its_work_begin
     import gc
 
     from flows.commands.base import _working
-    from flows.signals import until_work_begins
+    from flows.signals import GC_YOUNG, until_work_begins
 
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    threshold = gc.get_threshold()
     try:
         until_work_begins()
         assert not gc.isenabled()
+        gc.unfreeze()
         _working()
         assert gc.isenabled()
+        # what the imports made is out of the collector's passes, which run less often
+        assert gc.get_freeze_count() > 10_000
+        assert gc.get_threshold() == (GC_YOUNG, *threshold[1:]) and threshold[0] < GC_YOUNG
     finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
         gc.enable()
         for s, handler in handlers.items():
             signal.signal(s, handler)

@@ -36,16 +36,35 @@ def prefect_harness(tmp_path_factory, empty_stores):
     from the run's migrated one: the harness would otherwise migrate a new one itself."""
     from unittest import mock
 
+    import prefect.settings as settings
     import prefect.testing.utilities as harness
-    from prefect.settings import PREFECT_HOME, PREFECT_LOCAL_STORAGE_PATH, temporary_settings
 
     home = tmp_path_factory.mktemp("prefect_home")
     database = tmp_path_factory.mktemp("prefect_harness")
     # the harness keeps its database as prefect-test.db in a directory it asks mkdtemp for
     shutil.copyfile(empty_stores / "prefect" / "prefect.db", database / "prefect-test.db")
-    updates = {PREFECT_HOME: str(home), PREFECT_LOCAL_STORAGE_PATH: str(home / "storage")}
+    updates = {
+        settings.PREFECT_HOME: str(home),
+        settings.PREFECT_LOCAL_STORAGE_PATH: str(home / "storage"),
+        # Off: the services no test here uses, which poll the database all session long in
+        # each worker's server (schedules, late runs, worker health, automations, vacuums).
+        # On: what records runs and their events, cancels a cancelled run's children, and
+        # expires concurrency leases.
+        **dict.fromkeys(
+            (
+                settings.PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED,
+                settings.PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED,
+                settings.PREFECT_SERVER_SERVICES_FOREMAN_ENABLED,
+                settings.PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED,
+                settings.PREFECT_SERVER_SERVICES_PAUSE_EXPIRATIONS_ENABLED,
+                settings.PREFECT_SERVER_SERVICES_DB_VACUUM_ENABLED,
+                settings.PREFECT_SERVER_SERVICES_CLEANUP_RECONCILER_ENABLED,
+            ),
+            False,
+        ),
+    }
     with (
-        temporary_settings(updates=updates),
+        settings.temporary_settings(updates=updates),
         mock.patch.object(harness, "mkdtemp", lambda: str(database)),
         harness.prefect_test_harness(server_startup_timeout=90),
     ):

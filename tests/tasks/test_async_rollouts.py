@@ -184,26 +184,64 @@ def test_a_reward_that_cannot_reach_the_rollout_process_is_a_one_line_error(tiny
 
 
 @pytest.mark.slow
-def test_a_rollout_rank_under_torchrun_is_the_rollout_process(tiny_cfg, tmp_path):
+def test_rollout_ranks_under_torchrun(tiny_cfg, tmp_path, subtests):
+    """Rollout ranks (``train.rollout_ranks``) in two launches: 2 ranks, then 4. The 2-rank
+    launch also trains the synchronous 2-rank DeepSpeed run the 4-rank one is compared with: one
+    launch less to start (each rank imports torch and DeepSpeed). One test item, the checks as
+    subtests, so that the suite's workers never split the launches."""
+    base = tiny_cfg.to_dict()
+    common = ["train.steps=4", "algo.dynamic_sampling=false"]
+    runs = {
+        "sync": resolve(base, overrides=common),
+        **{
+            f"s{s}-{k}": resolve(
+                base,
+                overrides=[
+                    *common,
+                    f"train.rollout_ranks={k}",
+                    f"rollout.max_staleness={s}",
+                ],
+            )
+            for s in (0, 1)
+            for k in (1, 2)
+        },
+    }
+    for name, cfg in runs.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(cfg.to_dict()))
+
+    def triple(params: str, run: str, steps: int = 0) -> list[str]:
+        return [str(tmp_path / f"{params}.json"), str(tmp_path / run), str(steps)]
+
+    root = Path(__file__).parents[2]
+    one_rank = [
+        *triple("s0-1", "s0-1"),
+        *triple("s1-1", "s1-1"),
+        *triple("s1-1", "cut-1", 2),
+        *triple("s1-1", "cut-1"),
+    ]
+    _launch(2, [*one_rank, *triple("sync", "sync-2")], root)
+    two_ranks = [
+        *triple("s0-2", "s0-2"),
+        *triple("s1-2", "s1-2"),
+        *triple("s1-2", "cut-2", 2),
+        *triple("s1-2", "cut-2"),
+    ]
+    _launch(4, two_ranks, root)
+    with subtests.test(rollout_ranks=1):
+        _a_rollout_rank_is_the_rollout_process(runs, tmp_path)
+    with subtests.test(rollout_ranks=2):
+        _two_rollout_ranks_sample_for_two_training_ranks(tmp_path)
+
+
+def _a_rollout_rank_is_the_rollout_process(runs, tmp_path):
     """torchrun, 2 ranks, train.rollout_ranks=1: rank 1 samples for rank 0 through
     torch.distributed (the weights after each update sent to it). With s = 0 the run is the
     synchronous one bit for bit; with s = 1 it is the run with a local rollout process, and a
     run cut after 2 steps resumes to it exactly."""
-    base = tiny_cfg.to_dict()
-    common = ["train.steps=4", "algo.dynamic_sampling=false"]
-    sync = resolve(base, overrides=common)
-    s0 = resolve(base, overrides=[*common, "train.rollout_ranks=1", "rollout.max_staleness=0"])
-    s1 = resolve(base, overrides=[*common, "train.rollout_ranks=1", "rollout.max_staleness=1"])
-    args = []
-    for name, cfg, steps in (("s0", s0, 0), ("s1", s1, 0), ("cut", s1, 2), ("cut", s1, 0)):
-        params = tmp_path / f"{name}.json"
-        params.write_text(json.dumps(cfg.to_dict()))
-        args += [str(params), str(tmp_path / name), str(steps)]
-    _launch(2, args, Path(__file__).parents[2])
-    ranked = {n: RunDir(tmp_path / n) for n in ("s0", "s1", "cut")}
+    ranked = {n: RunDir(tmp_path / f"{n}-1") for n in ("s0", "s1", "cut")}
     # the references, in this process: sampling in the trainer, and in a rollout process
-    a = run_training(sync, RunDir(tmp_path / "sync"), progress=False)
-    b = run_training(s1, RunDir(tmp_path / "local"), progress=False)
+    a = run_training(runs["sync"], RunDir(tmp_path / "sync"), progress=False)
+    b = run_training(runs["s1-1"], RunDir(tmp_path / "local"), progress=False)
 
     def rows(run):
         return strip(run.read_metrics() if isinstance(run, RunDir) else run.history)
@@ -222,6 +260,24 @@ def test_a_rollout_rank_under_torchrun_is_the_rollout_process(tiny_cfg, tmp_path
     ):
         wa, wb = _weights(ref), _weights(run)
         assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def _two_rollout_ranks_sample_for_two_training_ranks(tmp_path):
+    """torchrun, 4 ranks, train.rollout_ranks=2: ranks 0-1 train with DeepSpeed over their own
+    group, ranks 2-3 sample each batch together (half the prompts each) from the weights rank 0
+    broadcasts. With s = 0 the run is the synchronous 2-rank run bit for bit; with s = 1 a run
+    cut after 2 steps resumes to the uninterrupted one exactly."""
+    names = {"sync": "sync-2", "s0": "s0-2", "s1": "s1-2", "cut": "cut-2"}
+    rows = {n: strip(RunDir(tmp_path / d).read_metrics()) for n, d in names.items()}
+    assert [r.pop("rollout/staleness_max") for r in rows["s0"]] == [0.0] * 4
+    assert [r.pop("rollout/staleness_mean") for r in rows["s0"]] == [0.0] * 4
+    assert rows["s0"] == rows["sync"] and len(rows["sync"]) == 4
+    assert [r["rollout/staleness_mean"] for r in rows["s1"]] == [0.0, 1.0, 1.0, 1.0]
+    assert rows["cut"] == rows["s1"]
+    assert rows["s1"] != rows["s0"]  # one-step-off trains on other batches
+    for run, ref in (("s0", "sync"), ("cut", "s1")):
+        wa, wb = _weights(RunDir(tmp_path / names[ref])), _weights(RunDir(tmp_path / names[run]))
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def _free_port() -> int:
@@ -254,50 +310,6 @@ def _launch(nproc: int, args: list[str], cwd: Path) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, output[-5000:]
-
-
-@pytest.mark.slow
-def test_two_rollout_ranks_sample_for_two_training_ranks(tiny_cfg, tmp_path):
-    """torchrun, 4 ranks, train.rollout_ranks=2: ranks 0-1 train with DeepSpeed over their own
-    group, ranks 2-3 sample each batch together (half the prompts each) from the weights rank 0
-    broadcasts. With s = 0 the run is the synchronous 2-rank run bit for bit; with s = 1 a run
-    cut after 2 steps resumes to the uninterrupted one exactly."""
-    base = tiny_cfg.to_dict()
-    common = ["train.steps=4", "algo.dynamic_sampling=false"]
-    runs = {
-        "sync": resolve(base, overrides=common),
-        "s0": resolve(
-            base, overrides=[*common, "train.rollout_ranks=2", "rollout.max_staleness=0"]
-        ),
-        "s1": resolve(
-            base, overrides=[*common, "train.rollout_ranks=2", "rollout.max_staleness=1"]
-        ),
-    }
-    for name, cfg in runs.items():
-        (tmp_path / f"{name}.json").write_text(json.dumps(cfg.to_dict()))
-
-    def triple(params: str, run: str, steps: int) -> list[str]:
-        return [str(tmp_path / f"{params}.json"), str(tmp_path / run), str(steps)]
-
-    root = Path(__file__).parents[2]
-    _launch(2, triple("sync", "sync", 0), root)
-    _launch(
-        4,
-        [*triple("s0", "s0", 0), *triple("s1", "s1", 0)]
-        + triple("s1", "cut", 2)
-        + triple("s1", "cut", 0),
-        root,
-    )
-    rows = {n: strip(RunDir(tmp_path / n).read_metrics()) for n in ("sync", "s0", "s1", "cut")}
-    assert [r.pop("rollout/staleness_max") for r in rows["s0"]] == [0.0] * 4
-    assert [r.pop("rollout/staleness_mean") for r in rows["s0"]] == [0.0] * 4
-    assert rows["s0"] == rows["sync"] and len(rows["sync"]) == 4
-    assert [r["rollout/staleness_mean"] for r in rows["s1"]] == [0.0, 1.0, 1.0, 1.0]
-    assert rows["cut"] == rows["s1"]
-    assert rows["s1"] != rows["s0"]  # one-step-off trains on other batches
-    for run, ref in (("s0", "sync"), ("cut", "s1")):
-        wa, wb = _weights(RunDir(tmp_path / ref)), _weights(RunDir(tmp_path / run))
-        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def test_a_split_with_no_training_rank_is_refused_in_one_line(monkeypatch, tiny_cfg, tmp_path):

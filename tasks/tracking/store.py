@@ -133,27 +133,6 @@ def end_abandoned_run(run_dir: Path, status: str = "KILLED") -> bool:
     return True
 
 
-OWNER_TAG = "dapo.owner"  # the process holding a run open: "pid:start time" (tasks.lifetime)
-END_ORPHAN = "import sys; from tasks.tracking.store import end_orphaned_run as e; e(*sys.argv[1:])"
-
-
-def end_orphaned_run(uri: str, run_id: str, owner: str) -> bool:
-    """End ``run_id`` KILLED if it is still RUNNING and still held by ``owner`` (its process
-    was killed outright and nobody resumed it since): the last words a tracker leaves with the
-    reaper, run as ``python -c END_ORPHAN URI RUN_ID OWNER``. True when it was ended."""
-    from mlflow import MlflowClient
-
-    try:
-        client = MlflowClient(tracking_uri=uri)
-        run = client.get_run(run_id)
-        if run.info.status != "RUNNING" or run.data.tags.get(OWNER_TAG) != owner:
-            return False
-        client.set_terminated(run_id, "KILLED")
-    except Exception:  # noqa: BLE001 - a store that is away: nothing more to do
-        return False
-    return True
-
-
 def unflatten_params(params: Mapping[str, str]) -> dict[str, Any]:
     """The inverse of :func:`flatten_config` (values parsed as JSON where they are JSON)."""
     out: dict[str, Any] = {}

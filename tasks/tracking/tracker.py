@@ -27,11 +27,10 @@ from tasks import lifetime
 from tasks.params import REPO_ROOT
 from tasks.rundir import RunDir
 from tasks.tracking.artifacts import ArtifactLog
+from tasks.tracking.orphans import END_ORPHAN, OWNER_TAG
 from tasks.tracking.store import (
-    END_ORPHAN,
     MAX_PARAM_LEN,
     MODEL_PATH_TAG,
-    OWNER_TAG,
     POLICY_MODEL_NAME,
     POLICY_MODEL_TYPE,
     artifact_root,

@@ -4,11 +4,6 @@
 Used by test_distributed.py: the parameters after the update must not depend on the world size.
 """
 
-# ruff: noqa: E402
-import gc
-
-gc.disable()  # while importing, as `dapo` does (flows.signals): the imports make no garbage
-
 import dataclasses
 import sys
 
@@ -120,7 +115,6 @@ def main(params_json: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    gc.enable()
     pairs = sys.argv[1:]
     for i in range(0, len(pairs), 2):
         main(pairs[i], pairs[i + 1])

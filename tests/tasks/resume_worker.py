@@ -5,11 +5,6 @@ Used by test_distributed.py: a resumed multi-rank run (ZeRO-2 or ZeRO-3) must re
 uninterrupted one. Each run writes its run directory (metrics.jsonl, final/) as usual.
 """
 
-# ruff: noqa: E402
-import gc
-
-gc.disable()  # while importing, as `dapo` does (flows.signals): the imports make no garbage
-
 import json
 import sys
 from pathlib import Path
@@ -38,7 +33,6 @@ def parity_score(response, _):
 
 
 if __name__ == "__main__":
-    gc.enable()
     args = sys.argv[1:]
     for i in range(0, len(args), 3):
         main(args[i], args[i + 1], args[i + 2] == "1")

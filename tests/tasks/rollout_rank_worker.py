@@ -4,11 +4,6 @@ Used by test_async_rollouts.py. For each (params, run directory, max steps) trip
 line in turn: train (max steps 0: to the end), continuing a run already there.
 """
 
-# ruff: noqa: E402
-import gc
-
-gc.disable()  # while importing, as `dapo` does (flows.signals): the imports make no garbage
-
 import json
 import sys
 from pathlib import Path
@@ -27,7 +22,6 @@ def main(params_json: str, run_dir: str, max_steps: int) -> None:
 
 
 if __name__ == "__main__":
-    gc.enable()
     args = sys.argv[1:]
     for i in range(0, len(args), 3):
         main(args[i], args[i + 1], int(args[i + 2]))

@@ -4,11 +4,6 @@
 once that step (and its checkpoint) is done, then sleeps while it holds the run directory.
 """
 
-# ruff: noqa: E402
-import gc
-
-gc.disable()  # while importing, as `dapo` does (flows.signals): the imports make no garbage
-
 import json
 import sys
 import time
@@ -31,5 +26,4 @@ def main(params_json: str, run_dir: str, stop_at: str) -> None:
 
 
 if __name__ == "__main__":
-    gc.enable()
     main(*sys.argv[1:])

@@ -17,7 +17,7 @@ from dapo_core.config_loader import from_dict, resolve
 from tasks.data import version
 from tasks.params import REPO_ROOT
 from tasks.rundir import RunDir
-from tasks.tracking import provenance
+from tasks.tracking import orphans, provenance
 from tasks.tracking import store as tracking_store
 from tasks.tracking import tracker as tracking
 from tasks.tracking.tracker import Tracker
@@ -530,15 +530,26 @@ def test_a_run_whose_process_is_killed_outright_ends_killed(tmp_path):
     client = MlflowClient(tracking_uri=uri)
     run = client.get_run(run_id)
     assert run.info.status == "RUNNING"
-    owner = run.data.tags[tracking_store.OWNER_TAG]
+    owner = run.data.tags[orphans.OWNER_TAG]
     assert owner.startswith(f"{proc.pid}:")
-    assert not tracking_store.end_orphaned_run(uri, run_id, "another:owner")  # resumed since
+    assert not orphans.end_orphaned_run(uri, run_id, "another:owner")  # resumed since
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 180  # a hang guard: the words import MLflow, on busy cores
     while client.get_run(run_id).info.status == "RUNNING" and time.monotonic() < deadline:
         time.sleep(0.2)
     assert client.get_run(run_id).info.status == "KILLED"
+
+
+def test_the_last_words_import_mlflow_and_nothing_heavy_of_ours():
+    """The reaper's process for a killed run imports MLflow only: not torch, not the config (a
+    second or more on 2 cores before the run can be ended)."""
+    imports = orphans.END_ORPHAN.split(";")[1].strip()  # what the reaper's process runs
+    probe = f"{imports}; from mlflow import MlflowClient; import sys; print(sorted(" + (
+        "m for m in ('torch', 'transformers', 'dapo_core', 'tasks.params') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_a_run_s_data_source_names_the_generator_or_the_dvc_tracked_file(tiny_cfg, tmp_path):

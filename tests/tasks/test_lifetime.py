@@ -212,8 +212,14 @@ def test_a_reaper_below_a_helper_is_left_to_say_its_words(tmp_path):
     """The command's reaper stops what its helpers started, but not their own reapers: killed
     with its process, a flow run's reaper still ends the flow run's records."""
     proc, helper, record = _start(tmp_path, "watch", HELPER_WITH_WORDS)
-    below = lifetime.descendants([helper])  # the leaf and its reaper
-    assert len(below) == 2 and sum(map(lifetime._is_reaper, below)) == 1
+
+    def leaf_and_its_reaper() -> list[int]:
+        below = lifetime.descendants([helper])
+        return below if len(below) == 2 and sum(map(lifetime._is_reaper, below)) == 1 else []
+
+    # a hang guard: once seen a moment after "leaf ready" on a loaded machine, not at once
+    assert _wait_for(leaf_and_its_reaper, 30), lifetime.descendants([helper])
+    below = leaf_and_its_reaper()
     proc.kill()
     proc.wait()
     assert _wait_for(lambda: record.exists(), 30)

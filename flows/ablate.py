@@ -143,7 +143,7 @@ def ablate_run_flow(
     worker on another machine needs nothing else); returns its MLflow run id. Training continues
     from the run's last checkpoint: a retried train task, or a resubmitted child, redoes only the
     steps after it."""
-    collector_for_work()  # in a worker's flow-run process, nothing else has
+    collector_for_work()  # a worker's flow-run process has not (a command's already has)
     cfg = from_dict(config)
     trained = train_task.with_options(task_run_name=f"train {variant} seed{seed}")(
         cfg,

@@ -48,9 +48,11 @@ def collector_for_work() -> None:
     what the imports made lives as long as the process, so it is frozen (no full pass walks it
     again), and the youngest generation holds ``GC_YOUNG`` objects, not 700: loading a model
     and starting a run allocate millions of objects, and the default ran a full pass every
-    ~70,000 of them."""
+    ~70,000 of them. Tuned once, where nothing is frozen yet: later (a second run in the same
+    process), what is alive may include garbage that a freeze would keep for good."""
     import gc
 
-    gc.freeze()
-    gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
+    if not gc.get_freeze_count():
+        gc.freeze()
+        gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
     gc.enable()

@@ -49,7 +49,7 @@ def test_the_collector_is_off_while_a_command_imports_and_on_once_its_work_begin
     import gc
 
     from flows.commands.base import _working
-    from flows.signals import GC_YOUNG, until_work_begins
+    from flows.signals import GC_YOUNG, collector_for_work, until_work_begins
 
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     threshold = gc.get_threshold()
@@ -63,6 +63,13 @@ def test_the_collector_is_off_while_a_command_imports_and_on_once_its_work_begin
         # what the imports made is out of the collector's passes, which run less often
         assert gc.get_freeze_count() > 10_000
         assert gc.get_threshold() == (GC_YOUNG, 10, 10)
+        # once: a second call (a second run in the process) freezes nothing more
+        gc.set_threshold(700, 10, 10)
+        frozen = gc.get_freeze_count()
+        alive = [[] for _ in range(100)]  # made since: a second freeze would hold them too
+        collector_for_work()
+        assert gc.get_freeze_count() == frozen and gc.get_threshold()[0] == 700
+        assert len(alive) == 100
     finally:
         gc.unfreeze()
         gc.set_threshold(*threshold)

@@ -15,6 +15,22 @@ from tasks import lifetime
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 
 
+@pytest.fixture(autouse=True)
+def _nothing_left(tmp_path):
+    """Whatever a test asserts, end what it started: every process with the test's directory on
+    its command line (the command, its helper, the leaf); their reapers end once their pipes
+    close. A failed assertion skips a test's own kill, and the processes would outlive the
+    suite."""
+    yield
+    mark = str(tmp_path).encode()
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and mark in (proc / "cmdline").read_bytes():
+                os.kill(int(proc.name), signal.SIGKILL)
+        except OSError:  # gone meanwhile
+            continue
+
+
 def _helper(leaf: str) -> str:
     """A helper that, like a Prefect worker, starts a process of its own (``leaf``, a flow run)
     in another session, then waits."""

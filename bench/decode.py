@@ -7,7 +7,9 @@ The decoder (``tasks.rollout.graphs.StaticDecoder``) decodes ``--new`` positions
 of ``--prompt`` positions, its window growing as a rollout's does, once to capture its graphs and
 once timed (CUDA events around the whole rollout): ms per step is the second over ``--new``.
 Sampling (``tasks.rollout.sampling``: ``exact``, ``flat`` and ``blocked``, eager and compiled) is
-timed apart on the step's (B, V) logits, and its kernels profiled by operator.
+timed apart on the step's (B, V) logits at top-p 1 and at each ``--top-p`` (evaluation's 0.7: the
+sort's nucleus against the blocked sampler's floor), and the exact sampler's kernels profiled by
+operator.
 Variants (``DecodeOptions``): ``lean`` (the step before fused kernels: six attention kernels, three
 q/k/v and two gate/up products per layer, nothing compiled), ``fused`` (q/k/v and gate/up one
 product each), ``sdpa`` (and attention one kernel), ``default`` (and the pointwise work compiled),
@@ -116,8 +118,9 @@ def step_ms(model, rows: int, prompt: int, new: int, options) -> float:
     return statistics.median(runs) / new
 
 
-def sampling_ms(rows: int, vocab: int, device, dtype) -> dict[str, float]:
-    """ms of one sampling call on (rows, vocab) logits, temperature 1 and top-p 1, per sampler."""
+def sampling_ms(rows: int, vocab: int, device, dtype, top_p: float = 1.0) -> dict[str, float]:
+    """ms of one sampling call on (rows, vocab) logits, temperature 1, per sampler (below top-p
+    1 the flat sampler is the exact one: left out)."""
     logits = torch.randn(rows, vocab, device=device, dtype=dtype)
     u = torch.rand(rows, 1, device=device)
     fns = {
@@ -127,13 +130,15 @@ def sampling_ms(rows: int, vocab: int, device, dtype) -> dict[str, float]:
         "blocked eager": sample_blocked,
         "blocked": sampler_for("blocked", device),
     }
+    if top_p < 1.0:
+        fns = {k: f for k, f in fns.items() if not k.startswith("flat")}
     out = {}
     for name, fn in fns.items():
         try:
             for _ in range(3):
-                fn(logits, 1.0, 1.0, u)
+                fn(logits, 1.0, top_p, u)
             out[name] = statistics.median(
-                elapsed_ms(lambda f=fn: f(logits, 1.0, 1.0, u), device) for _ in range(20)
+                elapsed_ms(lambda f=fn: f(logits, 1.0, top_p, u), device) for _ in range(20)
             )
         except Exception as e:  # report, and time the others
             print(f"  sampling {name} at B={rows}: failed: {type(e).__name__}: {e}")
@@ -274,6 +279,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     ap.add_argument("--profile", nargs="*", choices=list(VARIANTS), default=[])
     ap.add_argument("--out", default=None, help="folder for the profiles' traces")
+    ap.add_argument(
+        "--top-p", nargs="*", type=float, default=[0.7], help="samplers timed at these too"
+    )
     a = ap.parse_args(argv)
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -300,10 +308,12 @@ def main(argv: list[str] | None = None) -> None:
             base = results.get((rows, "lean"))
             ratio = f"{ms / base:.2f}x" if base else "-"
             print(f"{rows:>5} {v:>16} {ms:8.3f} {ratio:>8} {rows * 1000 / ms:9.0f}")
-        sampling = {rows: sampling_ms(rows, vocab, device, dtype) for rows in a.batches}
-        print(f"{'B':>5} {'sampling ms:':>16} " + " ".join(f"{k:>11}" for k in sampling[rows]))
-        for rows, ms in sampling.items():
-            print(f"{rows:>5} {'':>16} " + " ".join(f"{v:11.3f}" for v in ms.values()))
+        for top_p in (1.0, *a.top_p):
+            sampling = {r: sampling_ms(r, vocab, device, dtype, top_p) for r in a.batches}
+            head = f"sampling ms, top-p {top_p}:"
+            print(f"{'B':>5} {head:>27} " + " ".join(f"{k:>13}" for k in sampling[a.batches[0]]))
+            for r, ms in sampling.items():
+                print(f"{r:>5} {'':>27} " + " ".join(f"{v:13.3f}" for v in ms.values()))
         if cuda:
             rows = max(a.batches)
             ops = sampling_ops(rows, vocab, device, dtype)

@@ -18,7 +18,9 @@ On CUDA ours decodes with CUDA graphs (``tasks.rollout.graphs``); the ``eager`` 
 sampler with ``graphs=False`` (the lean step launched kernel by kernel), the ``lean`` side the
 graphs over the step as it was before fused kernels (``LEAN_OPTIONS``, the ``exact`` sampler), the
 ``stepwise`` side ours with the sampler run step by step beside the graphs (``flat``) instead of
-recorded in them (``blocked``).
+recorded in them (``blocked``), the ``sorted`` side ours with the ``exact`` sampler recorded in
+them (at ``--top-p`` below 1: the nucleus by a sort over the vocabulary, where ours finds its
+floor by bisection).
 
 Models (``--model``): ``tiny``, the embedded Qwen2 with random weights (fp32); ``qwen2.5-0.5b``,
 Qwen2.5-0.5B's shape with random weights and its 151,936-token vocabulary, and
@@ -45,7 +47,8 @@ from tasks.models.loading import chat_prompt, load_policy
 from tasks.rollout.generators import HFGenerator
 from tasks.rollout.graphs import LEAN_OPTIONS
 
-SIDES = ("ours", "stepwise", "lean", "eager", "generate", "static")
+SIDES = ("ours", "sorted", "stepwise", "lean", "eager", "generate", "static")
+GRAPH_SIDES = ("sorted", "stepwise", "lean", "eager")  # differ from ours only where graphs are
 
 
 def sampler(model, tok, L: int, graphs: bool | None = None, **kwargs) -> HFGenerator:
@@ -113,6 +116,7 @@ def bench_shape(
     # captured in the dropped first run and replayed after.
     gens = {
         "ours": sampler(model, tok, L),
+        "sorted": sampler(model, tok, L, sampler="exact"),
         "stepwise": sampler(model, tok, L, sampler="flat", draw_in_graphs=False),
         "lean": sampler(
             model, tok, L, decode_options=LEAN_OPTIONS, sampler="exact", draw_in_graphs=False
@@ -121,6 +125,7 @@ def bench_shape(
     }
     runs = {
         "ours": lambda: ours(model, tok, prompts, G, L, gens["ours"], top_p),
+        "sorted": lambda: ours(model, tok, prompts, G, L, gens["sorted"], top_p),
         "stepwise": lambda: ours(model, tok, prompts, G, L, gens["stepwise"], top_p),
         "lean": lambda: ours(model, tok, prompts, G, L, gens["lean"], top_p),
         "eager": lambda: ours(model, tok, prompts, G, L, gens["eager"], top_p),
@@ -198,7 +203,9 @@ def main(argv: list[str] | None = None) -> None:
         device = torch.cuda.get_device_name() if cuda else "cpu"
         others = args.sides
         if others is None:
-            others = [k for k in SIDES[1:] if cuda or k not in ("eager", "lean", "stepwise")]
+            others = [
+                k for k in SIDES[1:] if cuda or k not in ("eager", "lean", "stepwise", "sorted")
+            ]
         sides = ("ours", *others)
         print(
             f"generation: {args.model} ({model.dtype}) on {device}, torch {torch.__version__}, "

@@ -4,20 +4,26 @@ Inverse-CDF sampling draws one uniform per sequence and locates it in the cumula
 where ``torch.multinomial`` draws B x V random numbers. The caller draws the uniforms for the
 whole batch every step, so dropping finished sequences changes no sample.
 
-Three ways to compute it (``SAMPLERS``), the same distribution (they locate the same uniform in
-the same vocabulary-order CDF, so they agree on the token but for rounding ties):
-- ``exact``: ``sample_next``, one log-softmax over the vocabulary, its exponent, the cumulative sum.
-  CPU runs use it: its rounding is part of what a seed reproduces there;
+Three ways to compute it (``SAMPLERS``), the same distribution:
+- ``exact``: ``sample_next``, one log-softmax over the vocabulary, its exponent, the cumulative sum;
+  below top-p 1 the probabilities sorted first, the nucleus a prefix of the sorted order. CPU runs
+  use it: its rounding is part of what a seed reproduces there;
 - ``flat``: the tempered probabilities from one log-sum-exp (``tempered_probs``), then the
-  cumulative sum over the vocabulary;
+  cumulative sum over the vocabulary (below top-p 1, ``exact``);
 - ``blocked`` (the CUDA default): the vocabulary in blocks of ``BLOCK`` tokens. One pass over the
   logits gives each block's mass (``block_log_masses``, compiled on CUDA into one reduction);
   the uniform is located among the blocks, then inside the one block it fell in. On a GPU
   sampling is bandwidth-bound at large batches (a (512, 151936) float32 array is 311 MB): ``exact``
   reads and writes such arrays about eight times, ``flat`` three, ``blocked`` reads the bf16
-  logits once and writes nothing of that size.
-The log-probs of ``flat`` and ``blocked`` are x - logsumexp(x) at the drawn tokens, the
-log-softmax up to rounding. Top-p below 1 takes ``exact`` (the nucleus needs the sort).
+  logits once and writes nothing of that size. Below top-p 1 it takes no sort either: the nucleus
+  is every token whose logit reaches a floor (``nucleus_floor``, a bisection over the logits'
+  bit patterns, one reduction per bit), and the block masses count those tokens only.
+At top-p 1, ``flat`` and ``blocked`` locate the same uniform in the same vocabulary-order CDF as
+``exact``, so they agree on the token but for rounding ties. Below it ``blocked`` keeps the same
+nucleus (and every token tied with its least likely one, where the sort keeps an arbitrary few of
+them) but orders it by vocabulary, not by probability: the same distribution, another token for the
+same uniform. The log-probs of ``flat`` and ``blocked`` are x - logsumexp(x) at the drawn tokens,
+the log-softmax up to rounding, under the unrestricted tempered distribution as ``exact``'s.
 """
 
 from __future__ import annotations
@@ -88,16 +94,60 @@ def sample_flat(
     return idx.squeeze(-1), logp.squeeze(-1)
 
 
-def block_log_masses(logits: torch.Tensor, temperature: float, block: int) -> torch.Tensor:
+def block_log_masses(
+    logits: torch.Tensor, temperature: float, block: int, floor: torch.Tensor | None = None
+) -> torch.Tensor:
     """(B, V) logits -> (B, ceil(V / block)) log of each block's unnormalised mass,
-    log sum exp(logits / T) over its tokens (-inf for a block of -inf logits only)."""
+    log sum exp(logits / T) over its tokens (-inf for a block of -inf logits only); with ``floor``
+    (B, 1), over its tokens whose logit is at least the floor."""
     B, V = logits.shape
     blocks = -(-V // block)
-    x = F.pad(logits.float() / temperature, (0, blocks * block - V), value=float("-inf"))
-    x = x.view(B, blocks, block)
+    x = logits.float() / temperature
+    if floor is not None:
+        x = torch.where(logits >= floor, x, float("-inf"))
+    x = F.pad(x, (0, blocks * block - V), value=float("-inf")).view(B, blocks, block)
     top = x.amax(dim=-1, keepdim=True)
     top = torch.where(top.isfinite(), top, 0.0)  # a block of -inf only: mass 0, not NaN
     return top.squeeze(-1) + (x - top).exp().sum(dim=-1).log()
+
+
+_SIGNED = {2: torch.int16, 4: torch.int32}  # the integer type of a float's width in bytes
+_INF_KEY = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00, torch.float32: 0x7F800000}  # +inf's
+
+
+def _float_of_key(key: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Integer keys -> the floats of ``dtype`` they order. A float's key is its bit pattern read
+    as a signed integer, with a negative one's magnitude bits flipped: then keys order as the
+    floats do (the flip is its own inverse)."""
+    bits = torch.finfo(dtype).bits
+    flipped = torch.where(key < 0, key ^ ((1 << (bits - 1)) - 1), key)
+    return flipped.to(_SIGNED[bits // 8]).view(dtype)
+
+
+def nucleus_floor(
+    logits: torch.Tensor, temperature: float, top_p: float, lse: torch.Tensor
+) -> torch.Tensor:
+    """(B, V) logits, (B, 1) log-normaliser of softmax(logits / T) -> (B, 1) the least logit of
+    the top-p nucleus: the highest floor whose tokens (logit >= floor) hold at least ``top_p`` of
+    the probability. The sort's nucleus is those tokens, ties at the floor aside.
+
+    A bisection over the keys that order the logits' floats (``_float_of_key``), from -inf's to
+    past +inf's: one masked sum over the vocabulary per bit, the same count whatever the logits,
+    so a CUDA graph can record it. The floor found is a logit itself: the mass above a floor only
+    changes at one."""
+    bits, key = torch.finfo(logits.dtype).bits, _INF_KEY[logits.dtype]  # -inf's key: -key - 1
+    lo = torch.full_like(lse, -key - 1, dtype=torch.long)  # every token reaches it: mass 1
+    hi = torch.full_like(lo, key + 1)  # none does: mass 0
+    for _ in range(bits):  # the span halves each time: it is under 2 ** bits keys
+        mid = (lo + hi) // 2
+        floor = _float_of_key(mid, logits.dtype)
+        # The tempered probabilities recomputed in each pass: compiled, each pass reads the
+        # logits once and writes nothing of their size.
+        probs = (logits.float() / temperature - lse).exp()
+        mass = torch.where(logits >= floor, probs, 0.0).sum(dim=-1, keepdim=True)
+        holds = mass >= top_p
+        lo, hi = torch.where(holds, mid, lo), torch.where(holds, hi, mid)
+    return _float_of_key(lo, logits.dtype)
 
 
 def sample_blocked(
@@ -107,25 +157,31 @@ def sample_blocked(
     uniforms: torch.Tensor | None = None,
     masses_fn: Callable = block_log_masses,
     block: int = BLOCK,
+    floor_fn: Callable = nucleus_floor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``sample_next``'s draw in two levels: which block, then which token of it (module
-    docstring). Only the block masses read the whole vocabulary."""
-    if top_p < 1.0:
-        return sample_next(logits, temperature, top_p, uniforms)
+    docstring). Only the block masses (and below top-p 1 the nucleus's floor) read the whole
+    vocabulary."""
     B, V = logits.shape
     log_mass = masses_fn(logits, temperature, block)  # (B, blocks)
     lse = torch.logsumexp(log_mass, dim=-1, keepdim=True)  # (B, 1)
-    mass = (log_mass - lse).exp()  # each block's probability
+    floor = None
+    if top_p < 1.0:  # the blocks' masses inside the nucleus, still relative to the whole
+        floor = floor_fn(logits, temperature, top_p, lse)
+        log_mass = masses_fn(logits, temperature, block, floor)
+    mass = (log_mass - lse).exp()  # each block's probability (inside the nucleus)
     if uniforms is None:
         uniforms = torch.rand(B, 1, device=logits.device)
     cdf = mass.cumsum(dim=-1)
     u = uniforms.float() * cdf[:, -1:]
     j = _first_exceeding(cdf, u)  # (B, 1) the block the uniform falls in
     cols = j * block + torch.arange(block, device=logits.device)  # (B, block) its tokens
-    x = logits.gather(-1, cols.clamp(max=V - 1)).float() / temperature
+    raw = logits.gather(-1, cols.clamp(max=V - 1))
+    x = raw.float() / temperature
     # Inside the block, each token's share of the block's mass: relative to the block, so no
     # token of a light block underflows to nothing (and a -inf one stays at exactly 0).
-    share = torch.where(cols < V, (x - log_mass.gather(-1, j)).exp(), 0.0)
+    inside = cols < V if floor is None else (cols < V) & (raw >= floor)
+    share = torch.where(inside, (x - log_mass.gather(-1, j)).exp(), 0.0)
     block_mass = mass.gather(-1, j)
     # The uniform's place inside the block; rounding can put it a little outside: the block's
     # ends absorb it.
@@ -180,7 +236,11 @@ def sampler_for(name: str, device: torch.device) -> Callable:
             sample_flat, probs_fn=_compiled(tempered_probs) if cuda else tempered_probs
         )
     if name == "blocked":
+        if not cuda:
+            return functools.partial(sample_blocked)
         return functools.partial(
-            sample_blocked, masses_fn=_compiled(block_log_masses) if cuda else block_log_masses
+            sample_blocked,
+            masses_fn=_compiled(block_log_masses),
+            floor_fn=_compiled(nucleus_floor),
         )
     return sample_next

@@ -4,7 +4,13 @@ import pytest
 import torch
 
 from tasks.rollout import sampling
-from tasks.rollout.sampling import sample_blocked, sample_flat, sample_next, sampler_for
+from tasks.rollout.sampling import (
+    nucleus_floor,
+    sample_blocked,
+    sample_flat,
+    sample_next,
+    sampler_for,
+)
 
 
 def test_flat_sampler_draws_the_exact_samplers_tokens_from_the_same_uniforms():
@@ -81,6 +87,82 @@ def test_blocked_sampler_follows_the_tempered_distribution():
     assert 4 not in tokens.tolist()
     torch.testing.assert_close(freq, probs, atol=0.01, rtol=0)
     torch.testing.assert_close(logp, probs.log()[tokens])
+
+
+def test_nucleus_floor_by_hand():
+    """softmax([2, 1, 0.5, 0, -inf, -1]) = .563 .207 .126 .076 0 .028; the mass before each
+    token in that order 0, .563, .770, .896, .972: top-p .9 keeps tokens 0-3 (floor 0), .75
+    tokens 0-1 (floor 1), .5 token 0 (floor 2), .999 every finite token (floor -1)."""
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, float("-inf"), -1.0]])
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for top_p, floor in ((0.9, 0.0), (0.75, 1.0), (0.5, 2.0), (0.999, -1.0)):
+            found = nucleus_floor(logits.to(dtype), 1.0, top_p, lse)
+            assert found.dtype == dtype and found.item() == floor
+
+
+def _sorted_nucleus(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """(B, V) -> (B, V) bool: the tokens ``sample_next``'s sort keeps (a prefix of the sorted
+    order: the mass before a token under top-p)."""
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    kept_sorted = (sorted_p.cumsum(dim=-1) - sorted_p) < top_p
+    return torch.zeros_like(kept_sorted).scatter(-1, order, kept_sorted)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nucleus_floor_keeps_the_sorted_nucleus(dtype):
+    """Over 600 rows of random logits (peaked and flat, some masked) at several top-p: the floor's
+    tokens hold at least top-p of the mass and those above it less (what makes it the nucleus);
+    they are the sort's nucleus but for tokens as likely as the floor's, where the sort keeps an
+    arbitrary few of the tied (bf16 logits tie often; float32 ones can round to one probability)."""
+    g = torch.Generator().manual_seed(1)
+    scale = torch.tensor([0.3, 1.0, 4.0]).repeat_interleave(200)[:, None]
+    logits = (torch.randn(600, 2000, generator=g) * scale).to(dtype)
+    logits[::7, :50] = float("-inf")
+    ties = 0
+    for top_p, temperature in ((0.1, 1.0), (0.7, 1.0), (0.7, 0.6), (0.95, 1.3)):
+        lse = torch.logsumexp(logits.float() / temperature, dim=-1, keepdim=True)
+        floor = nucleus_floor(logits, temperature, top_p, lse)
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
+        ours = logits >= floor
+        assert ((probs * ours).sum(-1) >= top_p - 1e-5).all()
+        assert ((probs * (logits > floor)).sum(-1) < top_p + 1e-5).all()
+        differ = ours ^ _sorted_nucleus(logits, temperature, top_p)
+        floor_p = (floor.float() / temperature - lse).exp().expand_as(probs)
+        torch.testing.assert_close(probs[differ], floor_p[differ], rtol=1e-5, atol=0)
+        ties += int(differ.any(dim=-1).sum())
+    assert ties > 10 if dtype == torch.bfloat16 else ties < 10
+
+
+@pytest.mark.parametrize("block", [3, 4, 1024])
+def test_blocked_nucleus_is_the_inverse_cdf_of_the_nucleus(block):
+    """Below top-p 1, uniforms on a fine grid land on each token of the nucleus in proportion to
+    its renormalised probability (to the grid's step) and never outside it; the log-prob is the
+    unrestricted log-softmax, as the exact sampler's."""
+    logits = torch.tensor([0.5, 2.0, float("-inf"), 1.0, 0.0, -1.0, 0.3])
+    probs = torch.softmax(logits / 0.8, dim=-1)
+    n = 20_000
+    u = ((torch.arange(n) + 0.5) / n)[:, None]
+    for top_p, keep in ((0.9, [0, 1, 3, 6]), (0.7, [1, 3]), (0.3, [1]), (1.0, [0, 1, 3, 4, 5, 6])):
+        nucleus = torch.zeros_like(probs)
+        nucleus[keep] = probs[keep]
+        tokens, logp = sample_blocked(logits.expand(n, -1), 0.8, top_p, u, block=block)
+        freq = torch.bincount(tokens, minlength=7).float() / n
+        torch.testing.assert_close(freq, nucleus / nucleus.sum(), atol=2 / n, rtol=0)
+        torch.testing.assert_close(logp, probs.log()[tokens])
+        # the same nucleus as the sort's, drawn by another order: the same distribution
+        exact, _ = sample_next(logits.expand(n, -1), 0.8, top_p, u)
+        assert torch.equal(torch.bincount(exact, minlength=7), torch.bincount(tokens, minlength=7))
+
+
+def test_blocked_nucleus_over_a_flat_distribution_keeps_every_tied_token():
+    """All logits equal (a model that has learnt nothing): every token ties at the floor and
+    stays in; the sort would keep an arbitrary 70%."""
+    logits = torch.zeros(2000, 10, dtype=torch.bfloat16)
+    tokens, logp = sample_blocked(logits, 1.0, 0.7, block=4)
+    assert set(tokens.tolist()) == set(range(10))
+    torch.testing.assert_close(logp, torch.full((2000,), -torch.log(torch.tensor(10.0))))
 
 
 def test_sampler_choice_by_device_and_bad_names():

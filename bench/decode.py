@@ -14,7 +14,8 @@ Variants (``DecodeOptions``): ``lean`` (the step before fused kernels: six atten
 q/k/v and two gate/up products per layer, nothing compiled), ``fused`` (q/k/v and gate/up one
 product each), ``sdpa`` (and attention one kernel), ``default`` (and the pointwise work compiled),
 ``compiled-matmul`` (compiled, with the six-kernel attention), ``static-shapes`` (``default``
-compiled for each batch size).
+compiled for each batch size), ``flex`` (``default`` with FlexAttention's decoding kernel, one
+window whose unwritten blocks it skips) and ``flex-static`` (both).
 
 ``--profile``: one eager step per batch under ``torch.profiler``, each kernel attributed to the
 operator that launched it, grouped into the step's parts, each against its floor: the bytes it
@@ -54,6 +55,8 @@ VARIANTS = {
     "default": DecodeOptions(),
     "compiled-matmul": DecodeOptions(attention="matmul", fuse=True, compiled=None),
     "static-shapes": DecodeOptions(dynamic=False),
+    "flex": DecodeOptions(attention="flex"),
+    "flex-static": DecodeOptions(attention="flex", dynamic=False),
 }
 PARTS = ("matrix products", "lm head", "attention", "kv writes", "pointwise", "sampling")
 
@@ -182,7 +185,8 @@ def _part(op: str, dims: str, window: int, vocab: int) -> str:
 
 def attribute(trace: list[dict], window: int, vocab: int) -> dict[str, float]:
     """Kernel microseconds per part: each kernel goes to the innermost operator around the
-    runtime call that launched it (same thread), triton kernels to ``pointwise``."""
+    runtime call that launched it (same thread), compiled ones to ``pointwise`` but the
+    templates' (FlexAttention's: no other template is compiled here) to ``attention``."""
     kernels = [e for e in trace if e.get("cat") == "kernel"]
     launches = {
         e["args"].get("correlation"): e
@@ -199,7 +203,7 @@ def attribute(trace: list[dict], window: int, vocab: int) -> dict[str, float]:
     for k in kernels:
         name = k["name"]
         launch = launches.get(k.get("args", {}).get("correlation"))
-        part = "pointwise"
+        part = "attention" if name.startswith("triton_tem") else "pointwise"
         if not name.startswith("triton") and launch is not None:
             tid, ts = launch["tid"], launch["ts"]
             seq = ordered.get(tid, [])

@@ -20,7 +20,8 @@ graphs over the step as it was before fused kernels (``LEAN_OPTIONS``, the ``exa
 ``stepwise`` side ours with the sampler run step by step beside the graphs (``flat``) instead of
 recorded in them (``blocked``), the ``sorted`` side ours with the ``exact`` sampler recorded in
 them (at ``--top-p`` below 1: the nucleus by a sort over the vocabulary, where ours finds its
-floor by bisection).
+floor by bisection); ``static-shapes``, ``flex`` and ``flex-static`` are ours with that step
+(``bench.decode``'s variants).
 
 Models (``--model``): ``tiny``, the embedded Qwen2 with random weights (fp32); ``qwen2.5-0.5b``,
 Qwen2.5-0.5B's shape with random weights and its 151,936-token vocabulary, and
@@ -34,6 +35,7 @@ prompts, whose ids the large vocabularies contain).
 
 from __future__ import annotations
 
+import functools
 import statistics
 import tempfile
 import time
@@ -42,13 +44,15 @@ from pathlib import Path
 import torch
 
 from bench import common
+from bench.decode import VARIANTS
 from bench.mfu import SHAPES, build_model
 from tasks.models.loading import chat_prompt, load_policy
 from tasks.rollout.generators import HFGenerator
 from tasks.rollout.graphs import LEAN_OPTIONS
 
-SIDES = ("ours", "sorted", "stepwise", "lean", "eager", "generate", "static")
-GRAPH_SIDES = ("sorted", "stepwise", "lean", "eager")  # differ from ours only where graphs are
+STEPS = ("static-shapes", "flex", "flex-static")  # ours with another step (bench.decode.VARIANTS)
+SIDES = ("ours", "sorted", *STEPS, "stepwise", "lean", "eager", "generate", "static")
+GRAPH_SIDES = ("sorted", *STEPS, "stepwise", "lean", "eager")  # differ from ours only on CUDA
 
 
 def sampler(model, tok, L: int, graphs: bool | None = None, **kwargs) -> HFGenerator:
@@ -122,16 +126,13 @@ def bench_shape(
             model, tok, L, decode_options=LEAN_OPTIONS, sampler="exact", draw_in_graphs=False
         ),
         "eager": sampler(model, tok, L, graphs=False),
+        **{k: sampler(model, tok, L, decode_options=VARIANTS[k]) for k in STEPS},
     }
     runs = {
-        "ours": lambda: ours(model, tok, prompts, G, L, gens["ours"], top_p),
-        "sorted": lambda: ours(model, tok, prompts, G, L, gens["sorted"], top_p),
-        "stepwise": lambda: ours(model, tok, prompts, G, L, gens["stepwise"], top_p),
-        "lean": lambda: ours(model, tok, prompts, G, L, gens["lean"], top_p),
-        "eager": lambda: ours(model, tok, prompts, G, L, gens["eager"], top_p),
-        "generate": lambda: baseline(model, tok, prompts, G, L, top_p=top_p),
-        "static": lambda: baseline(model, tok, prompts, G, L, cache="static", top_p=top_p),
+        k: functools.partial(ours, model, tok, prompts, G, L, g, top_p) for k, g in gens.items()
     }
+    runs["generate"] = lambda: baseline(model, tok, prompts, G, L, top_p=top_p)
+    runs["static"] = lambda: baseline(model, tok, prompts, G, L, cache="static", top_p=top_p)
     times: dict[str, list[float]] = {k: [] for k in sides}
     for _ in range(repeats + 1):
         for k in sides:

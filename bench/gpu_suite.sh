@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU figure in BENCHMARKS.md ("GPU" section) and the CUDA tests, in one lease: each part's
 # timeouts add up to under 10 minutes, one device command each.
-#   bash bench/gpu_suite.sh [tests|sampling|update|decode|draw|step|nucleus|rl_split|rl_step]...
+#   bash bench/gpu_suite.sh [tests|sampling|update|decode|draw|step|nucleus|flex|rl_split|rl_step]...
 # (no argument: the first three)
 # Outputs go to $OUT (or ./gpu-out) as well.
 #
@@ -85,6 +85,13 @@ for part in $parts; do
         run nucleus64 90 $gen --model qwen2.5-0.5b --shapes 8x8x512 --repeats 3
         run nucleus512 90 $gen --model qwen2.5-0.5b --shapes 64x8x512 --repeats 2
         ;;
+    flex)  # FlexAttention's decoding kernel (one window, unwritten blocks skipped) against SDPA's
+        run flex_step 240 python3 -m bench.decode --variants default static-shapes flex flex-static \
+            --profile flex --top-p
+        gen="python3 -m bench.generation --model qwen2.5-0.5b --sides flex flex-static static-shapes"
+        run flex64 110 $gen --shapes 8x8x512 --repeats 3
+        run flex512 110 $gen --shapes 64x8x512 --repeats 2
+        ;;
     rl_split)  # our RL step with realistic response lengths, generation against training
         run rl_split 300 python3 -m bench.rl_step --ours-only --model qwen2.5-0.5b --shapes 8x8x2048 \
             1x16x8192 --steps 2
@@ -93,7 +100,7 @@ for part in $parts; do
         run rl_step 170 python3 -m bench.rl_step --model qwen2.5-0.5b --shapes 8x8x512 --rounds 1 \
             --steps 3
         ;;
-    *) echo "unknown part $part: tests, sampling, update, decode, draw, step, nucleus, rl_split or rl_step" >&2
+    *) echo "unknown part $part: tests, sampling, update, decode, draw, step, nucleus, flex, rl_split or rl_step" >&2
        exit 2 ;;
     esac
 done

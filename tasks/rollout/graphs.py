@@ -30,6 +30,11 @@ The step itself (``DecodeOptions``; ``python -m bench.decode`` measures each aga
 - ``attention="sdpa"``: the new token's attention as one fused kernel
   (``F.scaled_dot_product_attention``: scale, mask, softmax and both products), where ``"matmul"``
   launches six; the group's query heads are its query rows, so no key/value head is repeated;
+- ``attention="flex"``: FlexAttention's decoding kernel (``flex_attend``, compiled for each batch
+  size; on CPU the eager, unfused maths): the key/value positions split among thread blocks
+  (flash-decoding) where the batch leaves the GPU's processors idle, and one window, the whole
+  buffer, whose blocks of ``FLEX_BLOCK`` positions not yet written the kernel skips (a count the
+  step updates on the device), so one graph serves a batch size's whole rollout;
 - ``compiled``: the layer's work before and after attention as two ``torch.compile``d functions
   shared by every layer (weights are their inputs): the norm, residual add, rotary and SwiGLU
   pointwise work fuse into a few kernels around the matrix products. Keys and values are written
@@ -55,7 +60,8 @@ import torch.nn.functional as F
 from tasks.rollout.decode import LeanDecoder, attend, split_rotated
 from tasks.rollout.sampling import sampler_for
 
-ATTENTION = ("sdpa", "matmul")
+ATTENTION = ("sdpa", "matmul", "flex")
+FLEX_BLOCK = 128  # key/value positions per block of the flex kernel's block mask
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,38 @@ def after_attention(x, attended, o_w, o_b, norm_w, eps: float, gate_up_w, down_w
     return x + F.linear(F.silu(gate) * up, down_w)
 
 
+def flex_attend(q, keys, values, bias, scale: float, block_mask):
+    """``attend``'s result by FlexAttention: the group's query heads are its query rows (the
+    decoding kernel packs them into one block), the additive mask a score modification, and
+    ``block_mask`` says how many blocks of keys hold written positions (the rest are skipped;
+    the mask covers the written block's tail)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    mask = bias.view(bias.shape[0], bias.shape[-1])  # (B, T)
+
+    def masked(score, b, h, q_idx, kv_idx):
+        return score + mask[b, kv_idx]
+
+    return flex_attention(q, keys, values, score_mod=masked, block_mask=block_mask, scale=scale)
+
+
+def flex_block_mask(queries: int, capacity: int, device):
+    """A block mask over ``capacity`` key positions for ``queries`` query rows whose count of
+    blocks to visit (``kv_num_blocks``) the step sets in place."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    count = torch.ones(1, 1, 1, dtype=torch.int32, device=device)
+    order = torch.arange(capacity // FLEX_BLOCK, dtype=torch.int32, device=device)
+    return BlockMask.from_kv_blocks(
+        count, order.view(1, 1, 1, -1), BLOCK_SIZE=FLEX_BLOCK, seq_lengths=(queries, capacity)
+    )
+
+
+def blocks_to_visit(cur: torch.Tensor) -> torch.Tensor:
+    """(1,) position of the newest token -> (1, 1, 1) the blocks holding positions 0 to it."""
+    return (cur // FLEX_BLOCK + 1).view(1, 1, 1)
+
+
 COMPILE_BACKEND = "inductor"  # torch.compile's; the CPU tests trace with a cheaper one
 
 
@@ -142,14 +180,18 @@ class StaticDecoder(LeanDecoder):
         """Buffers for ``rows`` sequences of ``capacity`` positions; ``capture``: record CUDA
         graphs (else every step runs eagerly, as on CPU)."""
         options = options or DecodeOptions()
-        self.window = _round_up(-(-capacity // self.MAX_WINDOWS), self.WINDOW)
-        capacity = _round_up(capacity, self.window)
+        if options.attention == "flex":  # one window: the kernel skips the blocks not written
+            self.window = capacity = _round_up(capacity, FLEX_BLOCK)
+        else:
+            self.window = _round_up(-(-capacity // self.MAX_WINDOWS), self.WINDOW)
+            capacity = _round_up(capacity, self.window)
         self.options = options
         self.compiled = capture if options.compiled is None else options.compiled
         self._bind(model, capacity)
         self.rows, self.capacity = _pow2_at_least(rows), capacity
         weight = self.decoder.embed_tokens.weight
         dev = weight.device
+        self._choose_attention(dev)
         shape = (self.rows, self.n_kv, capacity, self.head_dim)
         # Zeros, not empty: padding rows must compute finite values.
         self.k_buf = [
@@ -172,6 +214,17 @@ class StaticDecoder(LeanDecoder):
         self.weights = self._weight_pointers(model)
         self.length = 0
         self._shape = (self.rows, self.window)  # (batch rows, attention window) of a step
+
+    def _choose_attention(self, device) -> None:
+        """``_attend``, the attention ``options`` ask for; FlexAttention's with its block mask."""
+        self.block_mask = None
+        if self.options.attention != "flex":
+            self._attend = functools.partial(attend, how=self.options.attention)
+            return
+        self.block_mask = flex_block_mask(self.n_heads // self.n_kv, self.capacity, device)
+        # Compiled with static sizes: FlexAttention's decoding kernel needs a fixed batch.
+        fn = _compiled(flex_attend, False) if self.compiled else flex_attend
+        self._attend = functools.partial(fn, block_mask=self.block_mask)
 
     def _fuse(self) -> None:
         """The fused q/k/v and gate/up weights (``options.fuse``), copied in place into buffers
@@ -271,7 +324,7 @@ class StaticDecoder(LeanDecoder):
                 self.head_dim,
             )  # fmt: skip
             keys, values, bias = self._kv_window(i, k, v)
-            out = attend(q, keys, values, bias, attn.scaling, self.options.attention)
+            out = self._attend(q, keys, values, bias, attn.scaling)
             x = after(
                 x, out, attn.o_proj.weight, attn.o_proj.bias, norm2.weight,
                 norm2.variance_epsilon, self.gate_up[i], layer.mlp.down_proj.weight,
@@ -283,6 +336,8 @@ class StaticDecoder(LeanDecoder):
         advanced. Only buffers, so it can be recorded as a graph."""
         rows = self._shape[0]
         self.bias[:rows].index_fill_(1, self.cur, 0.0)  # the new token attends to itself
+        if self.block_mask is not None:
+            self.block_mask.kv_num_blocks.copy_(blocks_to_visit(self.cur))
         self.logits[:rows].copy_(self._decode(self.tok[:rows], self.pos[:rows]))
         self.cur += 1
 

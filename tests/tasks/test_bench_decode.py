@@ -1,4 +1,4 @@
-from bench.decode import attribute, floors_ms, main
+from bench.decode import VARIANTS, attribute, floors_ms, main
 
 
 def _x(cat, name, ts, dur, tid=1, **args):
@@ -8,7 +8,8 @@ def _x(cat, name, ts, dur, tid=1, **args):
 def test_kernels_go_to_the_innermost_operator_that_launched_them():
     """A linear (mm inside) onto the vocabulary, another onto the hidden size, a mask add over
     the attention window, a key write and an SDPA call, each launching one kernel; a compiled
-    (triton) kernel launched from no operator: each kernel's time lands in its part."""
+    (triton) kernel launched from no operator, and a compiled template (FlexAttention's): each
+    kernel's time lands in its part."""
     V, W = 1000, 256
     events = [
         _x("cpu_op", "aten::linear", 0, 10, **{"Input Dims": [[4, 1, 8], [V, 8]]}),
@@ -32,12 +33,14 @@ def test_kernels_go_to_the_innermost_operator_that_launched_them():
         _x("kernel", "triton_poi_fused_add_mul_0", 60, 4, tid=7, correlation=6),
         _x("cuda_runtime", "cudaLaunchKernel", 28, 0.5, correlation=7),  # outside every op
         _x("kernel", "vectorized_elementwise", 65, 5, tid=7, correlation=7),
+        _x("cuda_driver", "cuLaunchKernelEx", 29, 0.5, correlation=8),  # FlexAttention's
+        _x("kernel", "triton_tem_fused_0", 70, 6, tid=7, correlation=8),
     ]
     parts = attribute(events, window=W, vocab=V)
     assert parts == {
         "lm head": 7,
         "matrix products": 3,
-        "attention": 2 + 11,
+        "attention": 2 + 11 + 6,
         "kv writes": 1,
         "pointwise": 4 + 5,
     }
@@ -68,5 +71,5 @@ def test_each_variant_decodes_on_cpu(capsys):
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.strip().startswith("2 ")]
     variants = [r[1] for r in rows if r[1] != "sampling" and len(r) == 5]
-    assert variants == ["lean", "fused", "sdpa", "default", "compiled-matmul", "static-shapes"]
+    assert variants == list(VARIANTS)
     assert rows[0][3] == "1.00x"

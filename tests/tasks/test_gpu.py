@@ -198,8 +198,9 @@ def test_a_rollout_process_on_the_same_gpu_samples_what_the_trainer_would(tiny_c
 @cuda
 def test_fused_compiled_decode_is_no_further_from_the_trainer_than_the_lean_step(tiny_cfg):
     """The sampler-trainer log-prob mismatch of the default CUDA step (fused projections, SDPA,
-    compiled regions and sampler) is no worse than that of the lean step it replaced, over the
-    same prompts and seed (each side's own samples scored by the fp32 trainer)."""
+    compiled regions and sampler), and of the step with FlexAttention, is no worse than that of
+    the lean step it replaced, over the same prompts and seed (each side's own samples scored by
+    the fp32 trainer)."""
     from tasks.data.splits import splits
     from tasks.models.loading import chat_prompt, load_policy
     from tasks.models.resolve import resolve_model_path
@@ -214,6 +215,7 @@ def test_fused_compiled_decode_is_no_further_from_the_trainer_than_the_lean_step
     for name, options, sampler in (
         ("lean", LEAN_OPTIONS, "exact"),
         ("default", DecodeOptions(), "auto"),
+        ("flex", DecodeOptions(attention="flex"), "auto"),
     ):
         gen = HFGenerator.with_weights(
             model, tok, 64, torch.bfloat16, decode_options=options, sampler=sampler
@@ -232,3 +234,4 @@ def test_fused_compiled_decode_is_no_further_from_the_trainer_than_the_lean_step
     means = {k: float(v.mean()) for k, v in gaps.items()}
     print(f"mean |log-prob gap|: {means}")
     assert means["default"] <= 1.25 * means["lean"] + 1e-4, means
+    assert means["flex"] <= 1.25 * means["lean"] + 1e-4, means

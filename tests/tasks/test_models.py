@@ -314,6 +314,7 @@ def test_dropping_finished_sequences_changes_no_sample(tiny_cfg, monkeypatch, ch
         torch.testing.assert_close(torch.tensor(x), torch.tensor(y), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_fixed_shape_decoder_gives_the_lean_decoders_rollouts(tiny_cfg, monkeypatch):
     """The CUDA-graph decoder's step (buffers for the longest rollout, a device-side write
     position, attention over a window grown in steps, the batch padded to a power of two and
@@ -322,7 +323,7 @@ def test_fixed_shape_decoder_gives_the_lean_decoders_rollouts(tiny_cfg, monkeypa
     different prompt widths and batch sizes, and rebuilt, no smaller than before, when a call
     needs longer rollouts."""
     from tasks.data.splits import splits
-    from tasks.rollout.graphs import StaticDecoder
+    from tasks.rollout.graphs import DecodeOptions, StaticDecoder
 
     model, tok = load_policy(resolve_model_path(tiny_cfg))
     prompts = [chat_prompt(tok, p.prompt) for p in splits(tiny_cfg).train[:5]]
@@ -337,10 +338,14 @@ def test_fixed_shape_decoder_gives_the_lean_decoders_rollouts(tiny_cfg, monkeypa
     static = HFGenerator(model, tok, max_prompt_len=64, graphs=True, draw_in_graphs=False)
     # The sampler recorded with the step (CUDA's way), run eagerly: the same draws.
     drawing = HFGenerator(model, tok, max_prompt_len=64, graphs=True, draw_in_graphs=True)
+    # FlexAttention's step: one window, the whole buffer (its eager maths here: no block skipped)
+    flex = HFGenerator(
+        model, tok, max_prompt_len=64, graphs=True, decode_options=DecodeOptions(attention="flex")
+    )
     decoders = []
     for batch, n, new in ((prompts, 4, 24), (prompts[3:], 2, 24), (prompts[:2], 3, 40)):
         outs = []
-        for gen in (lean, static, drawing):
+        for gen in (lean, static, drawing, flex):
             torch.manual_seed(0)
             outs.append(gen.generate(batch, n, temperature=1.0, top_p=0.9, max_new_tokens=new))
         a = outs[0]
@@ -444,3 +449,29 @@ def test_compiled_fixed_shape_step_gives_the_lean_decoders_rollouts(tiny_cfg, mo
     assert a.response_ids == b.response_ids
     for x, y in zip(a.logprobs, b.logprobs, strict=True):
         torch.testing.assert_close(torch.tensor(x), torch.tensor(y), rtol=1e-5, atol=1e-5)
+
+
+def test_flex_attention_skips_only_blocks_past_the_newest_token(monkeypatch):
+    """FlexAttention compiled (Inductor's CPU kernel: the eager maths ignores the block count)
+    with the block count the step sets, the newest token just before, at and past a block's
+    start: the attention of each row over positions 0 to the newest, padding masked, as the
+    six-kernel maths computes it; and a count one short would have dropped the newest block."""
+    from tasks.rollout import graphs
+
+    monkeypatch.setattr(graphs, "FLEX_BLOCK", 16)
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    B, kv, group, T, d = 3, 2, 3, 64, 8
+    q = torch.randn(B, kv, group, d, generator=g)
+    keys, values = torch.randn(2, B, kv, T, d, generator=g)
+    mask = graphs.flex_block_mask(group, T, "cpu")
+    flex = torch.compile(graphs.flex_attend, dynamic=False)
+    for newest in (15, 16, 17, 40):
+        bias = torch.full((B, 1, 1, T), float("-inf"))
+        bias[..., : newest + 1] = 0.0
+        bias[0, ..., :3] = float("-inf")  # left padding
+        expected = graphs.attend(q, keys, values, bias, 0.3)
+        mask.kv_num_blocks.copy_(graphs.blocks_to_visit(torch.tensor([newest])))
+        torch.testing.assert_close(flex(q, keys, values, bias, 0.3, mask), expected)
+        mask.kv_num_blocks -= 1
+        assert not torch.allclose(flex(q, keys, values, bias, 0.3, mask), expected)

@@ -30,11 +30,9 @@ The step itself (``DecodeOptions``; ``python -m bench.decode`` measures each aga
 - ``attention="sdpa"``: the new token's attention as one fused kernel
   (``F.scaled_dot_product_attention``: scale, mask, softmax and both products), where ``"matmul"``
   launches six; the group's query heads are its query rows, so no key/value head is repeated;
-- ``attention="flex"``: FlexAttention's decoding kernel (``flex_attend``, compiled for each batch
-  size; on CPU the eager, unfused maths): the key/value positions split among thread blocks
-  (flash-decoding) where the batch leaves the GPU's processors idle, and one window, the whole
-  buffer, whose blocks of ``FLEX_BLOCK`` positions not yet written the kernel skips (a count the
-  step updates on the device), so one graph serves a batch size's whole rollout;
+- ``attention="flex"``: FlexAttention's decoding kernel (``flex.py``, compiled for each batch
+  size) over one window, the whole buffer, whose blocks not yet written it skips, so one graph
+  serves a batch size's whole rollout;
 - ``compiled``: the layer's work before and after attention as two ``torch.compile``d functions
   shared by every layer (weights are their inputs): the norm, residual add, rotary and SwiGLU
   pointwise work fuse into a few kernels around the matrix products. Keys and values are written
@@ -57,11 +55,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from tasks.rollout import flex
 from tasks.rollout.decode import LeanDecoder, attend, split_rotated
 from tasks.rollout.sampling import sampler_for
 
 ATTENTION = ("sdpa", "matmul", "flex")
-FLEX_BLOCK = 64  # key/value positions per block of the block mask: the kernel's tile on CUDA
 
 
 @dataclass(frozen=True)
@@ -124,38 +122,6 @@ def after_attention(x, attended, o_w, o_b, norm_w, eps: float, gate_up_w, down_w
     return x + F.linear(F.silu(gate) * up, down_w)
 
 
-def flex_attend(q, keys, values, bias, scale: float, block_mask):
-    """``attend``'s result by FlexAttention: the group's query heads are its query rows (the
-    decoding kernel packs them into one block), the additive mask a score modification, and
-    ``block_mask`` says how many blocks of keys hold written positions (the rest are skipped;
-    the mask covers the written block's tail)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    mask = bias.view(bias.shape[0], bias.shape[-1])  # (B, T)
-
-    def masked(score, b, h, q_idx, kv_idx):
-        return score + mask[b, kv_idx]
-
-    return flex_attention(q, keys, values, score_mod=masked, block_mask=block_mask, scale=scale)
-
-
-def flex_block_mask(queries: int, capacity: int, device):
-    """A block mask over ``capacity`` key positions for ``queries`` query rows whose count of
-    blocks to visit (``kv_num_blocks``) the step sets in place."""
-    from torch.nn.attention.flex_attention import BlockMask
-
-    count = torch.ones(1, 1, 1, dtype=torch.int32, device=device)
-    order = torch.arange(capacity // FLEX_BLOCK, dtype=torch.int32, device=device)
-    return BlockMask.from_kv_blocks(
-        count, order.view(1, 1, 1, -1), BLOCK_SIZE=FLEX_BLOCK, seq_lengths=(queries, capacity)
-    )
-
-
-def blocks_to_visit(cur: torch.Tensor) -> torch.Tensor:
-    """(1,) position of the newest token -> (1, 1, 1) the blocks holding positions 0 to it."""
-    return (cur // FLEX_BLOCK + 1).view(1, 1, 1)
-
-
 COMPILE_BACKEND = "inductor"  # torch.compile's; the CPU tests trace with a cheaper one
 
 
@@ -181,7 +147,7 @@ class StaticDecoder(LeanDecoder):
         graphs (else every step runs eagerly, as on CPU)."""
         options = options or DecodeOptions()
         if options.attention == "flex":  # one window: the kernel skips the blocks not written
-            self.window = capacity = _round_up(capacity, FLEX_BLOCK)
+            self.window = capacity = _round_up(capacity, flex.FLEX_BLOCK)
         else:
             self.window = _round_up(-(-capacity // self.MAX_WINDOWS), self.WINDOW)
             capacity = _round_up(capacity, self.window)
@@ -221,9 +187,9 @@ class StaticDecoder(LeanDecoder):
         if self.options.attention != "flex":
             self._attend = functools.partial(attend, how=self.options.attention)
             return
-        self.block_mask = flex_block_mask(self.n_heads // self.n_kv, self.capacity, device)
+        self.block_mask = flex.block_mask(self.n_heads // self.n_kv, self.capacity, device)
         # Compiled with static sizes: FlexAttention's decoding kernel needs a fixed batch.
-        fn = _compiled(flex_attend, False) if self.compiled else flex_attend
+        fn = _compiled(flex.attend, False) if self.compiled else flex.attend
         self._attend = functools.partial(fn, block_mask=self.block_mask)
 
     def _fuse(self) -> None:
@@ -337,7 +303,7 @@ class StaticDecoder(LeanDecoder):
         rows = self._shape[0]
         self.bias[:rows].index_fill_(1, self.cur, 0.0)  # the new token attends to itself
         if self.block_mask is not None:
-            self.block_mask.kv_num_blocks.copy_(blocks_to_visit(self.cur))
+            self.block_mask.kv_num_blocks.copy_(flex.blocks_to_visit(self.cur))
         self.logits[:rows].copy_(self._decode(self.tok[:rows], self.pos[:rows]))
         self.cur += 1
 

@@ -456,22 +456,23 @@ def test_flex_attention_skips_only_blocks_past_the_newest_token(monkeypatch):
     with the block count the step sets, the newest token just before, at and past a block's
     start: the attention of each row over positions 0 to the newest, padding masked, as the
     six-kernel maths computes it; and a count one short would have dropped the newest block."""
-    from tasks.rollout import graphs
+    from tasks.rollout import flex
+    from tasks.rollout.decode import attend
 
-    monkeypatch.setattr(graphs, "FLEX_BLOCK", 16)
+    monkeypatch.setattr(flex, "FLEX_BLOCK", 16)
     torch._dynamo.reset()
     g = torch.Generator().manual_seed(0)
     B, kv, group, T, d = 3, 2, 3, 64, 8
     q = torch.randn(B, kv, group, d, generator=g)
     keys, values = torch.randn(2, B, kv, T, d, generator=g)
-    mask = graphs.flex_block_mask(group, T, "cpu")
-    flex = torch.compile(graphs.flex_attend, dynamic=False)
+    mask = flex.block_mask(group, T, "cpu")
+    compiled = torch.compile(flex.attend, dynamic=False)
     for newest in (15, 16, 17, 40):
         bias = torch.full((B, 1, 1, T), float("-inf"))
         bias[..., : newest + 1] = 0.0
         bias[0, ..., :3] = float("-inf")  # left padding
-        expected = graphs.attend(q, keys, values, bias, 0.3)
-        mask.kv_num_blocks.copy_(graphs.blocks_to_visit(torch.tensor([newest])))
-        torch.testing.assert_close(flex(q, keys, values, bias, 0.3, mask), expected)
+        expected = attend(q, keys, values, bias, 0.3)
+        mask.kv_num_blocks.copy_(flex.blocks_to_visit(torch.tensor([newest])))
+        torch.testing.assert_close(compiled(q, keys, values, bias, 0.3, mask), expected)
         mask.kv_num_blocks -= 1
-        assert not torch.allclose(flex(q, keys, values, bias, 0.3, mask), expected)
+        assert not torch.allclose(compiled(q, keys, values, bias, 0.3, mask), expected)

@@ -68,7 +68,8 @@ def test_the_collector_is_off_while_a_command_imports_and_on_once_its_work_begin
         frozen = gc.get_freeze_count()
         alive = [[] for _ in range(100)]  # made since: a second freeze would hold them too
         collector_for_work()
-        assert gc.get_freeze_count() == frozen and gc.get_threshold()[0] == 700
+        # (another thread may free frozen objects meanwhile: the count can fall, not rise by 100)
+        assert gc.get_freeze_count() < frozen + len(alive) and gc.get_threshold()[0] == 700
         assert len(alive) == 100
     finally:
         gc.unfreeze()

@@ -91,8 +91,8 @@ def loaded_decoder(model, rows: int, prompt: int, new: int, options, capture: bo
     dec = StaticDecoder(model, rows, prompt + new, capture, options)
     shape = (rows, dec.n_kv, prompt, dec.head_dim)
     dtype, device = model.dtype, model.device
-    keys = [torch.randn(shape, dtype=dtype, device=device) for _ in dec.k_buf]
-    values = [torch.randn(shape, dtype=dtype, device=device) for _ in dec.v_buf]
+    keys = [torch.randn(shape, dtype=dtype, device=device) for _ in dec.kv_buf]
+    values = [torch.randn(shape, dtype=dtype, device=device) for _ in dec.kv_buf]
     mask = torch.ones(rows, prompt, dtype=torch.long, device=device)
     mask[: rows // 2, : prompt // 4] = 0  # left padding on half the rows
     dec.load(keys, values, mask)

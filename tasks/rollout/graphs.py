@@ -106,12 +106,14 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 def attention_inputs(x, norm_w, eps: float, qkv_w, qkv_b, cos, sin, n_kv: int, head_dim: int):
-    """(B, 1, H) residual stream -> queries (B, kv, g, d), key and value (B, kv, 1, d) of the new
-    token: norm, one q/k/v product (weights laid out per kv head, ``LeanDecoder._fuse_qkv``),
-    rotary on queries and key at once."""
+    """(B, 1, H) residual stream -> queries (B, kv, g, d), key and value of the new token: norm,
+    one q/k/v product (weights laid out per kv head, ``LeanDecoder._fuse_qkv``), rotary on queries
+    and key at once. The key and value come stacked, (B, kv, 2, 1, d): the step writes the pair
+    into its buffer with one kernel."""
     h = F.rms_norm(x, x.shape[-1:], norm_w, eps)
     qkv = F.linear(h, qkv_w, qkv_b).view(x.shape[0], n_kv, -1, head_dim)
-    return split_rotated(qkv, cos, sin)
+    q, k, v = split_rotated(qkv, cos, sin)
+    return q, torch.stack((k, v), dim=2)
 
 
 def after_attention(x, attended, o_w, o_b, norm_w, eps: float, gate_up_w, down_w):
@@ -158,12 +160,13 @@ class StaticDecoder(LeanDecoder):
         weight = self.decoder.embed_tokens.weight
         dev = weight.device
         self._choose_attention(dev)
-        shape = (self.rows, self.n_kv, capacity, self.head_dim)
-        # Zeros, not empty: padding rows must compute finite values.
-        self.k_buf = [
+        # Each layer's keys and values in one buffer, (rows, kv heads, 2, positions, d): a step
+        # writes its token's pair with one kernel. Zeros, not empty: padding rows must compute
+        # finite values.
+        shape = (self.rows, self.n_kv, 2, capacity, self.head_dim)
+        self.kv_buf = [
             torch.zeros(shape, dtype=weight.dtype, device=dev) for _ in self.decoder.layers
         ]
-        self.v_buf = [torch.zeros_like(k) for k in self.k_buf]
         # The additive attention mask; SDPA takes it in the queries' dtype (0 and -inf are exact).
         mask_dtype = weight.dtype if options.attention == "sdpa" else torch.float32
         self.bias = torch.zeros(self.rows, capacity, dtype=mask_dtype, device=dev)
@@ -217,7 +220,7 @@ class StaticDecoder(LeanDecoder):
     def nbytes(self) -> int:
         """Memory held by the key/value buffers, the fused weight copies and the sampler's
         buffers."""
-        held = [*self.k_buf, *self.v_buf]
+        held = list(self.kv_buf)
         if hasattr(self, "drawn"):  # the recorded sampler's outputs and uniforms
             held += [self.drawn, self.drawn_logp, self.uniforms]
         if self.fused:
@@ -241,9 +244,9 @@ class StaticDecoder(LeanDecoder):
         """Start a rollout from the prefilled prompt cache: ``keys[l]``, ``values[l]``
         (B, kv heads, W, d) and the prompt's attention mask (B, W), 0 at left padding."""
         B, W = mask.shape
-        for kb, vb, k, v in zip(self.k_buf, self.v_buf, keys, values, strict=True):
-            kb[:B, :, :W] = k
-            vb[:B, :, :W] = v
+        for buf, k, v in zip(self.kv_buf, keys, values, strict=True):
+            buf[:B, :, 0, :W] = k
+            buf[:B, :, 1, :W] = v
         self.bias[:B] = float("-inf")  # unwritten positions; each step unmasks its own
         self.bias[:B, :W].masked_fill_(mask.bool(), 0.0)
         self.cur.fill_(W)
@@ -253,8 +256,8 @@ class StaticDecoder(LeanDecoder):
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only these rows (sequences still decoding), moved to the front of the buffers."""
         n, end = len(rows), self.length  # positions past ``length`` hold nothing yet
-        for buf in (*self.k_buf, *self.v_buf):
-            buf[:n, :, :end] = buf[rows, :, :end]
+        for buf in self.kv_buf:
+            buf[:n, :, :, :end] = buf[rows, :, :, :end]
         self.bias[:n] = self.bias[rows]
         if self.draw is not None:  # the recorded sampler's per-row state moves with them
             for buf in (self.tok, self.pos, self.live, self.done):
@@ -263,12 +266,17 @@ class StaticDecoder(LeanDecoder):
             self.done[n:] = True
 
     def _kv_window(self, i: int, k: torch.Tensor, v: torch.Tensor):
+        """The lean step's way in (``LeanDecoder._attention``): key and value apart."""
+        return self._store(i, torch.stack((k, v), dim=2))
+
+    def _store(self, i: int, kv: torch.Tensor):
+        """Write the new token's key and value, (B, kv, 2, 1, d), of layer i at ``cur``; return
+        the keys and values attention reads (B, kv, window, d) and the mask over them."""
         rows, window = self._shape
-        keys, values = self.k_buf[i][:rows], self.v_buf[i][:rows]
-        keys.index_copy_(2, self.cur, k)
-        values.index_copy_(2, self.cur, v)
+        buf = self.kv_buf[i][:rows]
+        buf.index_copy_(3, self.cur, kv)
         bias = self.bias[:rows, None, None, :window]
-        return keys[:, :, :window], values[:, :, :window], bias
+        return buf[:, :, 0, :window], buf[:, :, 1, :window], bias
 
     def _decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if not self.fused:
@@ -285,11 +293,11 @@ class StaticDecoder(LeanDecoder):
         for i, layer in enumerate(d.layers):
             attn, norm1 = layer.self_attn, layer.input_layernorm
             norm2 = layer.post_attention_layernorm
-            q, k, v = before(
+            q, kv = before(
                 x, norm1.weight, norm1.variance_epsilon, *self.qkv[i], cos, sin, self.n_kv,
                 self.head_dim,
             )  # fmt: skip
-            keys, values, bias = self._kv_window(i, k, v)
+            keys, values, bias = self._store(i, kv)
             out = self._attend(q, keys, values, bias, attn.scaling)
             x = after(
                 x, out, attn.o_proj.weight, attn.o_proj.bias, norm2.weight,

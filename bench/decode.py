@@ -39,8 +39,11 @@ import torch
 
 from bench.common import positive_int, sync
 from bench.mfu import SHAPES, build_model
+from tasks.rollout import sampling
 from tasks.rollout.graphs import LEAN_OPTIONS, DecodeOptions, StaticDecoder
 from tasks.rollout.sampling import (
+    block_log_masses,
+    nucleus_floor,
     sample_blocked,
     sample_flat,
     sample_next,
@@ -131,7 +134,13 @@ def sampling_ms(rows: int, vocab: int, device, dtype, top_p: float = 1.0) -> dic
         "flat eager": functools.partial(sample_flat, probs_fn=tempered_probs),
         "flat": sampler_for("flat", device),
         "blocked eager": sample_blocked,
-        "blocked": sampler_for("blocked", device),
+        # session 21's: only the block masses (and the nucleus's floor) compiled
+        "blocked parts": functools.partial(
+            sample_blocked,
+            masses_fn=sampling._compiled(block_log_masses),
+            floor_fn=sampling._compiled(nucleus_floor),
+        ),
+        "blocked": sampler_for("blocked", device),  # compiled whole
     }
     if top_p < 1.0:
         fns = {k: f for k, f in fns.items() if not k.startswith("flat")}

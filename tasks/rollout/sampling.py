@@ -10,8 +10,8 @@ Three ways to compute it (``SAMPLERS``), the same distribution:
   use it: its rounding is part of what a seed reproduces there;
 - ``flat``: the tempered probabilities from one log-sum-exp (``tempered_probs``), then the
   cumulative sum over the vocabulary (below top-p 1, ``exact``);
-- ``blocked`` (the CUDA default): the vocabulary in blocks of ``BLOCK`` tokens. One pass over the
-  logits gives each block's mass (``block_log_masses``, compiled on CUDA into one reduction);
+- ``blocked`` (the CUDA default, compiled there whole): the vocabulary in blocks of ``BLOCK``
+  tokens. One pass over the logits gives each block's mass (``block_log_masses``);
   the uniform is located among the blocks, then inside the one block it fell in. On a GPU
   sampling is bandwidth-bound at large batches (a (512, 151936) float32 array is 311 MB): ``exact``
   reads and writes such arrays about eight times, ``flat`` three, ``blocked`` reads the bf16
@@ -191,6 +191,15 @@ def sample_blocked(
     return token.squeeze(-1), logp.squeeze(-1)
 
 
+def sample_blocked_whole(
+    logits: torch.Tensor, temperature: float, top_p: float, uniforms: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sample_blocked`` as one function for CUDA to compile whole: Inductor fuses its dozen
+    small operators (the block choice, the gathers, the scans over blocks and inside one) into
+    a few kernels, and the block masses and the nucleus's floor with them."""
+    return sample_blocked(logits, temperature, top_p, uniforms)
+
+
 def _first_exceeding(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """(B, n) non-decreasing cumulative weights, (B, 1) targets -> (B, 1) index of the first
     cumulative weight above the target, never one past the last non-zero weight."""
@@ -236,11 +245,5 @@ def sampler_for(name: str, device: torch.device) -> Callable:
             sample_flat, probs_fn=_compiled(tempered_probs) if cuda else tempered_probs
         )
     if name == "blocked":
-        if not cuda:
-            return functools.partial(sample_blocked)
-        return functools.partial(
-            sample_blocked,
-            masses_fn=_compiled(block_log_masses),
-            floor_fn=_compiled(nucleus_floor),
-        )
+        return _compiled(sample_blocked_whole) if cuda else functools.partial(sample_blocked)
     return sample_next

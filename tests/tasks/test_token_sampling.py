@@ -171,6 +171,14 @@ def test_sampler_choice_by_device_and_bad_names():
     assert sampler_for("exact", cpu) is sample_next
     assert sampler_for("flat", cpu).func is sample_flat
     assert sampler_for("blocked", cpu).func is sample_blocked
+    # on CUDA the blocked sampler is compiled whole (lazily: nothing compiles until a call)
+    on_gpu = sampler_for("auto", torch.device("cuda"))
+    assert isinstance(on_gpu, sampling._Compiled)
+    assert on_gpu.eager is sampling.sample_blocked_whole
+    logits, u = torch.randn(5, 3000), torch.rand(5, 1)
+    for top_p in (1.0, 0.7):
+        whole, parts = on_gpu.eager(logits, 0.9, top_p, u), sample_blocked(logits, 0.9, top_p, u)
+        assert torch.equal(whole[0], parts[0]) and torch.equal(whole[1], parts[1])
     with pytest.raises(ValueError, match="sampler must be auto or one of exact, flat, blocked"):
         sampler_for("fast", cpu)
 

@@ -87,7 +87,7 @@ for part in $parts; do
         ;;
     flex)  # FlexAttention's decoding kernel (one window, unwritten blocks skipped) against SDPA's
         run flex_step 240 python3 -m bench.decode --variants default static-shapes flex flex-static \
-            --profile flex --top-p
+            --profile flex
         gen="python3 -m bench.generation --model qwen2.5-0.5b --sides flex flex-static static-shapes"
         run flex64 110 $gen --shapes 8x8x512 --repeats 3
         run flex512 110 $gen --shapes 64x8x512 --repeats 2

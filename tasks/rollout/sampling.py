@@ -17,7 +17,8 @@ Three ways to compute it (``SAMPLERS``), the same distribution:
   reads and writes such arrays about eight times, ``flat`` three, ``blocked`` reads the bf16
   logits once and writes nothing of that size. Below top-p 1 it takes no sort either: the nucleus
   is every token whose logit reaches a floor (``nucleus_floor``, a bisection over the logits'
-  bit patterns, one reduction per bit), and the block masses count those tokens only.
+  bit patterns, one reduction per bit), and the block masses count those tokens only: 18 reads
+  of the bf16 logits (a sort reads and writes its float32 keys and their indices several times).
 At top-p 1, ``flat`` and ``blocked`` locate the same uniform in the same vocabulary-order CDF as
 ``exact``, so they agree on the token but for rounding ties. Below it ``blocked`` keeps the same
 nucleus (and every token tied with its least likely one, where the sort keeps an arbitrary few of
@@ -102,26 +103,40 @@ def block_log_masses(
     (B, 1), over its tokens whose logit is at least the floor."""
     B, V = logits.shape
     blocks = -(-V // block)
-    x = logits.float() / temperature
+    # The logits padded, not their tempered copy: compiled, a padded float32 copy shared by the
+    # sampler's two calls was written whole (as large as the logits, twice their bytes).
+    raw = F.pad(logits, (0, blocks * block - V), value=float("-inf")).view(B, blocks, block)
+    x = raw.float() / temperature
     if floor is not None:
-        x = torch.where(logits >= floor, x, float("-inf"))
-    x = F.pad(x, (0, blocks * block - V), value=float("-inf")).view(B, blocks, block)
+        x = torch.where(raw >= floor[..., None], x, float("-inf"))
     top = x.amax(dim=-1, keepdim=True)
     top = torch.where(top.isfinite(), top, 0.0)  # a block of -inf only: mass 0, not NaN
     return top.squeeze(-1) + (x - top).exp().sum(dim=-1).log()
 
 
 _SIGNED = {2: torch.int16, 4: torch.int32}  # the integer type of a float's width in bytes
-_INF_KEY = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00, torch.float32: 0x7F800000}  # +inf's
+
+
+def _key_of_float(x: torch.Tensor) -> torch.Tensor:
+    """Floats -> integer keys that order as they do: the bit pattern read as a signed integer,
+    with a negative one's magnitude bits flipped (sign-magnitude to two's complement order)."""
+    bits = torch.finfo(x.dtype).bits
+    signed = x.view(_SIGNED[bits // 8]).long()
+    return torch.where(signed < 0, signed ^ ((1 << (bits - 1)) - 1), signed)
 
 
 def _float_of_key(key: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Integer keys -> the floats of ``dtype`` they order. A float's key is its bit pattern read
-    as a signed integer, with a negative one's magnitude bits flipped: then keys order as the
-    floats do (the flip is its own inverse)."""
+    """``_key_of_float``'s inverse (the flip is its own inverse)."""
     bits = torch.finfo(dtype).bits
     flipped = torch.where(key < 0, key ^ ((1 << (bits - 1)) - 1), key)
     return flipped.to(_SIGNED[bits // 8]).view(dtype)
+
+
+# +inf's key for each float type nucleus_floor takes (-inf's is -key - 1)
+_POS_INF_KEY = {
+    dtype: int(_key_of_float(torch.tensor(float("inf"), dtype=dtype)))
+    for dtype in (torch.bfloat16, torch.float16, torch.float32)
+}
 
 
 def nucleus_floor(
@@ -131,13 +146,18 @@ def nucleus_floor(
     the top-p nucleus: the highest floor whose tokens (logit >= floor) hold at least ``top_p`` of
     the probability. The sort's nucleus is those tokens, ties at the floor aside.
 
-    A bisection over the keys that order the logits' floats (``_float_of_key``), from -inf's to
+    A bisection over the keys that order the logits' floats (``_key_of_float``), from -inf's to
     past +inf's: one masked sum over the vocabulary per bit, the same count whatever the logits,
-    so a CUDA graph can record it. The floor found is a logit itself: the mass above a floor only
-    changes at one."""
-    bits, key = torch.finfo(logits.dtype).bits, _INF_KEY[logits.dtype]  # -inf's key: -key - 1
-    lo = torch.full_like(lse, -key - 1, dtype=torch.long)  # every token reaches it: mass 1
-    hi = torch.full_like(lo, key + 1)  # none does: mass 0
+    so a CUDA graph can record it. The floor found is one of the row's logits (the mass above a
+    floor only changes at one), or -inf where rounding leaves the whole row's mass under top-p
+    (every token kept, as the sort would)."""
+    if logits.dtype not in _POS_INF_KEY:
+        raise TypeError(f"nucleus_floor takes bf16, fp16 or fp32 logits, not {logits.dtype}")
+    top_p = max(top_p, torch.finfo(torch.float32).tiny)  # top-p 0 keeps the likeliest, as a sort
+    bits, pos_inf = torch.finfo(logits.dtype).bits, _POS_INF_KEY[logits.dtype]
+    neg_inf = -pos_inf - 1
+    lo = torch.full_like(lse, neg_inf, dtype=torch.long)  # every token reaches it: mass 1
+    hi = torch.full_like(lo, pos_inf + 1)  # none does: mass 0
     for _ in range(bits):  # the span halves each time: it is under 2 ** bits keys
         mid = (lo + hi) // 2
         floor = _float_of_key(mid, logits.dtype)
@@ -245,5 +265,5 @@ def sampler_for(name: str, device: torch.device) -> Callable:
             sample_flat, probs_fn=_compiled(tempered_probs) if cuda else tempered_probs
         )
     if name == "blocked":
-        return _compiled(sample_blocked_whole) if cuda else functools.partial(sample_blocked)
+        return _compiled(sample_blocked_whole) if cuda else sample_blocked
     return sample_next

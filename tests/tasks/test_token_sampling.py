@@ -101,6 +101,31 @@ def test_nucleus_floor_by_hand():
             assert found.dtype == dtype and found.item() == floor
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_keys_order_as_the_floats_and_invert_back(dtype):
+    """Every 16-bit pattern but NaNs: sorted by key, the floats come out in order (-inf first,
+    -0 before +0), and each key gives back its float's bits."""
+    x = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+    x = x[~x.isnan()]
+    keys = sampling._key_of_float(x)
+    ordered = x[keys.argsort()].float()
+    assert (ordered.diff() >= 0).all() and ordered[0] == float("-inf")
+    assert torch.equal(sampling._float_of_key(keys, dtype).view(torch.int16), x.view(torch.int16))
+    assert sampling._POS_INF_KEY[dtype] == keys.max() == -keys.min() - 1
+
+
+def test_nucleus_floor_at_the_edges():
+    """Top-p 0 keeps the likeliest token (as the sort does); a row whose mass rounds under top-p
+    keeps every finite token (floor -inf); other dtypes are refused with a clear message."""
+    logits = torch.tensor([[0.5, 2.0, -1.0], [0.0, 0.0, 0.0]])
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+    assert nucleus_floor(logits, 1.0, 0.0, lse).flatten().tolist() == [2.0, 0.0]
+    low = lse + 1e-6  # the probabilities sum to a little under 1, under this top-p
+    assert nucleus_floor(logits, 1.0, 1.0 - 1e-9, low).isneginf().all()
+    with pytest.raises(TypeError, match="bf16, fp16 or fp32"):
+        nucleus_floor(logits.double(), 1.0, 0.7, lse.double())
+
+
 def _sorted_nucleus(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
     """(B, V) -> (B, V) bool: the tokens ``sample_next``'s sort keeps (a prefix of the sorted
     order: the mass before a token under top-p)."""
@@ -170,17 +195,36 @@ def test_sampler_choice_by_device_and_bad_names():
     assert sampler_for("auto", cpu) is sample_next  # CPU runs keep the rounding a seed reproduces
     assert sampler_for("exact", cpu) is sample_next
     assert sampler_for("flat", cpu).func is sample_flat
-    assert sampler_for("blocked", cpu).func is sample_blocked
+    assert sampler_for("blocked", cpu) is sample_blocked
     # on CUDA the blocked sampler is compiled whole (lazily: nothing compiles until a call)
     on_gpu = sampler_for("auto", torch.device("cuda"))
     assert isinstance(on_gpu, sampling._Compiled)
     assert on_gpu.eager is sampling.sample_blocked_whole
-    logits, u = torch.randn(5, 3000), torch.rand(5, 1)
-    for top_p in (1.0, 0.7):
-        whole, parts = on_gpu.eager(logits, 0.9, top_p, u), sample_blocked(logits, 0.9, top_p, u)
-        assert torch.equal(whole[0], parts[0]) and torch.equal(whole[1], parts[1])
     with pytest.raises(ValueError, match="sampler must be auto or one of exact, flat, blocked"):
         sampler_for("fast", cpu)
+
+
+def test_the_cuda_sampler_compiles_as_one_graph_that_writes_nothing_vocabulary_sized():
+    """What CUDA compiles (the blocked sampler whole; Inductor's CPU code here) traces without a
+    break (a break leaves host work inside the recorded step), draws what the eager maths draws,
+    and allocates no buffer the size of the logits (it would be written and read every step)."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    g = torch.Generator().manual_seed(0)
+    B, V = 8, 3001
+    logits = (torch.randn(B, V, generator=g) * 3).to(torch.bfloat16)
+    u = torch.rand(B, 1, generator=g)
+    torch._dynamo.reset()
+    compiled = torch.compile(sampling.sample_blocked_whole, fullgraph=True)
+    for top_p in (1.0, 0.7):
+        (tokens, logp), code = run_and_get_code(compiled, logits, 0.8, top_p, u)
+        expected = sample_blocked(logits, 0.8, top_p, u)
+        assert torch.equal(tokens, expected[0])
+        torch.testing.assert_close(logp, expected[1])
+        sizes = re.findall(r"empty_strided_\w+\(\((\d+), (\d+)\)", "\n".join(code))
+        assert sizes and max(int(n) for _, n in sizes) < V
 
 
 def test_compiled_probabilities_fall_back_to_eager_once_when_compiling_fails(caplog):

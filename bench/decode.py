@@ -134,7 +134,7 @@ def sampling_ms(rows: int, vocab: int, device, dtype, top_p: float = 1.0) -> dic
         "flat eager": functools.partial(sample_flat, probs_fn=tempered_probs),
         "flat": sampler_for("flat", device),
         "blocked eager": sample_blocked,
-        # session 21's: only the block masses (and the nucleus's floor) compiled
+        # as before it was compiled whole: its block masses and nucleus floor compiled apart
         "blocked parts": functools.partial(
             sample_blocked,
             masses_fn=sampling._compiled(block_log_masses),

@@ -11,7 +11,8 @@ A graph replays fixed kernels on fixed memory, so everything a step touches stay
 - the write position ``cur`` is a device tensor that the step advances itself;
 - attention reads a window of the buffers that grows in steps of ``WINDOW`` positions (more for
   rollouts so long that there would be over ``MAX_WINDOWS`` steps), with positions not yet
-  written masked out, so one graph serves a whole step of the window;
+  written masked out, so one graph serves a whole step of the window (FlexAttention: one
+  window, the whole buffer, below);
 - the batch is padded up to a power of two: compaction (``keep``) halves it, and the smaller
   batch gets its own graphs (the padding rows compute finite garbage that nobody reads).
 
@@ -34,6 +35,7 @@ The step itself (``DecodeOptions``; ``python -m bench.decode`` measures each aga
   size) over one window, the whole buffer, whose blocks not yet written it skips, so one graph
   serves a batch size's whole rollout;
 - ``compiled``: the layer's work before and after attention as two ``torch.compile``d functions
+  (``regions.py``)
   shared by every layer (weights are their inputs): the norm, residual add, rotary and SwiGLU
   pointwise work fuse into a few kernels around the matrix products. Keys and values are written
   and attended to outside them, so the compiled code never mutates the buffers.
@@ -53,10 +55,9 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from tasks.rollout import flex
-from tasks.rollout.decode import LeanDecoder, attend, split_rotated
+from tasks.rollout import flex, regions
+from tasks.rollout.decode import LeanDecoder, attend
 from tasks.rollout.sampling import sampler_for
 
 ATTENTION = ("sdpa", "matmul", "flex")
@@ -72,7 +73,8 @@ class DecodeOptions:
     compiled: bool | None = None
     # Compiled with symbolic sizes: one compilation serves every batch size. Static sizes give
     # Inductor fixed strides: a step a tenth faster (docs/benchmarks.md), at one compilation per
-    # power-of-two batch a rollout passes through.
+    # power-of-two batch a rollout passes through. (FlexAttention is compiled with static sizes
+    # whatever this says: its decoding kernel needs a fixed batch.)
     dynamic: bool = True
 
     def __post_init__(self):
@@ -103,35 +105,6 @@ def _pow2_at_least(n: int) -> int:
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
-
-
-def attention_inputs(x, norm_w, eps: float, qkv_w, qkv_b, cos, sin, n_kv: int, head_dim: int):
-    """(B, 1, H) residual stream -> queries (B, kv, g, d), key and value of the new token: norm,
-    one q/k/v product (weights laid out per kv head, ``LeanDecoder._fuse_qkv``), rotary on queries
-    and key at once. The key and value come stacked, (B, kv, 2, 1, d): the step writes the pair
-    into its buffer with one kernel."""
-    h = F.rms_norm(x, x.shape[-1:], norm_w, eps)
-    qkv = F.linear(h, qkv_w, qkv_b).view(x.shape[0], n_kv, -1, head_dim)
-    q, k, v = split_rotated(qkv, cos, sin)
-    return q, torch.stack((k, v), dim=2)
-
-
-def after_attention(x, attended, o_w, o_b, norm_w, eps: float, gate_up_w, down_w):
-    """The rest of the layer: output projection and residual, norm, SwiGLU MLP and residual."""
-    x = x + F.linear(attended.reshape(x.shape), o_w, o_b)
-    h = F.rms_norm(x, x.shape[-1:], norm_w, eps)
-    gate, up = F.linear(h, gate_up_w).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, down_w)
-
-
-COMPILE_BACKEND = "inductor"  # torch.compile's; the CPU tests trace with a cheaper one
-
-
-@functools.cache
-def _compiled(fn, dynamic: bool):
-    """One compiled function per region, shared by every layer and decoder; with ``dynamic``,
-    compaction's smaller batches and another model's widths do not compile it again."""
-    return torch.compile(fn, dynamic=dynamic, backend=COMPILE_BACKEND)
 
 
 class StaticDecoder(LeanDecoder):
@@ -192,7 +165,7 @@ class StaticDecoder(LeanDecoder):
             return
         self.block_mask = flex.block_mask(self.n_heads // self.n_kv, self.capacity, device)
         # Compiled with static sizes: FlexAttention's decoding kernel needs a fixed batch.
-        fn = _compiled(flex.attend, False) if self.compiled else flex.attend
+        fn = regions.compiled(flex.attend, False) if self.compiled else flex.attend
         self._attend = functools.partial(fn, block_mask=self.block_mask)
 
     def _fuse(self) -> None:
@@ -279,14 +252,14 @@ class StaticDecoder(LeanDecoder):
         return buf[:, :, 0, :window], buf[:, :, 1, :window], bias
 
     def _decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        if not self.fused:
-            return super()._decode(tokens, positions)  # the lean step, as LEAN_OPTIONS asks
+        if not self.fused:  # the lean step, as LEAN_OPTIONS asks
+            return self.logits[: len(tokens)].copy_(super()._decode(tokens, positions))
         d = self.decoder
-        before, after = attention_inputs, after_attention
+        before, after = regions.attention_inputs, regions.after_attention
         if self.compiled:
             dynamic = self.options.dynamic
-            before = _compiled(attention_inputs, dynamic)
-            after = _compiled(after_attention, dynamic)
+            before = regions.compiled(regions.attention_inputs, dynamic)
+            after = regions.compiled(regions.after_attention, dynamic)
         x = d.embed_tokens(tokens[:, None])  # (B, 1, H)
         cos = self.cos[0, positions][:, :, None]  # (B, 1, 1, d): broadcast over heads
         sin = self.sin_signed[0, positions][:, :, None]
@@ -320,9 +293,7 @@ class StaticDecoder(LeanDecoder):
         self.bias[:rows].index_fill_(1, self.cur, 0.0)  # the new token attends to itself
         if self.block_mask is not None:
             self.block_mask.kv_num_blocks.copy_(flex.blocks_to_visit(self.cur))
-        logits = self._decode(self.tok[:rows], self.pos[:rows])
-        if not self.fused:  # the lean step's logits are its own array (the fused step's are not)
-            self.logits[:rows].copy_(logits)
+        self._decode(self.tok[:rows], self.pos[:rows])  # into self.logits
         self.cur += 1
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

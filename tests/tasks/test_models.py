@@ -429,12 +429,12 @@ def test_compiled_fixed_shape_step_gives_the_lean_decoders_rollouts(tiny_cfg, mo
     (where a call that does not trace, or a wrong signature, would fail) but not through
     Inductor's code generation: on CPU it would generate C++ that no GPU runs, at ~20 s."""
     from tasks.data.splits import splits
-    from tasks.rollout import graphs
+    from tasks.rollout import regions
     from tasks.rollout.graphs import DecodeOptions
 
-    monkeypatch.setattr(graphs, "COMPILE_BACKEND", "aot_eager")
-    graphs._compiled.cache_clear()
-    request.addfinalizer(graphs._compiled.cache_clear)  # no later test gets these regions
+    monkeypatch.setattr(regions, "COMPILE_BACKEND", "aot_eager")
+    regions.compiled.cache_clear()
+    request.addfinalizer(regions.compiled.cache_clear)  # no later test gets these regions
 
     model, tok = load_policy(resolve_model_path(tiny_cfg))
     prompts = [chat_prompt(tok, p.prompt) for p in splits(tiny_cfg).train[:2]]
@@ -476,3 +476,61 @@ def test_flex_attention_skips_only_blocks_past_the_newest_token(monkeypatch):
         torch.testing.assert_close(compiled(q, keys, values, bias, 0.3, mask), expected)
         mask.kv_num_blocks -= 1
         assert not torch.allclose(compiled(q, keys, values, bias, 0.3, mask), expected)
+
+
+def test_a_function_compiled_with_fixed_sizes_compiles_for_every_batch_size(monkeypatch):
+    """Twelve batch sizes (512 compacted down to 1, and more), each its own compilation: none
+    runs uncompiled past torch's default limit of eight."""
+    from torch._dynamo.testing import CompileCounter
+
+    from tasks.rollout import regions
+
+    counter = CompileCounter()
+    monkeypatch.setattr(regions, "COMPILE_BACKEND", counter)
+    regions.compiled.cache_clear()
+
+    def double(x):
+        return x * 2
+
+    # torch's own patch puts the limit back (pytest's monkeypatch would leave the setting hidden)
+    with torch._dynamo.config.patch(recompile_limit=8):
+        fn = regions.compiled(double, False)
+        try:
+            for rows in range(1, 13):
+                assert torch.equal(fn(torch.ones(rows, 3)), torch.full((rows, 3), 2.0))
+        finally:
+            regions.compiled.cache_clear()
+    assert counter.frame_count == 12
+
+
+def test_flex_step_under_its_skipping_kernel_gives_the_default_steps_logits(tiny_cfg, monkeypatch):
+    """The decoder's FlexAttention wiring (one window, the block count set before each step)
+    under the compiled kernel that skips blocks (Inductor's CPU code; the regions around it
+    traced cheaply): at every step across two block starts, the logits of the SDPA step. A block
+    count one short would drop the newest token's block at each block start."""
+    from bench.decode import loaded_decoder
+    from tasks.rollout import flex, regions
+    from tasks.rollout.graphs import DecodeOptions
+
+    monkeypatch.setattr(flex, "FLEX_BLOCK", 16)
+
+    def compiled(fn, dynamic):
+        backend = "inductor" if fn is flex.attend else "aot_eager"
+        return torch.compile(fn, dynamic=dynamic, backend=backend)
+
+    monkeypatch.setattr(regions, "compiled", compiled)
+    torch._dynamo.reset()
+    model, _ = load_policy(resolve_model_path(tiny_cfg))
+    options = (DecodeOptions(compiled=False), DecodeOptions(attention="flex", compiled=True))
+    decoders = []
+    for o in options:  # the same random prompt cache (12 positions, left padding) in both
+        torch.manual_seed(0)
+        decoders.append(loaded_decoder(model, 4, 12, 30, o, capture=False))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for t in range(12, 40):
+            tokens = torch.randint(model.config.vocab_size, (4,), generator=g)
+            pos = torch.full((4, 1), t)
+            sdpa, flexed = (dec.step(tokens, pos) for dec in decoders)
+            torch.testing.assert_close(flexed, sdpa, rtol=1e-4, atol=1e-4)
+    assert decoders[1].block_mask.kv_num_blocks.item() == 39 // 16 + 1

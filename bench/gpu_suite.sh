@@ -91,6 +91,10 @@ for part in $parts; do
         gen="python3 -m bench.generation --model qwen2.5-0.5b --sides flex flex-static static-shapes"
         run flex64 110 $gen --shapes 8x8x512 --repeats 3
         run flex512 110 $gen --shapes 64x8x512 --repeats 2
+        # where a B = 512 rollout's time beyond its steps and sampling goes (~1.7 ms/pos, session 21)
+        run gaps512 90 bash -c "python3 -m bench.generation --model qwen2.5-0.5b --shapes 64x8x512 \
+            --sides --repeats 1 --trace /tmp/gen512.json && python3 -m bench.gaps /tmp/gen512.json \
+            --min-us 50"
         ;;
     rl_split)  # our RL step with realistic response lengths, generation against training
         run rl_split 300 python3 -m bench.rl_step --ours-only --model qwen2.5-0.5b --shapes 8x8x2048 \

@@ -204,9 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         device = torch.cuda.get_device_name() if cuda else "cpu"
         others = args.sides
         if others is None:
-            others = [
-                k for k in SIDES[1:] if cuda or k not in ("eager", "lean", "stepwise", "sorted")
-            ]
+            others = [k for k in SIDES[1:] if cuda or k not in GRAPH_SIDES]
         sides = ("ours", *others)
         print(
             f"generation: {args.model} ({model.dtype}) on {device}, torch {torch.__version__}, "

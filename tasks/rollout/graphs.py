@@ -35,10 +35,10 @@ The step itself (``DecodeOptions``; ``python -m bench.decode`` measures each aga
   size) over one window, the whole buffer, whose blocks not yet written it skips, so one graph
   serves a batch size's whole rollout;
 - ``compiled``: the layer's work before and after attention as two ``torch.compile``d functions
-  (``regions.py``)
-  shared by every layer (weights are their inputs): the norm, residual add, rotary and SwiGLU
-  pointwise work fuse into a few kernels around the matrix products. Keys and values are written
-  and attended to outside them, so the compiled code never mutates the buffers.
+  (``regions.py``) shared by every layer (weights are their inputs): the norm, residual add,
+  rotary and SwiGLU pointwise work fuse into a few kernels around the matrix products. Keys and
+  values are written and attended to outside them, so the compiled code never mutates the
+  buffers.
 
 Sampling can be recorded too (``begin``/``advance``, what ``HFGenerator`` does on CUDA): each
 replay then decodes the tokens drawn last, draws the next from uniforms drawn for the whole rollout

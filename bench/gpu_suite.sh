@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU figure in BENCHMARKS.md ("GPU" section) and the CUDA tests, in one lease: each part's
 # timeouts add up to under 10 minutes, one device command each.
-#   bash bench/gpu_suite.sh [tests|sampling|update|decode|draw|step|nucleus|flex|rl_split|rl_step]...
+#   bash bench/gpu_suite.sh [tests|sampling|update|decode|draw|step|nucleus|flex|rollouts|rl_split2k|
+#                            rl_split|rl_step]...
 # (no argument: the first three)
 # Outputs go to $OUT (or ./gpu-out) as well.
 #
@@ -96,6 +97,15 @@ for part in $parts; do
             --sides --repeats 1 --trace /tmp/gen512.json && python3 -m bench.gaps /tmp/gen512.json \
             --min-us 50"
         ;;
+    rollouts)  # whole rollouts: the default step against the flex and fixed-size ones (targets)
+        gen="python3 -m bench.generation --model qwen2.5-0.5b --sides flex flex-static static-shapes"
+        run rollouts64 120 $gen --shapes 8x8x512 --repeats 3
+        run rollouts512 110 $gen --shapes 64x8x512 --repeats 2
+        ;;
+    rl_split2k)  # the RL step at 8 x 8 x 2048 alone (1 x 16 x 8192 ran past 300 s, session 20)
+        run rl_split2k 160 python3 -m bench.rl_step --ours-only --model qwen2.5-0.5b \
+            --shapes 8x8x2048 --steps 2
+        ;;
     rl_split)  # our RL step with realistic response lengths, generation against training
         run rl_split 300 python3 -m bench.rl_step --ours-only --model qwen2.5-0.5b --shapes 8x8x2048 \
             1x16x8192 --steps 2
@@ -104,7 +114,8 @@ for part in $parts; do
         run rl_step 170 python3 -m bench.rl_step --model qwen2.5-0.5b --shapes 8x8x512 --rounds 1 \
             --steps 3
         ;;
-    *) echo "unknown part $part: tests, sampling, update, decode, draw, step, nucleus, flex, rl_split or rl_step" >&2
+    *) echo "unknown part $part: tests, sampling, update, decode, draw, step, nucleus, flex, rollouts," \
+            "rl_split2k, rl_split or rl_step" >&2
        exit 2 ;;
     esac
 done

@@ -15,6 +15,8 @@ from collections.abc import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from dapo_core.compiled_rows import compile_over_rows
+
 Head = Callable[[torch.Tensor], torch.Tensor]
 """(n, H) hidden states -> (n, V) logits: the model's output layer, called as a module so that
 sharded-parameter engines (DeepSpeed ZeRO-3) can gather its weight."""
@@ -102,9 +104,9 @@ def _fused(device: torch.device) -> tuple:
         return _chunk_stats, _chunk_grad_logits
     if "cuda" not in _kernels:
         _kernels["cuda"] = tuple(
-            # dynamic=None: the row count (the last chunk's differs) turns symbolic on the
-            # second shape, while the vocabulary stays a constant the reduction is tuned for.
-            torch.compile(f, dynamic=None)
+            # The row count (the last chunk's differs) symbolic from the first call, the
+            # vocabulary a constant the reduction is tuned for.
+            compile_over_rows(f)
             for f in (_chunk_stats, _chunk_grad_logits)
         )
     return _kernels["cuda"]

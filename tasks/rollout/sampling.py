@@ -36,6 +36,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from dapo_core.compiled_rows import compile_over_rows
+
 log = logging.getLogger(__name__)
 SAMPLERS = ("exact", "flat", "blocked")
 BLOCK = 1024  # tokens per block of the blocked sampler
@@ -233,7 +235,7 @@ class _Compiled:
 
     def __init__(self, fn: Callable):
         self.eager = fn
-        self.fn = torch.compile(fn, dynamic=None)
+        self.fn = compile_over_rows(fn)  # the batch size symbolic, the vocabulary not
 
     def __call__(self, *args):
         if self.fn is not self.eager:

@@ -48,8 +48,11 @@ def training_forward() -> Iterator[None]:
 
 @functools.cache
 def _compiled(fn: Callable) -> Callable:
-    """One compiled function per forward *function*: every layer's module shares its cache."""
-    return torch.compile(fn, dynamic=None)
+    """One compiled function per forward *function*: every layer's module shares its cache.
+    Every size symbolic from the first call (the weights' stay fixed): a micro-batch's kernels
+    do not depend on the shapes compiled before it, so a resumed run computes what the
+    uninterrupted one did (``dapo_core.compiled_rows`` says why)."""
+    return torch.compile(fn, dynamic=True)
 
 
 def _route(module: torch.nn.Module) -> None:

@@ -75,6 +75,29 @@ def test_only_the_training_forward_runs_compiled_code(monkeypatch):
     assert calls == [1]
 
 
+def test_one_compilation_serves_every_micro_batch_shape(tiny_cfg, monkeypatch):
+    """Sizes symbolic from the first call: a micro-batch's kernels do not depend on the shapes
+    compiled before it (with ``dynamic=None`` the first shape gets a compilation of its own,
+    which a resumed run would not run where the uninterrupted one did)."""
+    from torch._dynamo.testing import CompileCounter
+
+    from tasks.training.batches import Sample
+
+    torch._dynamo.reset()
+    counter, compile_ = CompileCounter(), torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, **kw, backend=counter))
+    compiled._compiled.cache_clear()
+    trainer = _trainer(tiny_cfg, "cpu", "layers")
+    shapes = set()
+    for rows, prompt, response in [(2, 4, 3), (3, 5, 7), (4, 3, 2), (2, 6, 11)]:
+        samples = [Sample([*range(5, 5 + prompt), *range(20, 20 + response)], prompt, 1.0, True)]
+        logp, _, _ = trainer.updater.forward(samples * rows)
+        logp.sum().backward()
+        shapes.add(tuple(logp.shape))
+    compiled._compiled.cache_clear()
+    assert len(shapes) == 4 and counter.frame_count == 1
+
+
 def test_an_unknown_mode_is_refused(tiny_cfg):
     with pytest.raises(Exception, match="model.compile"):
         resolve(tiny_cfg.to_dict(), overrides=["model.compile=everything"])

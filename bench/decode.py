@@ -140,7 +140,8 @@ def sampling_ms(rows: int, vocab: int, device, dtype, top_p: float = 1.0) -> dic
             masses_fn=sampling._compiled(block_log_masses),
             floor_fn=sampling._compiled(nucleus_floor),
         ),
-        "blocked": sampler_for("blocked", device),  # compiled whole
+        "blocked whole": sampling._compiled(sampling.sample_blocked_whole),
+        "blocked": sampler_for("blocked", device),  # as sampling runs it (whole at top-p 1)
     }
     if top_p < 1.0:
         fns = {k: f for k, f in fns.items() if not k.startswith("flat")}

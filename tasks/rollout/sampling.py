@@ -10,9 +10,10 @@ Three ways to compute it (``SAMPLERS``), the same distribution:
   use it: its rounding is part of what a seed reproduces there;
 - ``flat``: the tempered probabilities from one log-sum-exp (``tempered_probs``), then the
   cumulative sum over the vocabulary (below top-p 1, ``exact``);
-- ``blocked`` (the CUDA default, compiled there whole): the vocabulary in blocks of ``BLOCK``
-  tokens. One pass over the logits gives each block's mass (``block_log_masses``);
-  the uniform is located among the blocks, then inside the one block it fell in. On a GPU
+- ``blocked`` (the CUDA default, compiled there: ``sample_blocked_cuda``): the vocabulary in
+  blocks of ``BLOCK`` tokens. One pass over the logits gives each block's mass
+  (``block_log_masses``); the uniform is located among the blocks, then inside the one block it
+  fell in. On a GPU
   sampling is bandwidth-bound at large batches (a (512, 151936) float32 array is 311 MB): ``exact``
   reads and writes such arrays about eight times, ``flat`` three, ``blocked`` reads the bf16
   logits once and writes nothing of that size. Below top-p 1 it takes no sort either: the nucleus
@@ -218,8 +219,20 @@ def sample_blocked_whole(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``sample_blocked`` as one function for CUDA to compile whole: Inductor fuses its dozen
     small operators (the block choice, the gathers, the scans over blocks and inside one) into
-    a few kernels, and the block masses and the nucleus's floor with them."""
+    a few kernels, and the block masses with them."""
     return sample_blocked(logits, temperature, top_p, uniforms)
+
+
+def sample_blocked_cuda(
+    logits: torch.Tensor, temperature: float, top_p: float, uniforms: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The blocked sampler as CUDA runs it: compiled whole at top-p 1; below, its block masses
+    and nucleus floor compiled apart and the rest eager. Compiled whole, the floor's bisection
+    took 3.5x as long as compiled alone (docs/benchmarks.md, top-p 0.7 on an H100)."""
+    if top_p >= 1.0:
+        return _compiled(sample_blocked_whole)(logits, temperature, top_p, uniforms)
+    parts = {"masses_fn": _compiled(block_log_masses), "floor_fn": _compiled(nucleus_floor)}
+    return sample_blocked(logits, temperature, top_p, uniforms, **parts)
 
 
 def _first_exceeding(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -267,5 +280,5 @@ def sampler_for(name: str, device: torch.device) -> Callable:
             sample_flat, probs_fn=_compiled(tempered_probs) if cuda else tempered_probs
         )
     if name == "blocked":
-        return _compiled(sample_blocked_whole) if cuda else sample_blocked
+        return sample_blocked_cuda if cuda else sample_blocked
     return sample_next

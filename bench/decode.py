@@ -40,7 +40,7 @@ import torch
 from bench.common import positive_int, sync
 from bench.mfu import SHAPES, build_model
 from tasks.rollout import sampling
-from tasks.rollout.graphs import LEAN_OPTIONS, DecodeOptions, StaticDecoder
+from tasks.rollout.graphs import DECODE_STEPS, LEAN_OPTIONS, DecodeOptions, StaticDecoder
 from tasks.rollout.sampling import (
     block_log_masses,
     nucleus_floor,
@@ -55,11 +55,8 @@ VARIANTS = {
     "lean": LEAN_OPTIONS,
     "fused": DecodeOptions(attention="matmul", fuse=True, compiled=False),
     "sdpa": DecodeOptions(attention="sdpa", fuse=True, compiled=False),
-    "default": DecodeOptions(),
     "compiled-matmul": DecodeOptions(attention="matmul", fuse=True, compiled=None),
-    "static-shapes": DecodeOptions(dynamic=False),
-    "flex": DecodeOptions(attention="flex"),
-    "flex-static": DecodeOptions(attention="flex", dynamic=False),
+    **DECODE_STEPS,  # default, static-shapes, flex, flex-static: rollout.decode_step's choices
 }
 PARTS = ("matrix products", "lm head", "attention", "kv writes", "pointwise", "sampling")
 

@@ -2,7 +2,7 @@
 # Every GPU figure in BENCHMARKS.md ("GPU" section) and the CUDA tests, in one lease: each part's
 # timeouts add up to under 10 minutes, one device command each.
 #   bash bench/gpu_suite.sh [tests|sampling|update|decode|draw|step|nucleus|flex|rollouts|rl_split2k|
-#                            rl_split|rl_step]...
+#                            rl_flex|rl_split|rl_step]...
 # (no argument: the first three)
 # Outputs go to $OUT (or ./gpu-out) as well.
 #
@@ -106,6 +106,10 @@ for part in $parts; do
         run rl_split2k 160 python3 -m bench.rl_step --ours-only --model qwen2.5-0.5b \
             --shapes 8x8x2048 --steps 2
         ;;
+    rl_flex)  # the same with rollout.decode_step=flex-static (cold compiles per batch size)
+        run rl_flex 160 python3 -m bench.rl_step --ours-only --model qwen2.5-0.5b \
+            --shapes 8x8x2048 --steps 2 --decode-step flex-static
+        ;;
     rl_split)  # our RL step with realistic response lengths, generation against training
         run rl_split 300 python3 -m bench.rl_step --ours-only --model qwen2.5-0.5b --shapes 8x8x2048 \
             1x16x8192 --steps 2
@@ -115,7 +119,7 @@ for part in $parts; do
             --steps 3
         ;;
     *) echo "unknown part $part: tests, sampling, update, decode, draw, step, nucleus, flex, rollouts," \
-            "rl_split2k, rl_split or rl_step" >&2
+            "rl_split2k, rl_flex, rl_split or rl_step" >&2
        exit 2 ;;
     esac
 done

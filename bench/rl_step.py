@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import statistics
 import tempfile
 import time
@@ -38,6 +39,7 @@ from dapo_core import metric_names as metric
 from tasks.models.loading import load_policy
 from tasks.params import load_params
 from tasks.rollout.factory import make_generator
+from tasks.rollout.graphs import DECODE_STEPS
 from tasks.training.trainer import DAPOTrainer
 
 
@@ -85,6 +87,8 @@ def our_steps(
     trainer = DAPOTrainer(
         cfg, model, tok, generator, problems, reward_fn=lambda response, answer: coin(response)
     )
+    # The coin reward parses no answer: each step would be warned about as one without signal.
+    logging.getLogger("tasks.training.step_metrics").setLevel(logging.ERROR)
     times = []
     for _ in range(steps):
         t = time.perf_counter()
@@ -96,9 +100,9 @@ def our_steps(
     return times
 
 
-def ours_split(model_dir: Path, problems, shapes, steps: int) -> None:
+def ours_split(model_dir: Path, problems, shapes, steps: int, decode_step: str = "default") -> None:
     """Our step alone, split into generation and training (loss inputs and update), medians of
-    the steps after the first."""
+    the steps after the first (``decode_step``: ``rollout.decode_step``)."""
     print(
         f"{'shape PxGxL':>12} {'step s':>8} {'generation s':>13} {'training s':>11} "
         f"{'gen/train':>10}"
@@ -106,7 +110,7 @@ def ours_split(model_dir: Path, problems, shapes, steps: int) -> None:
     for P, G, L in shapes:
         split: list[tuple[float, float]] = []
         # micro-batches as training runs them (not one, which matches TRL's single forward)
-        extra = ("train.micro_batch_tokens=32768",)
+        extra = ("train.micro_batch_tokens=32768", f"rollout.decode_step={decode_step}")
         total = our_steps(model_dir, problems, P, G, L, steps, split, extra)[1:]
         gen = statistics.median(g for g, _ in split[1:])
         train = statistics.median(t for _, t in split[1:])
@@ -220,11 +224,17 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="no TRL: our step split into generation and training",
     )
+    ap.add_argument(
+        "--decode-step",
+        choices=list(DECODE_STEPS),
+        default="default",
+        help="with --ours-only: rollout.decode_step (CUDA)",
+    )
     args = common.parse(ap, argv)
     if args.ours_only:
         with tempfile.TemporaryDirectory() as d:
             model_dir = model_directory(args.model, Path(d))
-            ours_split(model_dir, common.problems(), args.shapes, args.steps)
+            ours_split(model_dir, common.problems(), args.shapes, args.steps, args.decode_step)
         return
     if importlib.util.find_spec("trl") is None:
         ap.exit(2, "bench.rl_step needs TRL, a benchmark-only extra: pip install -e '.[bench]'\n")

@@ -9,7 +9,7 @@ import torch
 
 from dapo_core.config import Config
 from tasks.rollout.generators import HFGenerator
-from tasks.rollout.graphs import DecodeOptions
+from tasks.rollout.graphs import DECODE_STEPS, DecodeOptions
 from tasks.rollout.vllm_backend import VLLMGenerator
 from tasks.runtime import env_world_size
 
@@ -34,10 +34,10 @@ def make_generator(cfg: Config, model, tokenizer, model_path: str):
 
 def compile_options(cfg: Config) -> dict:
     """``model.compile: none`` keeps the sampler eager too: the CUDA decode step uncompiled and
-    the exact sampler (a short evaluation then pays no compilation); otherwise each device's
-    default (``HFGenerator``)."""
+    the exact sampler (a short evaluation then pays no compilation); otherwise the step
+    ``rollout.decode_step`` names and each device's sampler (``HFGenerator``)."""
     if cfg.model.compile != "none":
-        return {}
+        return {"decode_options": DECODE_STEPS[cfg.rollout.decode_step]}
     return {"decode_options": DecodeOptions(compiled=False), "sampler": "exact"}
 
 

@@ -97,6 +97,13 @@ class Draw:
 
 # The lean step of PR 11 (before fused kernels): the baseline that bench.decode measures against.
 LEAN_OPTIONS = DecodeOptions(attention="matmul", fuse=False, compiled=False)
+# The steps a config can choose (``rollout.decode_step``): fixed sizes compile once per batch size.
+DECODE_STEPS = {
+    "default": DecodeOptions(),
+    "static-shapes": DecodeOptions(dynamic=False),
+    "flex": DecodeOptions(attention="flex"),
+    "flex-static": DecodeOptions(attention="flex", dynamic=False),
+}
 
 
 def _pow2_at_least(n: int) -> int:

@@ -484,12 +484,19 @@ def test_every_metric_a_step_logs_is_catalogued_or_an_entrys(
 
 def test_model_compile_none_keeps_the_sampler_eager(tiny_cfg):
     """``model.compile: none`` builds the sampler with the decode step uncompiled and the exact
-    sampler (what a short GPU evaluation wants); the default leaves each device its own."""
+    sampler (what a short GPU evaluation wants); otherwise the step ``rollout.decode_step``
+    names, and each device its own sampler."""
     from tasks.rollout.factory import make_generator
+    from tasks.rollout.graphs import DecodeOptions
 
     model, tok = load_policy(resolve_model_path(tiny_cfg), "float32")
     default = make_generator(tiny_cfg, model, tok, "")
-    assert default.decode_options is None and default.sampler == "auto"
+    assert default.decode_options == DecodeOptions() and default.sampler == "auto"
+    cfg = resolve(tiny_cfg.to_dict(), overrides=["rollout.decode_step=flex-static"])
+    flex = make_generator(cfg, model, tok, "").decode_options
+    assert flex == DecodeOptions(attention="flex", dynamic=False)
     cfg = resolve(tiny_cfg.to_dict(), overrides=["model.compile=none"])
     eager = make_generator(cfg, model, tok, "")
     assert eager.decode_options.compiled is False and eager.sampler == "exact"
+    with pytest.raises(Exception, match="rollout.decode_step"):
+        resolve(tiny_cfg.to_dict(), overrides=["rollout.decode_step=fastest"])

@@ -111,6 +111,31 @@ def rollout(dec, new: int, prompt: int, vocab: int) -> None:
         pos += 1
 
 
+def first_call_s(model, rows: int, prompt: int, new: int, options) -> list[tuple[int, float]]:
+    """Seconds of compilation and capture a rollout of ``rows`` sequences pays the first time at
+    each batch size compaction takes it through (``rows``, half, ..., 1): each size's first
+    rollout less its second. Compiled code is shared across sizes and decoders, so sizes after
+    the first pay only what they compile anew (every one, with fixed sizes)."""
+    cuda = model.device.type == "cuda"
+    vocab, out = model.config.vocab_size, []
+    while rows >= 1:
+        dec = loaded_decoder(model, rows, prompt, new, options, capture=cuda)
+        first, again = (
+            _seconds(lambda d=dec: rollout(d, new, prompt, vocab), model.device) for _ in range(2)
+        )
+        out.append((rows, first - again))
+        rows //= 2
+    return out
+
+
+def _seconds(fn, device) -> float:
+    sync(device)
+    t = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t
+
+
 def step_ms(model, rows: int, prompt: int, new: int, options) -> float:
     """Median over two timed rollouts of ms per decode step, graphs captured beforehand."""
     cuda = model.device.type == "cuda"
@@ -293,6 +318,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--top-p", nargs="*", type=float, default=[0.7], help="samplers timed at these too"
     )
+    ap.add_argument(
+        "--first-calls",
+        action="store_true",
+        help="only the compilation and capture each variant pays at each batch size (run each "
+        "variant in a fresh process with an empty TORCHINDUCTOR_CACHE_DIR for a cold start)",
+    )
     a = ap.parse_args(argv)
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -305,6 +336,14 @@ def main(argv: list[str] | None = None) -> None:
         f"{a.prompt} + {a.new} new positions; copy bandwidth {bandwidth / 1e12:.2f} TB/s"
     )
     with torch.no_grad():
+        if a.first_calls:
+            for rows in a.batches:
+                for v in a.variants:
+                    costs = first_call_s(model, rows, a.prompt, a.new, VARIANTS[v])
+                    each = ", ".join(f"B={r} {s:.1f}" for r, s in costs)
+                    total = sum(s for _, s in costs)
+                    print(f"  {v} from B={rows}: first calls {total:.1f} s in all ({each})")
+            return
         results = {}
         for rows in a.batches:
             for v in a.variants:

@@ -2,7 +2,7 @@
 # Every GPU figure in BENCHMARKS.md ("GPU" section) and the CUDA tests, in one lease: each part's
 # timeouts add up to under 10 minutes, one device command each.
 #   bash bench/gpu_suite.sh [tests|sampling|update|decode|draw|step|nucleus|flex|rollouts|rl_split2k|
-#                            rl_flex|rl_split|rl_step]...
+#                            rl_flex|first_calls|rl_split|rl_step]...
 # (no argument: the first three)
 # Outputs go to $OUT (or ./gpu-out) as well.
 #
@@ -110,6 +110,13 @@ for part in $parts; do
         run rl_flex 160 python3 -m bench.rl_step --ours-only --model qwen2.5-0.5b \
             --shapes 8x8x2048 --steps 2 --decode-step flex-static
         ;;
+    first_calls)  # what each step's compilation costs a cold process, at each batch size
+        for v in default flex static-shapes flex-static; do
+            cache=$(mktemp -d)
+            TORCHINDUCTOR_CACHE_DIR=$cache TRITON_CACHE_DIR=$cache/triton run "first_$v" 100 \
+                python3 -m bench.decode --first-calls --variants $v --batches 512 --new 128
+        done
+        ;;
     rl_split)  # our RL step with realistic response lengths, generation against training
         run rl_split 300 python3 -m bench.rl_step --ours-only --model qwen2.5-0.5b --shapes 8x8x2048 \
             1x16x8192 --steps 2
@@ -119,7 +126,7 @@ for part in $parts; do
             --steps 3
         ;;
     *) echo "unknown part $part: tests, sampling, update, decode, draw, step, nucleus, flex, rollouts," \
-            "rl_split2k, rl_flex, rl_split or rl_step" >&2
+            "rl_split2k, rl_flex, first_calls, rl_split or rl_step" >&2
        exit 2 ;;
     esac
 done

@@ -73,3 +73,18 @@ def test_each_variant_decodes_on_cpu(capsys):
     variants = [r[1] for r in rows if not r[1][0].isdigit()]  # the sampler rows: numbers
     assert variants == list(VARIANTS)
     assert rows[0][3] == "1.00x"
+
+
+def test_first_calls_go_down_the_batch_sizes_compaction_takes(capsys):
+    """--first-calls: one figure per variant and power-of-two batch size, from the largest to 1
+    (the sizes a compacting rollout decodes at), and nothing else timed."""
+    main(
+        ["--model", "tiny", "--first-calls", "--variants", "default", "flex-static"]
+        + ["--batches", "4", "--prompt", "8", "--new", "3"]
+    )
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()]
+    firsts = [line for line in lines if "first" in line]
+    assert [line[0] for line in firsts] == ["default", "flex-static"]
+    sizes = [[w for w in line if w.startswith(("B=", "(B="))] for line in firsts]
+    assert sizes == [["B=4:", "(B=4", "B=2", "B=1"]] * 2
+    assert not any("ms/step" in line for line in lines)

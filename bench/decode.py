@@ -156,14 +156,13 @@ def sampling_ms(rows: int, vocab: int, device, dtype, top_p: float = 1.0) -> dic
         "flat eager": functools.partial(sample_flat, probs_fn=tempered_probs),
         "flat": sampler_for("flat", device),
         "blocked eager": sample_blocked,
-        # as before it was compiled whole: its block masses and nucleus floor compiled apart
+        # the two ways CUDA compiles it (sample_blocked_cuda: whole at top-p 1, parts below)
         "blocked parts": functools.partial(
             sample_blocked,
             masses_fn=sampling._compiled(block_log_masses),
             floor_fn=sampling._compiled(nucleus_floor),
         ),
         "blocked whole": sampling._compiled(sampling.sample_blocked_whole),
-        "blocked": sampler_for("blocked", device),  # as sampling runs it (whole at top-p 1)
     }
     if top_p < 1.0:
         fns = {k: f for k, f in fns.items() if not k.startswith("flat")}
@@ -358,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
             base = results.get((rows, "lean"))
             ratio = f"{ms / base:.2f}x" if base else "-"
             print(f"{rows:>5} {v:>16} {ms:8.3f} {ratio:>8} {rows * 1000 / ms:9.0f}")
-        for top_p in (1.0, *a.top_p):
+        for top_p in dict.fromkeys((1.0, *a.top_p)):  # top-p 1 once
             sampling = {r: sampling_ms(r, vocab, device, dtype, top_p) for r in a.batches}
             head = f"sampling ms, top-p {top_p}:"
             print(f"{'B':>5} {head:>27} " + " ".join(f"{k:>13}" for k in sampling[a.batches[0]]))

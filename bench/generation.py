@@ -44,13 +44,12 @@ from pathlib import Path
 import torch
 
 from bench import common
-from bench.decode import VARIANTS
 from bench.mfu import SHAPES, build_model
 from tasks.models.loading import chat_prompt, load_policy
 from tasks.rollout.generators import HFGenerator
-from tasks.rollout.graphs import LEAN_OPTIONS
+from tasks.rollout.graphs import DECODE_STEPS, LEAN_OPTIONS
 
-STEPS = ("static-shapes", "flex", "flex-static")  # ours with another step (bench.decode.VARIANTS)
+STEPS = tuple(k for k in DECODE_STEPS if k != "default")  # ours with another rollout.decode_step
 SIDES = ("ours", "sorted", *STEPS, "stepwise", "lean", "eager", "generate", "static")
 GRAPH_SIDES = ("sorted", *STEPS, "stepwise", "lean", "eager")  # differ from ours only on CUDA
 
@@ -126,7 +125,7 @@ def bench_shape(
             model, tok, L, decode_options=LEAN_OPTIONS, sampler="exact", draw_in_graphs=False
         ),
         "eager": sampler(model, tok, L, graphs=False),
-        **{k: sampler(model, tok, L, decode_options=VARIANTS[k]) for k in STEPS},
+        **{k: sampler(model, tok, L, decode_options=DECODE_STEPS[k]) for k in STEPS},
     }
     runs = {
         k: functools.partial(ours, model, tok, prompts, G, L, g, top_p) for k, g in gens.items()

@@ -172,8 +172,9 @@ class RolloutConfig:
     without graphs): ``default``, attention by SDPA and the layers' pointwise work compiled once
     with symbolic sizes; ``static-shapes``, that work compiled for each power-of-two batch a
     rollout passes through (faster steps, and a compilation per batch size the first time);
-    ``flex``, attention by FlexAttention's decoding kernel over one window; ``flex-static``,
-    both. docs/benchmarks.md compares them."""
+    ``flex``, attention by FlexAttention's decoding kernel over one window (compiled per batch
+    size too); ``flex-static``, both. ``model.compile: none`` overrides it (the step uncompiled).
+    docs/benchmarks.md compares them."""
     max_staleness: int
     """With ``train.rollout_ranks`` >= 1, how many updates older than the trained policy a batch's
     sampler may be: batch k is sampled by the policy after step k - s, so generation of the next

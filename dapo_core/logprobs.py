@@ -17,6 +17,8 @@ from torch.utils.checkpoint import checkpoint
 
 from dapo_core.compiled_rows import compile_over_rows
 
+CHUNK = 4096  # rows of logits formed at a time (chunk x V floats at most)
+
 Head = Callable[[torch.Tensor], torch.Tensor]
 """(n, H) hidden states -> (n, V) logits: the model's output layer, called as a module so that
 sharded-parameter engines (DeepSpeed ZeRO-3) can gather its weight."""
@@ -42,7 +44,7 @@ def token_logprobs(
     head: Head,
     targets: torch.Tensor,
     temperature: float = 1.0,
-    chunk: int = 4096,
+    chunk: int = CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (differentiable) and entropies (detached) of ``targets`` under ``head``.
 
@@ -104,9 +106,9 @@ def _fused(device: torch.device) -> tuple:
         return _chunk_stats, _chunk_grad_logits
     if "cuda" not in _kernels:
         _kernels["cuda"] = tuple(
-            # The row count (the last chunk's differs) symbolic from the first call, the
-            # vocabulary a constant the reduction is tuned for.
-            compile_over_rows(f)
+            # The row count (the last chunk's differs) symbolic from the first call and tuned
+            # for a whole chunk, the vocabulary a constant the reduction is tuned for.
+            compile_over_rows(f, rows_hint=CHUNK)
             for f in (_chunk_stats, _chunk_grad_logits)
         )
     return _kernels["cuda"]
@@ -164,7 +166,7 @@ def linear_logprobs(
     weight: torch.Tensor,
     targets: torch.Tensor,
     temperature: float = 1.0,
-    chunk: int = 4096,
+    chunk: int = CHUNK,
     keep_logits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`token_logprobs` for a bias-free linear head given by its ``weight`` (V, H), fused:

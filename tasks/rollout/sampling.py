@@ -227,8 +227,8 @@ def sample_blocked_cuda(
     logits: torch.Tensor, temperature: float, top_p: float, uniforms: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The blocked sampler as CUDA runs it: compiled whole at top-p 1; below, its block masses
-    and nucleus floor compiled apart and the rest eager. Compiled whole, the floor's bisection
-    took 3.5x as long as compiled alone (docs/benchmarks.md, top-p 0.7 on an H100)."""
+    and nucleus floor compiled apart and the rest eager (compiled whole, the floor's bisection
+    ran several times slower: docs/benchmarks.md, session 27)."""
     if top_p >= 1.0:
         return _compiled(sample_blocked_whole)(logits, temperature, top_p, uniforms)
     parts = {"masses_fn": _compiled(block_log_masses), "floor_fn": _compiled(nucleus_floor)}
@@ -242,13 +242,16 @@ def _first_exceeding(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.minimum(idx, torch.searchsorted(cdf, cdf[:, -1:].contiguous()))
 
 
+ROWS_HINT = 256  # the batch the compiled samplers are tuned for (a rollout's 64 to 512 rows)
+
+
 class _Compiled:
     """``fn`` through ``torch.compile``; if compiling fails (an Inductor bug on some torch
     versions), says so once and computes it eagerly from then on."""
 
     def __init__(self, fn: Callable):
         self.eager = fn
-        self.fn = compile_over_rows(fn)  # the batch size symbolic, the vocabulary not
+        self.fn = compile_over_rows(fn, ROWS_HINT)  # the batch size symbolic, the vocabulary not
 
     def __call__(self, *args):
         if self.fn is not self.eager:

@@ -49,9 +49,10 @@ def training_forward() -> Iterator[None]:
 @functools.cache
 def _compiled(fn: Callable) -> Callable:
     """One compiled function per forward *function*: every layer's module shares its cache.
-    Every size symbolic from the first call (the weights' stay fixed): a micro-batch's kernels
-    do not depend on the shapes compiled before it, so a resumed run computes what the
-    uninterrupted one did (``dapo_core.compiled_rows`` says why)."""
+    Every size symbolic from the first call (the weights' stay fixed): one compilation serves
+    every micro-batch of a process, where a first fixed-size one would serve only the shapes of
+    the first micro-batch (``dapo_core.compiled_rows`` says why that matters). Its kernels are
+    still tuned to the first micro-batch's sizes (docs/determinism.md)."""
     return torch.compile(fn, dynamic=True)
 
 

@@ -202,46 +202,40 @@ def test_sampler_choice_by_device_and_bad_names():
         sampler_for("fast", cpu)
 
 
-def test_the_cuda_sampler_compiles_its_parts_apart_below_top_p_one(monkeypatch):
-    """At top-p 1 the blocked sampler is compiled whole; below, the block masses and the floor
-    are compiled apart (whole, the bisection ran 3.5x slower on an H100), the same draw."""
-    compiled = []
-
-    def record(fn):
-        compiled.append(fn.__name__)
-        return fn
-
-    monkeypatch.setattr(sampling, "_compiled", record)
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(6, 2500, generator=g).to(torch.bfloat16)
-    u = torch.rand(6, 1, generator=g)
-    for top_p, names in (
-        (1.0, ["sample_blocked_whole"]),
-        (0.7, ["block_log_masses", "nucleus_floor"]),
-    ):
-        compiled.clear()
-        tokens, logp = sampling.sample_blocked_cuda(logits, 0.9, top_p, u)
-        assert compiled == names
-        expected = sample_blocked(logits, 0.9, top_p, u)
-        assert torch.equal(tokens, expected[0]) and torch.equal(logp, expected[1])
-
-
-def test_the_cuda_sampler_compiles_as_one_graph_that_writes_nothing_vocabulary_sized():
-    """What CUDA compiles (the blocked sampler whole; Inductor's CPU code here) traces without a
-    break (a break leaves host work inside the recorded step), draws what the eager maths draws,
-    and allocates no buffer the size of the logits (it would be written and read every step)."""
+def test_the_cuda_sampler_compiles_without_breaks_or_vocabulary_sized_buffers(monkeypatch):
+    """What CUDA compiles (Inductor's CPU code here): at top-p 1 the blocked sampler whole,
+    below it the block masses and the nucleus floor apart (compiled whole, the bisection ran
+    several times slower on an H100). Each traces without a break (a break leaves host work
+    inside the recorded step), the draws are the eager maths', and no buffer the size of the
+    logits is allocated (it would be written and read every step)."""
     import re
 
     from torch._inductor.utils import run_and_get_code
 
+    compiled, code = [], []
+
+    def record(fn):
+        compiled.append(fn.__name__)
+        whole = torch.compile(fn, fullgraph=True)
+
+        def call(*args):
+            out, source = run_and_get_code(whole, *args)
+            code.extend(source)
+            return out
+
+        return call
+
+    monkeypatch.setattr(sampling, "_compiled", record)
     g = torch.Generator().manual_seed(0)
     B, V = 8, 3001
     logits = (torch.randn(B, V, generator=g) * 3).to(torch.bfloat16)
     u = torch.rand(B, 1, generator=g)
     torch._dynamo.reset()
-    compiled = torch.compile(sampling.sample_blocked_whole, fullgraph=True)
-    for top_p in (1.0, 0.7):
-        (tokens, logp), code = run_and_get_code(compiled, logits, 0.8, top_p, u)
+    parts = ["block_log_masses", "nucleus_floor"]
+    for top_p, names in ((1.0, ["sample_blocked_whole"]), (0.7, parts)):
+        compiled.clear(), code.clear()
+        tokens, logp = sampling.sample_blocked_cuda(logits, 0.8, top_p, u)
+        assert compiled == names
         expected = sample_blocked(logits, 0.8, top_p, u)
         assert torch.equal(tokens, expected[0])
         torch.testing.assert_close(logp, expected[1])

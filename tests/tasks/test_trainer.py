@@ -500,3 +500,11 @@ def test_model_compile_none_keeps_the_sampler_eager(tiny_cfg):
     assert eager.decode_options.compiled is False and eager.sampler == "exact"
     with pytest.raises(Exception, match="rollout.decode_step"):
         resolve(tiny_cfg.to_dict(), overrides=["rollout.decode_step=fastest"])
+    # the config's choices are the steps the factory knows
+    from typing import get_args, get_type_hints
+
+    from dapo_core.config import RolloutConfig
+    from tasks.rollout.graphs import DECODE_STEPS
+
+    choices = get_args(get_type_hints(RolloutConfig)["decode_step"])
+    assert list(choices) == list(DECODE_STEPS)

@@ -12,7 +12,8 @@
 #     --platform manylinux_2_28_x86_64 -d .whl transformers==5.24.0
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_17_x86_64 \
 #     --platform manylinux2014_x86_64 -d .whl tokenizers==0.23.3 safetensors==0.8.0
-# and for the rl_step part, trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19.
+# and for the tests part pytest-xdist execnet pytest-timeout (pytest's addopts run -n auto), for the
+# rl_step part trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19.
 #   bash bench/gpu_suite.sh            # on the GPU machine, from the repository root
 set -u
 export PYTHONUNBUFFERED=1

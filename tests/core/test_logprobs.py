@@ -176,3 +176,26 @@ def test_kept_logits_give_the_recomputed_gradients_bit_for_bit_and_are_freed():
     with torch.no_grad():
         lp, _ = linear_logprobs(h0, w0, targets, chunk=5, keep_logits=True)
     assert lp.grad_fn is None
+
+
+def test_the_chunk_kernels_compile_once_over_every_chunk_length():
+    """CUDA compiles the chunk kernels over rows (``compile_over_rows``): no chunk length gets
+    fixed (the last chunk's differs), one compilation serves them all, the same values."""
+    from torch._dynamo.testing import CompileCounter
+
+    from dapo_core import logprobs
+    from dapo_core.compiled_rows import compile_over_rows
+
+    g = torch.Generator().manual_seed(0)
+    for fn in (logprobs._chunk_stats, logprobs._chunk_grad_logits):
+        torch._dynamo.reset()
+        counter = CompileCounter()
+        compiled = compile_over_rows(fn, logprobs.CHUNK, backend=counter)
+        for rows in (8, 5, 16):
+            logits = torch.randn(rows, 301, generator=g)
+            targets = torch.randint(301, (rows,), generator=g)
+            extra = () if fn is logprobs._chunk_stats else (torch.randn(rows), torch.randn(rows))
+            got, want = compiled(logits, targets, *extra, 0.9), fn(logits, targets, *extra, 0.9)
+            got, want = (x if isinstance(x, tuple) else (x,) for x in (got, want))
+            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        assert counter.frame_count == 1, fn.__name__

@@ -261,3 +261,32 @@ def test_compiled_probabilities_fall_back_to_eager_once_when_compiling_fails(cap
     assert len(calls) == 1 and caplog.text.count("compiled sampling failed") == 1
     torch.testing.assert_close(p, torch.softmax(logits / 0.7, dim=-1))
     torch.testing.assert_close(lse, torch.logsumexp(logits / 0.7, dim=-1, keepdim=True))
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.7])
+def test_the_cuda_samplers_functions_compile_once_over_every_batch_size(top_p):
+    """What CUDA compiles over rows (``compile_over_rows``: the batch symbolic from the first
+    call) fixes no batch size: one compilation serves them all (a fixed size would make
+    ``mark_dynamic`` fail, and the sampler fall back to eager), and draws what the eager maths
+    draws."""
+    from torch._dynamo.testing import CompileCounter
+
+    from dapo_core.compiled_rows import compile_over_rows
+
+    g = torch.Generator().manual_seed(0)
+    functions = (sampling.sample_blocked_whole, sampling.nucleus_floor, sampling.block_log_masses)
+    for fn in functions:
+        torch._dynamo.reset()
+        counter = CompileCounter()
+        compiled = compile_over_rows(fn, 256, backend=counter)
+        for rows in (8, 5, 16):
+            logits = (torch.randn(rows, 3001, generator=g) * 3).to(torch.bfloat16)
+            if fn is sampling.sample_blocked_whole:
+                args = (logits, 0.8, top_p, torch.rand(rows, 1, generator=g))
+            elif fn is sampling.nucleus_floor:
+                args = (logits, 0.8, top_p, torch.zeros(rows, 1))
+            else:
+                args = (logits, 0.8, 1024, torch.zeros(rows, 1, dtype=logits.dtype))
+            for got, want in zip(compiled(*args), fn(*args), strict=True):
+                assert torch.equal(got, want)
+        assert counter.frame_count == 1, fn.__name__

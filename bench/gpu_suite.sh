@@ -34,7 +34,7 @@ parts=${*:-tests sampling update}
 for part in $parts; do
     case $part in
     tests)
-        run tests 180 python3 -m pytest -q -p no:cacheprovider tests/tasks/test_gpu.py \
+        run tests 240 python3 -m pytest -q -p no:cacheprovider tests/tasks/test_gpu.py \
             tests/tasks/test_precision.py tests/tasks/test_compiled.py tests/core/test_logprobs.py \
             "tests/tasks/test_trainer.py::test_resume_reproduces_uninterrupted_run"
         ;;

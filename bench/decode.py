@@ -7,9 +7,9 @@ The decoder (``tasks.rollout.graphs.StaticDecoder``) decodes ``--new`` positions
 of ``--prompt`` positions, its window growing as a rollout's does, once to capture its graphs and
 once timed (CUDA events around the whole rollout): ms per step is the second over ``--new``.
 Sampling (``tasks.rollout.sampling``: ``exact``, ``flat`` and ``blocked``, eager and compiled) is
-timed apart on the step's (B, V) logits at top-p 1 and at each ``--top-p`` (evaluation's 0.7: the
-sort's nucleus against the blocked sampler's floor), and the exact sampler's kernels profiled by
-operator.
+timed apart on the step's (B, V) logits, on CUDA replayed from a graph as in a rollout, at top-p
+1 and at each ``--top-p`` (evaluation's 0.7: the sort's nucleus against the blocked sampler's
+floor), and the exact sampler's kernels profiled by operator.
 Variants (``DecodeOptions``): ``lean`` (the step before fused kernels: six attention kernels, three
 q/k/v and two gate/up products per layer, nothing compiled), ``fused`` (q/k/v and gate/up one
 product each), ``sdpa`` (and attention one kernel), ``default`` (and the pointwise work compiled),
@@ -168,16 +168,32 @@ def sampling_ms(rows: int, vocab: int, device, dtype, top_p: float = 1.0) -> dic
         fns = {k: f for k, f in fns.items() if not k.startswith("flat")}
     out = {}
     for name, fn in fns.items():
+        call = functools.partial(fn, logits, 1.0, top_p, u)
         try:
             for _ in range(3):
-                fn(logits, 1.0, top_p, u)
-            out[name] = statistics.median(
-                elapsed_ms(lambda f=fn: f(logits, 1.0, top_p, u), device) for _ in range(20)
-            )
+                call()
+            call = replayable(call, device) or call
+            out[name] = statistics.median(elapsed_ms(call, device) for _ in range(20))
         except Exception as e:  # report, and time the others
             print(f"  sampling {name} at B={rows}: failed: {type(e).__name__}: {e}")
             out[name] = float("nan")
     return out
+
+
+def replayable(fn, device):
+    """On CUDA, ``fn`` recorded in a CUDA graph: its replay, whose time is the kernels' alone, as
+    in a rollout (the sampler is recorded in the step's graph); None where it cannot be
+    recorded (off CUDA, or a sampler that syncs with the host)."""
+    if device.type != "cuda":
+        return None
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception as e:
+        print(f"  (not recorded in a graph, timed with its host calls: {type(e).__name__})")
+        return None
+    return graph.replay
 
 
 def sampling_ops(rows: int, vocab: int, device, dtype, top: int = 8) -> list[tuple[str, float]]:

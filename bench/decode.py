@@ -121,19 +121,11 @@ def first_call_s(model, rows: int, prompt: int, new: int, options) -> list[tuple
     while rows >= 1:
         dec = loaded_decoder(model, rows, prompt, new, options, capture=cuda)
         first, again = (
-            _seconds(lambda d=dec: rollout(d, new, prompt, vocab), model.device) for _ in range(2)
+            elapsed_ms(lambda d=dec: rollout(d, new, prompt, vocab), model.device) for _ in range(2)
         )
-        out.append((rows, first - again))
+        out.append((rows, (first - again) / 1000))
         rows //= 2
     return out
-
-
-def _seconds(fn, device) -> float:
-    sync(device)
-    t = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - t
 
 
 def step_ms(model, rows: int, prompt: int, new: int, options) -> float:

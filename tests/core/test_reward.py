@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dapo_core import equivalence
 from dapo_core.answers import parse_integer as normalize_integer
 from dapo_core.reward import Score, equivalence_name, equivalent, extract_answer, score
 
@@ -534,6 +535,9 @@ ADVERSARIAL_FOR_MATH_VERIFY = {
     ids=[*ADVERSARIAL.keys(), *ADVERSARIAL_FOR_MATH_VERIFY.keys()],
 )
 def test_adversarial_input_is_bounded(text: str) -> None:
+    # Math-Verify imported and warmed up first: a one-off cost (~1 CPU s, more on a slow machine)
+    # that is not a judgement's, and that the first test in a worker would otherwise pay.
+    equivalence._math_verify()
     # an integer, an integer past the cap, and a ground truth that Math-Verify judges
     for truth in ("1", "9" * 5_000, "\\frac{1}{2}"):
         for answer_format in ("dapo", "boxed", "minerva", "auto"):
@@ -801,8 +805,6 @@ def _stubborn(*args: object, **kwargs: object) -> bool:
 def test_a_judgement_past_its_deadline_is_not_equivalent(monkeypatch, in_thread: bool) -> None:
     import math_verify
 
-    from dapo_core import equivalence
-
     equivalence._math_verify()  # loaded and warmed up first, with the real verify
     monkeypatch.setattr(equivalence, "_EQUIVALENCE_SECONDS", 0.2)
     monkeypatch.setattr(equivalence, "_EQUIVALENCE_WALL_SECONDS", 0.5)
@@ -833,7 +835,6 @@ def test_the_deadline_counts_cpu_time_not_waiting(monkeypatch) -> None:
     """A judgement that waits (a busy machine: the thread is not running) is not cut short."""
     import math_verify
 
-    from dapo_core import equivalence
     from dapo_core.deadline import thread_cpu_clock
 
     if thread_cpu_clock(threading.get_ident()) is None:

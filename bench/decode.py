@@ -15,7 +15,8 @@ q/k/v and two gate/up products per layer, nothing compiled), ``fused`` (q/k/v an
 product each), ``sdpa`` (and attention one kernel), ``default`` (and the pointwise work compiled),
 ``compiled-matmul`` (compiled, with the six-kernel attention), ``static-shapes`` (``default``
 compiled for each batch size), ``flex`` (``default`` with FlexAttention's decoding kernel, one
-window whose unwritten blocks it skips) and ``flex-static`` (both).
+window whose unwritten blocks it skips), ``flex-static`` (both) and ``flex-static-autotune``
+(``flex-static`` with Inductor's max-autotune choosing each product's kernel).
 
 ``--profile``: one eager step per batch under ``torch.profiler``, each kernel attributed to the
 operator that launched it, grouped into the step's parts, each against its floor: the bytes it
@@ -56,7 +57,7 @@ VARIANTS = {
     "fused": DecodeOptions(attention="matmul", fuse=True, compiled=False),
     "sdpa": DecodeOptions(attention="sdpa", fuse=True, compiled=False),
     "compiled-matmul": DecodeOptions(attention="matmul", fuse=True, compiled=None),
-    **DECODE_STEPS,  # default, static-shapes, flex, flex-static: rollout.decode_step's choices
+    **DECODE_STEPS,  # rollout.decode_step's choices
 }
 PARTS = ("matrix products", "lm head", "attention", "kv writes", "pointwise", "sampling")
 
@@ -222,10 +223,16 @@ def _part(op: str, dims: str, window: int, vocab: int) -> str:
     return "pointwise"
 
 
+def _template_part(name: str) -> str:
+    """A compiled template's part: max-autotune's matrix products (named after their operators,
+    ``triton_tem_fused_addmm_0``, with the pointwise work fused into them) or FlexAttention's."""
+    return "matrix products" if "mm" in name.removeprefix("triton_tem") else "attention"
+
+
 def attribute(trace: list[dict], window: int, vocab: int) -> dict[str, float]:
     """Kernel microseconds per part: each kernel goes to the innermost operator around the
     runtime call that launched it (same thread), compiled ones to ``pointwise`` but the
-    templates' (FlexAttention's: no other template is compiled here) to ``attention``."""
+    templates' (``_template_part``)."""
     kernels = [e for e in trace if e.get("cat") == "kernel"]
     launches = {
         e["args"].get("correlation"): e
@@ -242,7 +249,7 @@ def attribute(trace: list[dict], window: int, vocab: int) -> dict[str, float]:
     for k in kernels:
         name = k["name"]
         launch = launches.get(k.get("args", {}).get("correlation"))
-        part = "attention" if name.startswith("triton_tem") else "pointwise"
+        part = _template_part(name) if name.startswith("triton_tem") else "pointwise"
         if not name.startswith("triton") and launch is not None:
             tid, ts = launch["tid"], launch["ts"]
             seq = ordered.get(tid, [])

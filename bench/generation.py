@@ -20,8 +20,8 @@ graphs over the step as it was before fused kernels (``LEAN_OPTIONS``, the ``exa
 ``stepwise`` side ours with the sampler run step by step beside the graphs (``flat``) instead of
 recorded in them (``blocked``), the ``sorted`` side ours with the ``exact`` sampler recorded in
 them (at ``--top-p`` below 1: the nucleus by a sort over the vocabulary, where ours finds its
-floor by bisection); ``static-shapes``, ``flex`` and ``flex-static`` are ours with that step
-(``bench.decode``'s variants).
+floor by bisection); ``static-shapes``, ``flex``, ``flex-static`` and ``flex-static-autotune``
+are ours with that step (``bench.decode``'s variants).
 
 Models (``--model``): ``tiny``, the embedded Qwen2 with random weights (fp32); ``qwen2.5-0.5b``,
 Qwen2.5-0.5B's shape with random weights and its 151,936-token vocabulary, and

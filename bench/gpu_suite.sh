@@ -2,7 +2,7 @@
 # Every GPU figure in BENCHMARKS.md ("GPU" section) and the CUDA tests, in one lease: each part's
 # timeouts add up to under 10 minutes, one device command each.
 #   bash bench/gpu_suite.sh [tests|sampling|update|decode|draw|step|nucleus|flex|rollouts|rl_split2k|
-#                            rl_flex|first_calls|rl_split|rl_step]...
+#                            rl_flex|first_calls|autotune|rl_split|rl_step]...
 # (no argument: the first three)
 # Outputs go to $OUT (or ./gpu-out) as well.
 #
@@ -39,7 +39,8 @@ for part in $parts; do
             "tests/tasks/test_trainer.py::test_resume_reproduces_uninterrupted_run"
         ;;
     sampling)
-        run gen64 120 python3 -m bench.generation --model qwen2.5-0.5b --shapes 8x8x512 --repeats 3
+        run gen64 120 python3 -m bench.generation --model qwen2.5-0.5b --shapes 8x8x512 --repeats 3 \
+            --sides sorted static-shapes flex flex-static stepwise lean eager generate static
         run gen512 100 python3 -m bench.generation --model qwen2.5-0.5b --shapes 64x8x512 \
             --sides static --repeats 2
         run eval 60 python3 -m bench.generation --model smollm2-135m --shapes 200x8x96 --sides \
@@ -118,6 +119,20 @@ for part in $parts; do
                 python3 -m bench.decode --first-calls --variants $v --batches 512 --new 128
         done
         ;;
+    autotune)  # Inductor's max-autotune for the step's products (flex-static-autotune): its first
+        # compilation on a cold cache, then the step beside flex-static with its profile, and
+        # whole rollouts; one cache for the part, so only the first command compiles cold
+        cache=$(mktemp -d)
+        export TORCHINDUCTOR_CACHE_DIR=$cache TRITON_CACHE_DIR=$cache/triton
+        run first_autotune 150 python3 -m bench.decode --first-calls --variants flex-static-autotune \
+            --batches 512 --new 128
+        run autotune_step 180 python3 -m bench.decode --variants flex-static flex-static-autotune \
+            --profile flex-static-autotune
+        gen="python3 -m bench.generation --model qwen2.5-0.5b --sides flex-static flex-static-autotune"
+        run autotune64 100 $gen --shapes 8x8x512 --repeats 3
+        run autotune512 100 $gen --shapes 64x8x512 --repeats 2
+        unset TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR
+        ;;
     rl_split)  # our RL step with realistic response lengths, generation against training
         run rl_split 300 python3 -m bench.rl_step --ours-only --model qwen2.5-0.5b --shapes 8x8x2048 \
             1x16x8192 --steps 2
@@ -127,7 +142,7 @@ for part in $parts; do
             --steps 3
         ;;
     *) echo "unknown part $part: tests, sampling, update, decode, draw, step, nucleus, flex, rollouts," \
-            "rl_split2k, rl_flex, first_calls, rl_split or rl_step" >&2
+            "rl_split2k, rl_flex, first_calls, autotune, rl_split or rl_step" >&2
        exit 2 ;;
     esac
 done

@@ -167,14 +167,15 @@ class RolloutConfig:
     ``train/acc_mean``, so reward hacking shows as the two diverging)."""
     reward_model: str
     """The reward model directory (``dapo reward-model train``) for ``rollout.reward: model``."""
-    decode_step: Literal["default", "static-shapes", "flex", "flex-static"]
+    decode_step: Literal["default", "static-shapes", "flex", "flex-static", "flex-static-autotune"]
     """How the HF backend's CUDA-graph sampler computes a decode step (CUDA only; CPU runs decode
     without graphs): ``default``, attention by SDPA and the layers' pointwise work compiled once
     with symbolic sizes; ``static-shapes``, that work compiled for each power-of-two batch a
     rollout passes through (faster steps, and a compilation per batch size the first time);
     ``flex``, attention by FlexAttention's decoding kernel over one window (compiled per batch
-    size too); ``flex-static``, both. ``model.compile: none`` overrides it (the step uncompiled).
-    docs/benchmarks.md compares them."""
+    size too); ``flex-static``, both; ``flex-static-autotune``, ``flex-static`` with each matrix
+    product's kernel chosen by timing (Inductor's max-autotune: longer first compilations).
+    ``model.compile: none`` overrides it (the step uncompiled). docs/benchmarks.md compares them."""
     max_staleness: int
     """With ``train.rollout_ranks`` >= 1, how many updates older than the trained policy a batch's
     sampler may be: batch k is sampled by the policy after step k - s, so generation of the next

@@ -76,6 +76,9 @@ class DecodeOptions:
     # power-of-two batch a rollout passes through. (FlexAttention is compiled with static sizes
     # whatever this says: its decoding kernel needs a fixed batch.)
     dynamic: bool = True
+    # The regions compiled with Inductor's max-autotune (``regions.compiled``): each matrix
+    # product's kernel chosen by timing at its sizes. Longer compilations, one per batch size.
+    autotune: bool = False
 
     def __post_init__(self):
         if self.attention not in ATTENTION:
@@ -103,6 +106,7 @@ DECODE_STEPS = {
     "static-shapes": DecodeOptions(dynamic=False),
     "flex": DecodeOptions(attention="flex"),
     "flex-static": DecodeOptions(attention="flex", dynamic=False),
+    "flex-static-autotune": DecodeOptions(attention="flex", dynamic=False, autotune=True),
 }
 
 
@@ -264,9 +268,9 @@ class StaticDecoder(LeanDecoder):
         d = self.decoder
         before, after = regions.attention_inputs, regions.after_attention
         if self.compiled:
-            dynamic = self.options.dynamic
-            before = regions.compiled(regions.attention_inputs, dynamic)
-            after = regions.compiled(regions.after_attention, dynamic)
+            dynamic, autotune = self.options.dynamic, self.options.autotune
+            before = regions.compiled(regions.attention_inputs, dynamic, autotune)
+            after = regions.compiled(regions.after_attention, dynamic, autotune)
         x = d.embed_tokens(tokens[:, None])  # (B, 1, H)
         cos = self.cos[0, positions][:, :, None]  # (B, 1, 1, d): broadcast over heads
         sin = self.sin_signed[0, positions][:, :, None]

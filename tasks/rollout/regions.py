@@ -43,14 +43,24 @@ COMPILE_BACKEND = "inductor"  # torch.compile's; the CPU tests trace with a chea
 STATIC_RECOMPILES = 64  # compilations torch may make of one function compiled with fixed sizes
 
 
+# Inductor's mode for ``autotune``: without its own CUDA graphs, as the decoder records its own.
+AUTOTUNE_MODE = "max-autotune-no-cudagraphs"
+
+
 @functools.cache
-def compiled(fn, dynamic: bool):
+def compiled(fn, dynamic: bool, autotune: bool = False):
     """One compiled function per region (or FlexAttention's), shared by every layer and decoder;
     with ``dynamic``, compaction's smaller batches and another model's widths do not compile it
     again. Without, each batch size (buffer length, model) is a compilation, and past torch's
     default of eight a function runs uncompiled (FlexAttention unfused, over every block): the
-    limit is raised."""
+    limit is raised.
+
+    ``autotune``: Inductor times Triton templates against cuBLAS for each matrix product at its
+    sizes and keeps the fastest (a decode step's products have few rows: cuBLAS's choice leaves
+    SMs idle), fusing the pointwise work after a product into it; compiling takes longer. Only
+    Inductor has the mode: another backend (the CPU tests') compiles as without it."""
     if not dynamic:
         limit = torch._dynamo.config.recompile_limit
         torch._dynamo.config.recompile_limit = max(limit, STATIC_RECOMPILES)
-    return torch.compile(fn, dynamic=dynamic, backend=COMPILE_BACKEND)
+    mode = AUTOTUNE_MODE if autotune and COMPILE_BACKEND == "inductor" else None
+    return torch.compile(fn, dynamic=dynamic, backend=COMPILE_BACKEND, mode=mode)

@@ -8,8 +8,8 @@ def _x(cat, name, ts, dur, tid=1, **args):
 def test_kernels_go_to_the_innermost_operator_that_launched_them():
     """A linear (mm inside) onto the vocabulary, another onto the hidden size, a mask add over
     the attention window, a key write and an SDPA call, each launching one kernel; a compiled
-    (triton) kernel launched from no operator, and a compiled template (FlexAttention's): each
-    kernel's time lands in its part."""
+    (triton) kernel launched from no operator, and two compiled templates (FlexAttention's, and
+    a matrix product max-autotune chose): each kernel's time lands in its part."""
     V, W = 1000, 256
     events = [
         _x("cpu_op", "aten::linear", 0, 10, **{"Input Dims": [[4, 1, 8], [V, 8]]}),
@@ -35,11 +35,13 @@ def test_kernels_go_to_the_innermost_operator_that_launched_them():
         _x("kernel", "vectorized_elementwise", 65, 5, tid=7, correlation=7),
         _x("cuda_driver", "cuLaunchKernelEx", 29, 0.5, correlation=8),  # FlexAttention's
         _x("kernel", "triton_tem_fused_0", 70, 6, tid=7, correlation=8),
+        _x("cuda_driver", "cuLaunchKernelEx", 31, 0.5, correlation=9),  # max-autotune's product
+        _x("kernel", "triton_tem_fused_add_addmm_1", 80, 9, tid=7, correlation=9),
     ]
     parts = attribute(events, window=W, vocab=V)
     assert parts == {
         "lm head": 7,
-        "matrix products": 3,
+        "matrix products": 3 + 9,
         "attention": 2 + 11 + 6,
         "kv writes": 1,
         "pointwise": 4 + 5,

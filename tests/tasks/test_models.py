@@ -1,5 +1,6 @@
 """The embedded model directory: tokenizer round trip, loading errors, rollout invariants."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -503,6 +504,67 @@ def test_a_function_compiled_with_fixed_sizes_compiles_for_every_batch_size(monk
     assert counter.frame_count == 12
 
 
+def test_autotune_asks_inductor_alone_for_max_autotune(monkeypatch):
+    """``autotune``: Inductor's max-autotune without its own CUDA graphs (the decoder records
+    its own); another backend (the CPU tests' ``aot_eager``, which has no modes) compiles as
+    without it."""
+    from tasks.rollout import regions
+
+    options = torch._inductor.list_mode_options(regions.AUTOTUNE_MODE)
+    assert options.get("max_autotune") and not options.get("triton.cudagraphs")
+    asked = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: asked.append(kw) or fn)
+    regions.compiled.cache_clear()
+    try:
+        regions.compiled(abs, True, True)
+        regions.compiled(abs, True, False)
+        monkeypatch.setattr(regions, "COMPILE_BACKEND", "aot_eager")
+        regions.compiled(round, True, True)
+    finally:
+        regions.compiled.cache_clear()
+    assert [(kw["backend"], kw["mode"]) for kw in asked] == [
+        ("inductor", regions.AUTOTUNE_MODE),
+        ("inductor", None),
+        ("aot_eager", None),
+    ]
+
+
+def test_the_autotuned_step_compiles_both_regions_with_fixed_sizes_and_autotune(
+    tiny_cfg, monkeypatch
+):
+    """``rollout.decode_step: flex-static-autotune`` reaches the regions: both compiled with
+    fixed sizes and max-autotune, FlexAttention with fixed sizes and without (its kernel's
+    choices are not timed), and the step gives the uncompiled step's logits."""
+    from bench.decode import loaded_decoder
+    from tasks.rollout import flex, regions
+    from tasks.rollout.graphs import DECODE_STEPS, DecodeOptions
+
+    asked = {}
+
+    def compiled(fn, dynamic, autotune=False):
+        asked[fn.__name__] = (dynamic, autotune)
+        return fn
+
+    monkeypatch.setattr(regions, "compiled", compiled)
+    model, _ = load_policy(resolve_model_path(tiny_cfg))
+    steps = (
+        DecodeOptions(compiled=False),
+        replace(DECODE_STEPS["flex-static-autotune"], compiled=True),
+    )
+    logits = []
+    for options in steps:
+        torch.manual_seed(0)
+        dec = loaded_decoder(model, 4, 12, 4, options, capture=False)
+        with torch.no_grad():
+            logits.append(dec.step(torch.arange(4), torch.full((4, 1), 12)))
+    assert asked == {
+        "attention_inputs": (False, True),
+        "after_attention": (False, True),
+        flex.attend.__name__: (False, False),
+    }
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-4)
+
+
 def test_flex_step_under_its_skipping_kernel_gives_the_default_steps_logits(tiny_cfg, monkeypatch):
     """The decoder's FlexAttention wiring (one window, the block count set before each step)
     under the compiled kernel that skips blocks (Inductor's CPU code; the regions around it
@@ -514,7 +576,7 @@ def test_flex_step_under_its_skipping_kernel_gives_the_default_steps_logits(tiny
 
     monkeypatch.setattr(flex, "FLEX_BLOCK", 16)
 
-    def compiled(fn, dynamic):
+    def compiled(fn, dynamic, autotune=False):
         backend = "inductor" if fn is flex.attend else "aot_eager"
         return torch.compile(fn, dynamic=dynamic, backend=backend)
 

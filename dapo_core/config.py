@@ -174,7 +174,8 @@ class RolloutConfig:
     rollout passes through (faster steps, and a compilation per batch size the first time);
     ``flex``, attention by FlexAttention's decoding kernel over one window (compiled per batch
     size too); ``flex-static``, both; ``flex-static-autotune``, ``flex-static`` with each matrix
-    product's kernel chosen by timing (Inductor's max-autotune: longer first compilations).
+    product's kernel chosen by timing (Inductor's max-autotune: longer first compilations, and a
+    resumed run samples what the uninterrupted one did only with the compiler cache it left).
     ``model.compile: none`` overrides it (the step uncompiled). docs/benchmarks.md compares them."""
     max_staleness: int
     """With ``train.rollout_ranks`` >= 1, how many updates older than the trained policy a batch's

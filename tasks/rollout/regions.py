@@ -43,8 +43,14 @@ COMPILE_BACKEND = "inductor"  # torch.compile's; the CPU tests trace with a chea
 STATIC_RECOMPILES = 64  # compilations torch may make of one function compiled with fixed sizes
 
 
-# Inductor's mode for ``autotune``: without its own CUDA graphs, as the decoder records its own.
-AUTOTUNE_MODE = "max-autotune-no-cudagraphs"
+def autotune_options() -> dict:
+    """Inductor's settings for ``autotune``: its max-autotune mode without its own CUDA graphs
+    (the decoder records its own), choosing by timing even where every ``dapo`` command asks
+    Inductor to choose by rule (``TORCHINDUCTOR_DETERMINISTIC``, docs/determinism.md), under
+    which max-autotune keeps cuBLAS for every product."""
+    return torch._inductor.list_mode_options("max-autotune-no-cudagraphs") | {
+        "deterministic": False
+    }
 
 
 @functools.cache
@@ -57,10 +63,12 @@ def compiled(fn, dynamic: bool, autotune: bool = False):
 
     ``autotune``: Inductor times Triton templates against cuBLAS for each matrix product at its
     sizes and keeps the fastest (a decode step's products have few rows: cuBLAS's choice leaves
-    SMs idle), fusing the pointwise work after a product into it; compiling takes longer. Only
-    Inductor has the mode: another backend (the CPU tests') compiles as without it."""
+    SMs idle), fusing the pointwise work after a product into it; compiling takes longer. A
+    choice by timing can differ between two processes on cold compiler caches, and with it the
+    rounding of what is sampled (docs/determinism.md). Only Inductor has these settings: another
+    backend (the CPU tests') compiles as without them."""
     if not dynamic:
         limit = torch._dynamo.config.recompile_limit
         torch._dynamo.config.recompile_limit = max(limit, STATIC_RECOMPILES)
-    mode = AUTOTUNE_MODE if autotune and COMPILE_BACKEND == "inductor" else None
-    return torch.compile(fn, dynamic=dynamic, backend=COMPILE_BACKEND, mode=mode)
+    options = autotune_options() if autotune and COMPILE_BACKEND == "inductor" else None
+    return torch.compile(fn, dynamic=dynamic, backend=COMPILE_BACKEND, options=options)

@@ -504,14 +504,18 @@ def test_a_function_compiled_with_fixed_sizes_compiles_for_every_batch_size(monk
     assert counter.frame_count == 12
 
 
-def test_autotune_asks_inductor_alone_for_max_autotune(monkeypatch):
-    """``autotune``: Inductor's max-autotune without its own CUDA graphs (the decoder records
-    its own); another backend (the CPU tests' ``aot_eager``, which has no modes) compiles as
-    without it."""
+def test_autotune_asks_inductor_alone_for_max_autotune_by_timing(monkeypatch):
+    """``autotune``: Inductor's max-autotune, without its own CUDA graphs (the decoder records
+    its own) and by timing even under ``TORCHINDUCTOR_DETERMINISTIC`` (by rule it would keep
+    cuBLAS); settings Inductor knows. Another backend (the CPU tests' ``aot_eager``, which has
+    no such settings) compiles as without it."""
     from tasks.rollout import regions
 
-    options = torch._inductor.list_mode_options(regions.AUTOTUNE_MODE)
-    assert options.get("max_autotune") and not options.get("triton.cudagraphs")
+    options = regions.autotune_options()
+    assert options["max_autotune"] and options["deterministic"] is False
+    assert not options.get("triton.cudagraphs")
+    with torch._inductor.config.patch(options):  # raises on a setting Inductor does not have
+        assert torch._inductor.config.max_autotune and not torch._inductor.config.deterministic
     asked = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: asked.append(kw) or fn)
     regions.compiled.cache_clear()
@@ -522,8 +526,8 @@ def test_autotune_asks_inductor_alone_for_max_autotune(monkeypatch):
         regions.compiled(round, True, True)
     finally:
         regions.compiled.cache_clear()
-    assert [(kw["backend"], kw["mode"]) for kw in asked] == [
-        ("inductor", regions.AUTOTUNE_MODE),
+    assert [(kw["backend"], kw["options"]) for kw in asked] == [
+        ("inductor", options),
         ("inductor", None),
         ("aot_eager", None),
     ]

@@ -36,7 +36,7 @@ for part in $parts; do
     tests)
         run tests 240 python3 -m pytest -q -p no:cacheprovider tests/tasks/test_gpu.py \
             tests/tasks/test_precision.py tests/tasks/test_compiled.py tests/core/test_logprobs.py \
-            "tests/tasks/test_trainer.py::test_resume_reproduces_uninterrupted_run"
+            "tests/tasks/test_trainer.py::test_resume_reproduces_uninterrupted_run" -k "not autotune"
         ;;
     sampling)
         run gen64 120 python3 -m bench.generation --model qwen2.5-0.5b --shapes 8x8x512 --repeats 3 \
@@ -120,13 +120,15 @@ for part in $parts; do
         done
         ;;
     autotune)  # Inductor's max-autotune for the step's products (flex-static-autotune): its first
-        # compilation on a cold cache, then the step beside flex-static with its profile, and
-        # whole rollouts; one cache for the part, so only the first command compiles cold
+        # compilation on a cold cache, its sampler-trainer mismatch (a CUDA test), the step
+        # beside flex-static with its profile, and whole rollouts; one cache for the part
         cache=$(mktemp -d)
         export TORCHINDUCTOR_CACHE_DIR=$cache TRITON_CACHE_DIR=$cache/triton
-        run first_autotune 150 python3 -m bench.decode --first-calls --variants flex-static-autotune \
+        run first_autotune 120 python3 -m bench.decode --first-calls --variants flex-static-autotune \
             --batches 512 --new 128
-        run autotune_step 180 python3 -m bench.decode --variants flex-static flex-static-autotune \
+        run autotune_test 90 python3 -m pytest -q -p no:cacheprovider -n 0 tests/tasks/test_gpu.py \
+            -k autotune
+        run autotune_step 150 python3 -m bench.decode --variants flex-static flex-static-autotune \
             --profile flex-static-autotune
         gen="python3 -m bench.generation --model qwen2.5-0.5b --sides flex-static flex-static-autotune"
         run autotune64 100 $gen --shapes 8x8x512 --repeats 3

@@ -194,29 +194,20 @@ def test_a_rollout_process_on_the_same_gpu_samples_what_the_trainer_would(tiny_c
     assert all(0 < r[metric.GRAD_NORM] < float("inf") for r in off.history)
 
 
-@pytest.mark.gpu
-@cuda
-def test_fused_compiled_decode_is_no_further_from_the_trainer_than_the_lean_step(tiny_cfg):
-    """The sampler-trainer log-prob mismatch of the default CUDA step (fused projections, SDPA,
-    compiled regions and sampler), and of the step with FlexAttention, is no worse than that of
-    the lean step it replaced, over the same prompts and seed (each side's own samples scored by
-    the fp32 trainer)."""
+def _mismatch_means(tiny_cfg, steps: dict) -> dict[str, float]:
+    """Each named (decode options, sampler)'s mean |sampler - trainer| log-prob gap over the same
+    prompts and seed (each side's own samples scored by the fp32 trainer)."""
     from tasks.data.splits import splits
     from tasks.models.loading import chat_prompt, load_policy
     from tasks.models.resolve import resolve_model_path
     from tasks.rollout.generators import HFGenerator
-    from tasks.rollout.graphs import LEAN_OPTIONS, DecodeOptions
     from tasks.training.trainer import DAPOTrainer, Sample
 
     model, tok = load_policy(resolve_model_path(tiny_cfg), "float32", "cuda")
     cfg = resolve(tiny_cfg.to_dict(), overrides=["model.dtype=float32"])
     prompts = [chat_prompt(tok, p.prompt) for p in splits(cfg).train[:8]]
     gaps = {}
-    for name, options, sampler in (
-        ("lean", LEAN_OPTIONS, "exact"),
-        ("default", DecodeOptions(), "auto"),
-        ("flex", DecodeOptions(attention="flex"), "auto"),
-    ):
+    for name, (options, sampler) in steps.items():
         gen = HFGenerator.with_weights(
             model, tok, 64, torch.bfloat16, decode_options=options, sampler=sampler
         )
@@ -233,5 +224,42 @@ def test_fused_compiled_decode_is_no_further_from_the_trainer_than_the_lean_step
         gaps[name] = torch.cat(found)
     means = {k: float(v.mean()) for k, v in gaps.items()}
     print(f"mean |log-prob gap|: {means}")
+    return means
+
+
+@pytest.mark.gpu
+@cuda
+def test_fused_compiled_decode_is_no_further_from_the_trainer_than_the_lean_step(tiny_cfg):
+    """The sampler-trainer log-prob mismatch of the default CUDA step (fused projections, SDPA,
+    compiled regions and sampler), and of the step with FlexAttention, is no worse than that of
+    the lean step it replaced."""
+    from tasks.rollout.graphs import LEAN_OPTIONS, DecodeOptions
+
+    means = _mismatch_means(
+        tiny_cfg,
+        {
+            "lean": (LEAN_OPTIONS, "exact"),
+            "default": (DecodeOptions(), "auto"),
+            "flex": (DecodeOptions(attention="flex"), "auto"),
+        },
+    )
     assert means["default"] <= 1.25 * means["lean"] + 1e-4, means
     assert means["flex"] <= 1.25 * means["lean"] + 1e-4, means
+
+
+@pytest.mark.gpu
+@cuda
+def test_autotuned_decode_is_no_further_from_the_trainer_than_the_lean_step(tiny_cfg):
+    """The same for ``rollout.decode_step: flex-static-autotune``: the products' kernels chosen
+    by timing sample as close to the trainer as the lean step (a device run apart from the
+    other CUDA tests: max-autotune's compilations are long)."""
+    from tasks.rollout.graphs import DECODE_STEPS, LEAN_OPTIONS
+
+    means = _mismatch_means(
+        tiny_cfg,
+        {
+            "lean": (LEAN_OPTIONS, "exact"),
+            "autotune": (DECODE_STEPS["flex-static-autotune"], "auto"),
+        },
+    )
+    assert means["autotune"] <= 1.25 * means["lean"] + 1e-4, means

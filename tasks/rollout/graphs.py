@@ -76,8 +76,9 @@ class DecodeOptions:
     # power-of-two batch a rollout passes through. (FlexAttention is compiled with static sizes
     # whatever this says: its decoding kernel needs a fixed batch.)
     dynamic: bool = True
-    # The regions compiled with Inductor's max-autotune (``regions.compiled``): each matrix
-    # product's kernel chosen by timing at its sizes. Longer compilations, one per batch size.
+    # Compiled with Inductor's max-autotune (``regions.compiled``): each matrix product's
+    # kernel, and FlexAttention's block sizes and key/value splits, chosen by timing at their
+    # sizes. Longer compilations, one per batch size.
     autotune: bool = False
 
     def __post_init__(self):
@@ -176,7 +177,8 @@ class StaticDecoder(LeanDecoder):
             return
         self.block_mask = flex.block_mask(self.n_heads // self.n_kv, self.capacity, device)
         # Compiled with static sizes: FlexAttention's decoding kernel needs a fixed batch.
-        fn = regions.compiled(flex.attend, False) if self.compiled else flex.attend
+        autotune = self.options.autotune  # its blocks and key/value splits chosen by timing
+        fn = regions.compiled(flex.attend, False, autotune) if self.compiled else flex.attend
         self._attend = functools.partial(fn, block_mask=self.block_mask)
 
     def _fuse(self) -> None:

@@ -63,7 +63,8 @@ def compiled(fn, dynamic: bool, autotune: bool = False):
 
     ``autotune``: Inductor times Triton templates against cuBLAS for each matrix product at its
     sizes and keeps the fastest (a decode step's products have few rows: cuBLAS's choice leaves
-    SMs idle), fusing the pointwise work after a product into it; compiling takes longer. A
+    SMs idle), fusing the pointwise work after a product into it, and FlexAttention's block
+    sizes and key/value splits likewise; compiling takes longer. A
     choice by timing can differ between two processes on cold compiler caches, and with it the
     rounding of what is sampled (docs/determinism.md). Only Inductor has these settings: another
     backend (the CPU tests') compiles as without them."""

@@ -533,12 +533,12 @@ def test_autotune_asks_inductor_alone_for_max_autotune_by_timing(monkeypatch):
     ]
 
 
-def test_the_autotuned_step_compiles_both_regions_with_fixed_sizes_and_autotune(
+def test_the_autotuned_step_compiles_regions_and_attention_with_fixed_sizes_and_autotune(
     tiny_cfg, monkeypatch
 ):
-    """``rollout.decode_step: flex-static-autotune`` reaches the regions: both compiled with
-    fixed sizes and max-autotune, FlexAttention with fixed sizes and without (its kernel's
-    choices are not timed), and the step gives the uncompiled step's logits."""
+    """``rollout.decode_step: flex-static-autotune`` reaches what is compiled: both regions and
+    FlexAttention with fixed sizes and max-autotune, and the step gives the uncompiled step's
+    logits."""
     from bench.decode import loaded_decoder
     from tasks.rollout import flex, regions
     from tasks.rollout.graphs import DECODE_STEPS, DecodeOptions
@@ -564,7 +564,7 @@ def test_the_autotuned_step_compiles_both_regions_with_fixed_sizes_and_autotune(
     assert asked == {
         "attention_inputs": (False, True),
         "after_attention": (False, True),
-        flex.attend.__name__: (False, False),
+        flex.attend.__name__: (False, True),
     }
     torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-4)
 

@@ -176,7 +176,8 @@ class RolloutConfig:
     size too); ``flex-static``, both; ``flex-static-autotune``, ``flex-static`` with the matrix
     products' and attention's kernels chosen by timing (Inductor's max-autotune: longer first
     compilations, and a resumed run samples what the uninterrupted one did only with the
-    compiler cache it left). ``model.compile: none`` overrides it (the step uncompiled). docs/benchmarks.md compares them."""
+    compiler cache it left). ``model.compile: none`` overrides it (the step uncompiled).
+    docs/benchmarks.md compares them."""
     max_staleness: int
     """With ``train.rollout_ranks`` >= 1, how many updates older than the trained policy a batch's
     sampler may be: batch k is sampled by the policy after step k - s, so generation of the next

@@ -79,9 +79,12 @@ def stale_correction(raw: Mapping[str, Any], origins: Mapping[str, str]) -> Mapp
     objective; verl's asynchronous trainer likewise). A copy when it changes anything."""
     train, rollout = raw.get("train", {}), raw.get("rollout", {})
     algo = raw.get("algo", {})
+    correction = algo.get("correction", {}) if isinstance(algo, Mapping) else None
+    if not all(isinstance(s, Mapping) for s in (train, rollout, correction)):
+        return raw  # not a config yet: building it says which section is not a mapping
     chosen = any(k == "algo.correction" or k.startswith("algo.correction.") for k in origins)
     stale = train.get("rollout_ranks", 0) and rollout.get("max_staleness", 0)
-    if not stale or chosen or algo.get("correction", {}).get("name") != "none":
+    if not stale or chosen or correction.get("name") != "none":
         return raw
     out = json.loads(json.dumps(raw))
     out["algo"]["correction"] = {"name": "token_tis"}

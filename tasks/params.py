@@ -26,11 +26,24 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path} is a directory: give the YAML file in it") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text: give a YAML (or JSON) file") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML: {e}") from None
+        raise ConfigError(f"{path} is not valid YAML: {_where_yaml_fails(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of sections, got {type(data).__name__}")
     return data
+
+
+def _where_yaml_fails(e: yaml.YAMLError) -> str:
+    """The parser's complaint in one line (its own message quotes the text over several)."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None)
+    if mark is None or problem is None:
+        return str(e).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
 
 
 def load_params(

@@ -122,9 +122,11 @@ def pairs_mine(
         "data/pairs/pairs.parquet"
     ),
     prompts: Annotated[
-        int, typer.Option(help="Training problems to sample (at most the training split).")
+        int, typer.Option(help="Training problems to sample (at most the training split).", min=1)
     ] = 800,
-    per_group: Annotated[int, typer.Option(help="Pairs from each mixed group, at most.")] = 4,
+    per_group: Annotated[
+        int, typer.Option(help="Pairs from each mixed group, at most.", min=1)
+    ] = 4,
     seed: Annotated[int, typer.Option(help="Draws the problems, pairs and samples.")] = 0,
 ) -> None:
     """Sample G responses to training problems with the configured policy and sampling, and pair
@@ -251,7 +253,7 @@ def dpo_train(
         ),
     ] = 1,
     prompts: Annotated[
-        int, typer.Option(help="Training problems each later round samples its pairs from.")
+        int, typer.Option(help="Training problems each later round samples its pairs from.", min=1)
     ] = 800,
 ) -> None:
     """Train the configured policy with DPO (offline) against a frozen copy of itself, or

@@ -19,7 +19,7 @@ app.add_typer(server_app, name="server")
 @server_app.command("start")
 @user_errors
 def server_start(
-    port: Annotated[int, typer.Option(help="Port of its API and UI.")] = 4200,
+    port: Annotated[int, typer.Option(help="Port of its API and UI.", min=1, max=65535)] = 4200,
 ) -> None:
     """Start the server in the background (or find it running) and print its UI's address."""
     _orchestration_env()

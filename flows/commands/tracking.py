@@ -26,7 +26,7 @@ from flows.commands.base import (
 @app.command("ui")
 @user_errors
 def ui(
-    port: Annotated[int, typer.Option(help="Port of the UI.")] = 5000,
+    port: Annotated[int, typer.Option(help="Port of the UI.", min=1, max=65535)] = 5000,
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     params: ParamsOpt = None,
     config: ConfigOpt = None,

@@ -143,7 +143,7 @@ def preflight(
     set_: SetOpt = None,
     prompts: Annotated[
         int | None,
-        typer.Option(help="Training prompts to sample (default: train.preflight_prompts)."),
+        typer.Option(help="Training prompts to sample (default: train.preflight_prompts).", min=1),
     ] = None,
     strict: Annotated[
         bool,

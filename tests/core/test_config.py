@@ -118,6 +118,29 @@ def test_missing_file():
         load_params("/nonexistent/params.yaml")
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (b"train: 5\n", r"'train' must be a mapping, got 5$"),
+        (b"train:\n", r"'train' must be a mapping, got None$"),
+        (b"algo: 7\n", r"'algo' must be a mapping, got 7$"),
+        (b"algo:\n  correction: 5\n", r"algo\.correction must be a mapping"),
+        (b"train:\n  steps: [1\n", r"not valid YAML: expected ',' or '\]'.* at line 3, column 1$"),
+        (b"\xff\xfe", r"is not UTF-8 text: give a YAML \(or JSON\) file$"),
+    ],
+    ids=["number section", "empty section", "number algo", "number entry", "bad YAML", "binary"],
+)
+def test_a_malformed_preset_is_one_line_naming_the_file(tmp_path, text, message):
+    """Malformed presets (``-c``) are one line that names the file, never a traceback."""
+    preset = tmp_path / "preset.yaml"
+    preset.write_bytes(text)
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_params(overlays=[preset])
+    assert "preset.yaml" in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_params(overlays=[tmp_path])
+
+
 def test_ladder_is_cumulative_and_ends_at_full_dapo(base):
     names = list(ABLATION_LADDER)
     assert names == [

@@ -112,3 +112,28 @@ def test_a_torn_or_stale_record_means_no_server(tmp_path):
     assert srv.running_server(tmp_path) is None
     assert not srv.stop_server(tmp_path)  # no pid: nothing to stop, the record goes
     assert not (tmp_path / "dapo-server.json").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["server", "start", "--port", "99999"],
+        ["ui", "--port", "0"],
+        ["dpo", "train", "--prompts", "0"],
+        ["preflight", "--prompts", "-3"],
+        ["preflight", "--prompts", "0"],
+        ["pairs", "mine", "--per-group", "0"],
+    ],
+    ids=["server port", "ui port", "dpo prompts", "negative prompts", "no prompts", "no pairs"],
+)
+def test_an_out_of_range_option_is_refused_before_anything_starts(tmp_path, args):
+    """A port outside 1-65535 or a count below 1 is a usage error (exit 2) naming the option,
+    before any server starts or anything is written."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    out = CliRunner().invoke(app, args, env={"PREFECT_HOME": str(tmp_path)})
+    assert out.exit_code == 2, out.output
+    assert f"Invalid value for '{args[-2]}'" in out.output
+    assert srv.running_server(tmp_path) is None and not list(tmp_path.iterdir())

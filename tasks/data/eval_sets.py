@@ -339,16 +339,28 @@ def eval_set_problems(cfg: Config, name_or_path: str) -> tuple[str, list[Problem
     """(name, problems) of a name from ``data.eval_sets`` or a path to a parquet/jsonl file
     (a curated table, else a raw file prepared now); ``synthetic-test``: see splits."""
     if name_or_path in cfg.data.eval_sets:
-        return name_or_path, named_eval_set(name_or_path, cfg.data.eval_sets[name_or_path])
-    path = Path(name_or_path)
-    if path.exists():
-        try:
-            return path.stem, load_problems(path)
-        except ValueError:  # not a curated file (e.g. the DAPO/verl schema): curate it now
-            name = eval_set_name(name_or_path)
-            rows, _ = prepare_eval_set(name, name_or_path)
-            return name, rows_to_problems(rows)
-    known = [SYNTHETIC_TEST, *cfg.data.eval_sets]
-    raise FileNotFoundError(
-        f"unknown eval set {name_or_path!r}: not a file, and not one of {known}"
-    )
+        name = name_or_path
+        problems = named_eval_set(name, cfg.data.eval_sets[name])
+    elif Path(name_or_path).exists():
+        name, problems = _file_problems(Path(name_or_path))
+    else:
+        known = [SYNTHETIC_TEST, *cfg.data.eval_sets]
+        raise FileNotFoundError(
+            f"unknown eval set {name_or_path!r}: not a file, and not one of {known}"
+        )
+    if not problems:  # an evaluation of nothing would report metrics of nothing
+        raise ConfigError(
+            f"eval set {name_or_path!r} holds no problem: give a parquet or jsonl file with a "
+            "problem and its answer on each row"
+        )
+    return name, problems
+
+
+def _file_problems(path: Path) -> tuple[str, list[Problem]]:
+    """A curated table's problems, else a raw file's, curated now (e.g. the DAPO/verl schema)."""
+    try:
+        return path.stem, load_problems(path)
+    except ValueError:  # not a curated file
+        name = eval_set_name(str(path))
+        rows, _ = prepare_eval_set(name, str(path))
+        return name, rows_to_problems(rows)

@@ -209,6 +209,8 @@ class RunDir:
 
     def describe_stop(self, steps: int, resume_hint: str) -> str:
         """Where a stopped run stands and how to continue it."""
+        if not self.used():  # its directory goes with its lock (``_remove_if_only_lock``)
+            return f"stopped before its first step of {steps}: nothing to continue, run it again"
         ckpt = self.latest_checkpoint()
         done = max((row["step"] for row in self.read_metrics()), default=0)
         saved = f"step {checkpoint_step(ckpt)} ({ckpt})" if ckpt else "none yet"
@@ -384,8 +386,23 @@ def _release(key: str) -> None:
         held[1] -= 1
         if held[1] == 0:
             del _held[key]
-            os.ftruncate(held[0], 0)  # nobody holds it now; the kernel drops the flock on close
+            if not _remove_if_only_lock(Path(key)):
+                os.ftruncate(held[0], 0)  # nobody holds it now; the kernel drops the flock on close
             os.close(held[0])
+
+
+def _remove_if_only_lock(path: Path) -> bool:
+    """Remove a run directory that holds nothing but its lock (a run that failed or was stopped
+    before writing anything): no half-made directory is left for a `--resume` that would find
+    nothing. The lock file goes while still held, so no other process can take it meanwhile."""
+    try:
+        if [p.name for p in path.iterdir()] != [LOCK_FILE]:
+            return False
+        (path / LOCK_FILE).unlink()
+        path.rmdir()
+    except OSError:  # gone, or written to meanwhile: leave what is there
+        return False
+    return True
 
 
 def _read_holder(fd: int) -> dict[str, Any]:

@@ -276,3 +276,25 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_a_run_directory_holding_only_its_lock_goes_with_it(tmp_path):
+    """A run that failed or was stopped before writing anything leaves no directory (a
+    `--resume` of it would find nothing to continue, and its stop says to run it again); one
+    that wrote keeps its directory, and only the outermost of nested holds removes."""
+    failed = RunDir(tmp_path / "failed")
+    with pytest.raises(RuntimeError), failed.writer():
+        raise RuntimeError("the model path is wrong")
+    assert not failed.path.exists()
+    assert "nothing to continue, run it again" in failed.describe_stop(5, "unused")
+    nested = RunDir(tmp_path / "nested")
+    with nested.writer():
+        with nested.writer():
+            pass
+        assert nested.lock_file.exists()  # the outer hold still holds it
+    assert not nested.path.exists()
+    wrote = RunDir(tmp_path / "wrote")
+    with wrote.writer():
+        wrote.write_config({"train": {}})
+    assert wrote.config_file.exists() and wrote.lock_file.exists()
+    assert "--resume" in wrote.describe_stop(5, "dapo train --resume wrote")

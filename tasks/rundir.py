@@ -35,14 +35,13 @@ import shutil
 import socket
 import sys
 import threading
-import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dapo_core.errors import PipelineError
-from tasks.durable import fsync_dir, publish_dir, write_synced
+from tasks.durable import check_sealed, fsync_dir, publish_dir, relative, seal_files, write_synced
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +49,6 @@ CHECKPOINT_PREFIX = "step_"
 COMPLETE = "COMPLETE"  # written last into a checkpoint: a directory without it is half-written
 DAMAGED_PREFIX = ".damaged-"  # a checkpoint set aside: never resumed from, never pruned
 LOCK_FILE = ".lock"
-_CHUNK = 16 << 20  # bytes read at a time for a file's checksum
 
 
 class RunDirBusy(PipelineError):
@@ -269,7 +267,7 @@ class RunDir:
         sealed (:func:`seal_files`); the rest are sealed here."""
         staged, final = self.staging_checkpoint(step), self.checkpoints_dir / _ckpt_name(step)
         files = {**(sealed or {})}
-        rest = [p for p in staged.rglob("*") if p.is_file() and _rel(p, staged) not in files]
+        rest = [p for p in staged.rglob("*") if p.is_file() and relative(p, staged) not in files]
         files.update(seal_files(staged, rest))
         write_synced(staged / COMPLETE, json.dumps({"step": step, "files": files}))
         for d in sorted((p for p in staged.rglob("*") if p.is_dir()), reverse=True):
@@ -302,7 +300,16 @@ class RunDir:
         """``{"run_id", "tracking_uri"}`` of the MLflow run an earlier attempt logged to."""
         if not self.mlflow_file.exists():
             return None
-        return json.loads(self.mlflow_file.read_text())
+        try:
+            record = json.loads(self.mlflow_file.read_text())
+        except ValueError:
+            record = None
+        if not isinstance(record, dict) or not {"run_id", "tracking_uri"} <= set(record):
+            raise PipelineError(
+                f"{self.mlflow_file} is damaged: delete it to log the rest of the run to a new "
+                "MLflow run, then resume again"
+            )
+        return record
 
     def untracked(self) -> bool:
         """True when the run's last attempt chose not to log to MLflow (``--no-track``): a
@@ -332,42 +339,12 @@ def _ckpt_name(step: int) -> str:
 # -- durable files -----------------------------------------------------------------------------
 
 
-def seal_files(root: Path, files: Iterable[Path]) -> dict[str, dict[str, int]]:
-    """Flush each file to the disk and record it: ``{path relative to root: {size, crc32}}``.
-    Each rank seals the files it wrote, while they are still in its page cache."""
-    records = {}
-    for path in files:
-        with path.open("rb") as f:
-            crc = _crc32(f)
-            os.fsync(f.fileno())
-        records[_rel(path, root)] = {"size": path.stat().st_size, "crc32": crc}
-    return records
-
-
 def _check_files(ckpt: Path) -> str | None:
-    files = json.loads((ckpt / COMPLETE).read_text()).get("files")
-    for name, want in (files or {}).items():
-        path = ckpt / name
-        if not path.is_file():
-            return f"{name} is missing"
-        size = path.stat().st_size
-        if size != want["size"]:
-            return f"{name} has {size} bytes, {want['size']} were written"
-        with path.open("rb") as f:
-            if _crc32(f) != want["crc32"]:
-                return f"{name} does not match its checksum"
-    return None
-
-
-def _crc32(f) -> int:
-    crc = 0
-    while chunk := f.read(_CHUNK):
-        crc = zlib.crc32(chunk, crc)
-    return crc
-
-
-def _rel(path: Path, root: Path) -> str:
-    return path.relative_to(root).as_posix()
+    try:
+        files = json.loads((ckpt / COMPLETE).read_text()).get("files")
+    except (ValueError, AttributeError):  # its record is torn or is not one: nothing to trust
+        return f"its {COMPLETE} record is not readable"
+    return check_sealed(ckpt, files or {})
 
 
 def _publish(staged: Path, final: Path) -> None:

@@ -29,7 +29,8 @@ from safetensors.torch import load_file, save_file
 
 from dapo_core.errors import PipelineError
 from dapo_core.sampling import BatchStats
-from tasks.rundir import RunDir, checkpoint_step, seal_files
+from tasks.durable import seal_files
+from tasks.rundir import RunDir, checkpoint_step
 from tasks.training.batches import Group
 from tasks.training.distributed import all_gather_objects, barrier
 from tasks.training.records import RolloutLog

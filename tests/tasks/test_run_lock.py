@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 from dapo_core.config_loader import resolve
 from dapo_core.errors import PipelineError
 from flows.cli import app
-from tasks.rundir import COMPLETE, RunDir, RunDirBusy, seal_files
+from tasks.durable import seal_files
+from tasks.rundir import COMPLETE, RunDir, RunDirBusy
 from tasks.training import checkpoint
 from tasks.training.batches import Group
 from tasks.training.run import run_training
@@ -298,3 +299,33 @@ def test_a_run_directory_holding_only_its_lock_goes_with_it(tmp_path):
         wrote.write_config({"train": {}})
     assert wrote.config_file.exists() and wrote.lock_file.exists()
     assert "--resume" in wrote.describe_stop(5, "dapo train --resume wrote")
+
+
+@pytest.mark.parametrize(
+    "record", [b'{"step": 2, "fi', b"[2]", b"\xff"], ids=["torn", "list", "binary"]
+)
+def test_a_checkpoint_whose_record_is_unreadable_is_passed_over(tmp_path, caplog, record):
+    """A COMPLETE record that is torn or not a record is damage, like a file not matching it:
+    the resume takes the checkpoint before, with a warning, instead of failing."""
+    rd = RunDir(tmp_path / "run")
+    for step in (1, 2):
+        ckpt = rd.checkpoints_dir / f"step_{step:06d}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "trainer.pt").write_bytes(b"state")
+        seal = {"step": step, "files": seal_files(ckpt, [ckpt / "trainer.pt"])}
+        (ckpt / COMPLETE).write_text(json.dumps(seal))
+    (ckpt / COMPLETE).write_bytes(record)
+    with caplog.at_level(logging.WARNING, logger="tasks.rundir"):
+        start = rd.resume_point()
+    assert start.step == 1 and start.damaged == (ckpt,)
+    assert any("COMPLETE record is not readable" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("text", ['{"run_id": "ab', "{}", "[]"], ids=["torn", "empty", "list"])
+def test_a_damaged_mlflow_record_is_one_line_that_says_what_to_do(tmp_path, text):
+    rd = RunDir(tmp_path / "run")
+    rd.path.mkdir()
+    rd.mlflow_file.write_text(text)
+    with pytest.raises(PipelineError, match=r"mlflow_run\.json is damaged: delete it") as caught:
+        rd.mlflow_run()
+    assert "\n" not in str(caught.value)

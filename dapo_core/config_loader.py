@@ -9,9 +9,11 @@ caller's job (``tasks/params.py``): this module only validates nested mappings.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import json
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -274,14 +276,15 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
             return value
         raise bad
     if hint is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads `1e-6` (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                raise bad from None
-        raise bad
+            number = float(value)
+        elif isinstance(value, str):  # YAML 1.1 reads `1e-6` (no dot) as a string
+            with contextlib.suppress(ValueError):
+                number = float(value)
+        if number is None or not math.isfinite(number):  # 1e400 reads as inf; nan compares false
+            raise bad
+        return number
     if hint is str:
         if isinstance(value, str):
             return value

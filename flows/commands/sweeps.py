@@ -50,7 +50,7 @@ def pipeline(
     run_name: RunNameOpt = None,
     eval_set: EvalSetOpt = None,
     max_steps: Annotated[
-        int | None, typer.Option(help="Train at most this many more steps in this run.")
+        int | None, typer.Option(help="Train at most this many more steps in this run.", min=1)
     ] = None,
     curate: CurateOpt = True,
 ) -> None:

@@ -370,3 +370,10 @@ def test_ppo_preset():
     from tasks.tracking.provenance import variant_of
 
     assert variant_of(apply_variant(cfg, "ppo")) == "ppo"
+
+
+@pytest.mark.parametrize("value", ["1e400", "-1e400", "nan", ".inf"])
+def test_a_float_that_is_not_finite_is_refused(base, value):
+    """1e400 reads as infinity and would train with an infinite learning rate."""
+    with pytest.raises(ConfigError, match=r"'train\.lr' must be float, got"):
+        resolve(base, overrides=[f"train.lr={value}"])

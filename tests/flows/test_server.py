@@ -123,8 +123,9 @@ def test_a_torn_or_stale_record_means_no_server(tmp_path):
         ["preflight", "--prompts", "-3"],
         ["preflight", "--prompts", "0"],
         ["pairs", "mine", "--per-group", "0"],
+        ["pipeline", "--max-steps", "-1"],
     ],
-    ids=["server port", "ui port", "dpo prompts", "negative prompts", "no prompts", "no pairs"],
+    ids=lambda args: " ".join(args),
 )
 def test_an_out_of_range_option_is_refused_before_anything_starts(tmp_path, args):
     """A port outside 1-65535 or a count below 1 is a usage error (exit 2) naming the option,

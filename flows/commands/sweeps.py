@@ -58,7 +58,10 @@ def pipeline(
     _orchestration_env()
     from flows.pipeline import pipeline_flow
 
-    _load(params, config, set_, variant)  # a config error is reported before Prefect starts
+    cfg = _load(params, config, set_, variant)  # a config error is reported before Prefect starts
+    from tasks.data.eval_sets import check_eval_set
+
+    check_eval_set(cfg, eval_set)  # and an unknown eval set before training
     with _server():
         out = pipeline_flow(
             **_flow_args(params, config, set_),
@@ -132,6 +135,9 @@ def ablate(
     cfg = _load(params, config, base)
     for name in names:  # each variant's config, checked before anything starts
         apply_variant(cfg, name, tuned[name])
+    from tasks.data.eval_sets import check_eval_set
+
+    check_eval_set(cfg, eval_set)
     args = {
         **_flow_args(params, config, set_),
         "variants": names,
@@ -202,6 +208,9 @@ def compare(
     cfg = _load(params, config, base)
     for s in seed_list or [cfg.train.seed]:  # every method's config, checked before anything
         method_configs(cfg, tuned, s)
+    from tasks.data.eval_sets import check_eval_set
+
+    check_eval_set(cfg, eval_set)
     with _server():
         table = compare_flow(
             **_flow_args(params, config, set_),

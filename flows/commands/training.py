@@ -196,6 +196,8 @@ def evaluate(
     from rich.table import Table
 
     cfg = _load(params, config, set_)
+    if out is not None and out.exists() and not out.is_dir():  # refused now, not after the work
+        raise FileExistsError(f"--out {out} is a file: give a directory for the results")
     with _server(direct=True):
         args = _flow_args(params, config, set_)
         result = run_stage("evaluate", **args, model=model, eval_set=eval_set, track=track)

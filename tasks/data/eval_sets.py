@@ -338,22 +338,28 @@ def named_eval_set(name: str, spec: str) -> list[Problem]:
 def eval_set_problems(cfg: Config, name_or_path: str) -> tuple[str, list[Problem]]:
     """(name, problems) of a name from ``data.eval_sets`` or a path to a parquet/jsonl file
     (a curated table, else a raw file prepared now); ``synthetic-test``: see splits."""
+    check_eval_set(cfg, name_or_path)
     if name_or_path in cfg.data.eval_sets:
         name = name_or_path
         problems = named_eval_set(name, cfg.data.eval_sets[name])
-    elif Path(name_or_path).exists():
-        name, problems = _file_problems(Path(name_or_path))
     else:
-        known = [SYNTHETIC_TEST, *cfg.data.eval_sets]
-        raise FileNotFoundError(
-            f"unknown eval set {name_or_path!r}: not a file, and not one of {known}"
-        )
+        name, problems = _file_problems(Path(name_or_path))
     if not problems:  # an evaluation of nothing would report metrics of nothing
         raise ConfigError(
             f"eval set {name_or_path!r} holds no problem: give a parquet or jsonl file with a "
             "problem and its answer on each row"
         )
     return name, problems
+
+
+def check_eval_set(cfg: Config, name_or_path: str | None) -> None:
+    """Refuse an eval set (default ``eval.eval_set``) that is neither a name the config knows
+    nor a file: a command checks it before it trains, not after."""
+    name = name_or_path or cfg.eval.eval_set
+    if name == SYNTHETIC_TEST or name in cfg.data.eval_sets or Path(name).exists():
+        return
+    known = [SYNTHETIC_TEST, *cfg.data.eval_sets]
+    raise FileNotFoundError(f"unknown eval set {name!r}: not a file, and not one of {known}")
 
 
 def _file_problems(path: Path) -> tuple[str, list[Problem]]:

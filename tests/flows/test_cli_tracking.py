@@ -167,3 +167,35 @@ def test_help_lists_each_command_in_whole_sentences():
         assert out.exit_code == 0, out.output
         rows = [re.sub(r"^[│ ]*|[│ ]*$", "", row) for row in out.output.splitlines()]
         assert any(phrase in row for row in rows), out.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["pipeline", "--no-curate", "--eval-set", "bogus"],
+        ["ablate", "--no-curate", "--variants", "grpo", "--eval-set", "bogus"],
+        ["compare", "--no-curate", "--eval-set", "bogus"],
+        ["evaluate", "--out", "FILE"],
+    ],
+    ids=["pipeline", "ablate", "compare", "evaluate into a file"],
+)
+def test_a_bad_eval_set_or_output_is_refused_before_any_work(
+    flows_env, flow_params, tmp_path, args
+):
+    """An unknown eval set, or a file where the results' directory goes, is one line before
+    anything trains, evaluates or opens an MLflow run (it used to come after the training)."""
+    client = MlflowClient(flows_env)
+
+    def runs() -> int:
+        experiments = [e.experiment_id for e in client.search_experiments()]
+        return len(client.search_runs(experiments)) if experiments else 0
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    args = [str(afile) if a == "FILE" else a for a in args]
+    before = runs()
+    out = CliRunner().invoke(app, [*args, "--params", flow_params])
+    assert out.exit_code == 2, out.output
+    assert "unknown eval set 'bogus'" in out.output or "is a file" in out.output
+    assert "Traceback" not in out.output and sorted(tmp_path.iterdir()) == [afile]
+    assert runs() == before

@@ -53,6 +53,7 @@ def schedule_specs(
 ) -> list[ScheduleSpec]:
     """The deployments to register; an empty cron leaves that one out."""
     common = {"params": params, "config": config or [], "overrides": overrides or []}
+    _check_timezone(timezone)
     specs = []
     if train_cron:
         _check_cron(train_cron, "--train-cron")
@@ -109,6 +110,18 @@ def _check_cron(expr: str, option: str) -> None:
     except ValueError:
         raise ConfigError(
             f"{option} {expr!r} is not a cron expression (e.g. '0 2 * * *')"
+        ) from None
+
+
+def _check_timezone(name: str) -> None:
+    """An IANA time zone (Prefect would take any name and fail when the schedule first fires)."""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ConfigError(
+            f"--timezone {name!r} is not a time zone (e.g. 'UTC', 'Europe/Paris')"
         ) from None
 
 

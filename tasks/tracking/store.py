@@ -89,7 +89,13 @@ def read_run(run_id: str, uri: str | None = None) -> dict[str, Any]:
     from mlflow import MlflowClient
 
     uri = uri or tracking_uri()
-    client = MlflowClient(tracking_uri=uri)
+    try:
+        client = MlflowClient(tracking_uri=uri)
+    except MlflowException:  # a scheme MLflow has no store for
+        raise LookupError(
+            f"MLflow cannot open a tracking store at {uri!r} (its schemes: a path, file:, "
+            "sqlite:, http(s):, postgresql:, mysql:)"
+        ) from None
     try:
         run = client.get_run(run_id)
     except MlflowException as e:

@@ -28,6 +28,9 @@ def test_default_schedules_nightly_train_and_weekly_ablate():
     build_deployments([promoting])  # the train flow takes the parameter
     with pytest.raises(ConfigError, match="not a cron expression"):
         schedule_specs(train_cron="every night")
+    for zone in ("Mars/Olympus", "../etc/passwd", ""):  # Prefect itself takes any name
+        with pytest.raises(ConfigError, match="is not a time zone"):
+            schedule_specs(timezone=zone)
 
 
 def test_deployments_carry_the_cron_and_a_module_entrypoint():

@@ -565,3 +565,12 @@ def test_a_run_s_data_source_names_the_generator_or_the_dvc_tracked_file(tiny_cf
     )
     tracked = provenance.data_source(cfg)
     assert tracked["path"] == str(data) and tracked["dvc.md5"] == "0123456789abcdef0123456789abcdef"
+
+
+def test_a_store_mlflow_cannot_open_is_a_lookup_error_naming_it():
+    """`dapo reproduce RUN --tracking-uri bogus://x` says what MLflow opens, not a traceback
+    from its registry (LookupError is what the command turns into one line)."""
+    from tasks.tracking.store import read_run
+
+    with pytest.raises(LookupError, match=r"cannot open a tracking store at 'bogus://x'"):
+        read_run("deadbeef", "bogus://x")

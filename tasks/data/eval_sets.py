@@ -21,6 +21,7 @@ The name ``synthetic-test`` (the embedded task's held-out split) is resolved by
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -51,6 +52,8 @@ from tasks.data.tables import (
     write_parquet,
 )
 from tasks.params import repo_path
+
+log = logging.getLogger(__name__)
 
 EVAL_DIR = "data/eval"
 MANIFEST = "manifest.json"
@@ -368,5 +371,14 @@ def _file_problems(path: Path) -> tuple[str, list[Problem]]:
         return path.stem, load_problems(path)
     except ValueError:  # not a curated file
         name = eval_set_name(str(path))
-        rows, _ = prepare_eval_set(name, str(path))
+        rows, entry = prepare_eval_set(name, str(path))
+        if entry["dropped"]:  # an unreadable row is a problem the evaluation silently lacks
+            counts = ", ".join(f"{n} {reason}" for reason, n in entry["dropped"].items())
+            log.warning(
+                "eval set %s: %d of %d rows left out (%s)",
+                path,
+                entry["input_rows"] - len(rows),
+                entry["input_rows"],
+                counts,
+            )
         return name, rows_to_problems(rows)

@@ -254,3 +254,21 @@ def test_math_500_is_judged_as_published(tiny_cfg):
         r = summarize(problems, texts, [1] * 500, [True] * 500, cfg)
         assert r.metrics["eval/avg_at_k"] == 1.0, answer_format
         assert r.metrics["eval/num_problems"] == 500.0
+
+
+def test_rows_an_eval_set_file_leaves_out_are_counted_in_a_warning(tiny_cfg, tmp_path, caplog):
+    """A raw eval-set file's unreadable rows are left out, and said so: an evaluation quietly
+    smaller than its file would be misread."""
+    import logging
+
+    from tasks.data.splits import eval_problems
+
+    path = tmp_path / "set.jsonl"
+    path.write_text(
+        '{"problem": "What is 2+2?", "answer": "4"}\n{"problem": "torn\n{"problem": "3+3?"}\n'
+    )
+    with caplog.at_level(logging.WARNING, logger="tasks.data.eval_sets"):
+        _, problems = eval_problems(tiny_cfg, str(path))
+    assert [p.answer for p in problems] == ["4"]
+    (warned,) = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert "2 of 3 rows left out" in warned and "invalid_json" in warned

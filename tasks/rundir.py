@@ -324,7 +324,9 @@ class RunDir:
 
     def record_mlflow_run(self, run_id: str, uri: str) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        self.mlflow_file.write_text(json.dumps({"run_id": run_id, "tracking_uri": uri}))
+        tmp = self.mlflow_file.with_name(self.mlflow_file.name + ".tmp")  # never torn by a kill
+        tmp.write_text(json.dumps({"run_id": run_id, "tracking_uri": uri}))
+        os.replace(tmp, self.mlflow_file)
 
 
 def checkpoint_step(path: Path) -> int:

@@ -111,6 +111,13 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _check_eval_set(cfg, eval_set: str | None) -> None:
+    """An eval set that is neither a known name nor a file is refused before anything runs."""
+    from tasks.data.eval_sets import check_eval_set
+
+    check_eval_set(cfg, eval_set)
+
+
 def _load(
     params: Path | None,
     config: list[Path] | None,

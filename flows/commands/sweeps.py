@@ -26,6 +26,7 @@ from flows.commands.base import (
     ParamsOpt,
     RunNameOpt,
     SetOpt,
+    _check_eval_set,
     _flow_args,
     _load,
     _orchestration_env,
@@ -59,9 +60,7 @@ def pipeline(
     from flows.pipeline import pipeline_flow
 
     cfg = _load(params, config, set_, variant)  # a config error is reported before Prefect starts
-    from tasks.data.eval_sets import check_eval_set
-
-    check_eval_set(cfg, eval_set)  # and an unknown eval set before training
+    _check_eval_set(cfg, eval_set)  # and an unknown eval set before training
     with _server():
         out = pipeline_flow(
             **_flow_args(params, config, set_),
@@ -135,9 +134,7 @@ def ablate(
     cfg = _load(params, config, base)
     for name in names:  # each variant's config, checked before anything starts
         apply_variant(cfg, name, tuned[name])
-    from tasks.data.eval_sets import check_eval_set
-
-    check_eval_set(cfg, eval_set)
+    _check_eval_set(cfg, eval_set)
     args = {
         **_flow_args(params, config, set_),
         "variants": names,
@@ -208,9 +205,7 @@ def compare(
     cfg = _load(params, config, base)
     for s in seed_list or [cfg.train.seed]:  # every method's config, checked before anything
         method_configs(cfg, tuned, s)
-    from tasks.data.eval_sets import check_eval_set
-
-    check_eval_set(cfg, eval_set)
+    _check_eval_set(cfg, eval_set)
     with _server():
         table = compare_flow(
             **_flow_args(params, config, set_),

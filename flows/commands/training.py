@@ -15,6 +15,7 @@ from flows.commands.base import (
     ConfigOpt,
     ParamsOpt,
     SetOpt,
+    _check_eval_set,
     _flow_args,
     _load,
     _orchestration_env,
@@ -196,6 +197,7 @@ def evaluate(
     from rich.table import Table
 
     cfg = _load(params, config, set_)
+    _check_eval_set(cfg, eval_set)
     if out is not None and out.exists() and not out.is_dir():  # refused now, not after the work
         raise FileExistsError(f"--out {out} is a file: give a directory for the results")
     with _server(direct=True):

@@ -175,9 +175,10 @@ def test_help_lists_each_command_in_whole_sentences():
         ["pipeline", "--no-curate", "--eval-set", "bogus"],
         ["ablate", "--no-curate", "--variants", "grpo", "--eval-set", "bogus"],
         ["compare", "--no-curate", "--eval-set", "bogus"],
+        ["evaluate", "--eval-set", "bogus"],
         ["evaluate", "--out", "FILE"],
     ],
-    ids=["pipeline", "ablate", "compare", "evaluate into a file"],
+    ids=["pipeline", "ablate", "compare", "evaluate", "evaluate into a file"],
 )
 def test_a_bad_eval_set_or_output_is_refused_before_any_work(
     flows_env, flow_params, tmp_path, args

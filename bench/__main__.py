@@ -32,6 +32,8 @@ import importlib.util
 
 import torch
 
+import bench
+
 # Section -> arguments for --quick (the defaults give the figures quoted in docs/benchmarks.md).
 QUICK_ARGS = {
     "reward": ["--n", "1000", "--repeats", "3"],
@@ -65,4 +67,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    bench.run(main)

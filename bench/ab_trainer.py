@@ -23,6 +23,8 @@ import sys
 
 import torch
 
+import bench
+
 
 def run(out: str, variant: str, *extra: str) -> None:
     from dapo_core.ablation import apply_variant
@@ -62,4 +64,4 @@ def compare(old_path: str, new_path: str) -> None:
 
 
 if __name__ == "__main__":
-    {"run": run, "compare": compare}[sys.argv[1]](*sys.argv[2:])
+    bench.run(lambda: {"run": run, "compare": compare}[sys.argv[1]](*sys.argv[2:]))

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
+import bench
+
 
 def _sign(x: float) -> str:
     return "+" if x > 0 else "-" if x < 0 else "0"
@@ -75,4 +77,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    bench.run(main)

@@ -31,6 +31,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+import bench
 from dapo_core import metric_names as metric
 from tasks.params import load_params
 
@@ -146,4 +147,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    bench.run(main)

@@ -10,6 +10,7 @@ two seeds at once (one thread each).
 
 from __future__ import annotations
 
+import bench
 from tasks.determinism import pin_kernels
 
 pin_kernels()  # as the dapo command does, before torch is imported (here and in the workers)
@@ -69,7 +70,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
+    bench.run(main)

@@ -4,6 +4,7 @@ synthetic prompts, and the random-init embedded model they run on."""
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import torch
@@ -38,6 +39,25 @@ def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
     return int(text)
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number above 0 (a rate, a width, a length in seconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
+def top_p(text: str) -> float:
+    """An argparse type: a nucleus mass in (0, 1]."""
+    value = positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"top-p {text} is above 1: give a value in (0, 1]")
+    return value
 
 
 def parser(doc: str) -> argparse.ArgumentParser:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+import bench
 from bench.common import positive_int
 from tasks.data.splits import splits
 from tasks.models.loading import chat_prompt, load_policy
@@ -106,4 +107,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    bench.run(main)

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import bench
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = """
 import json, sys
@@ -155,4 +157,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    bench.run(main)

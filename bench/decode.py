@@ -38,6 +38,8 @@ from pathlib import Path
 
 import torch
 
+import bench
+from bench import common
 from bench.common import positive_int, sync
 from bench.mfu import SHAPES, build_model
 from tasks.rollout import sampling
@@ -330,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--profile", nargs="*", choices=list(VARIANTS), default=[])
     ap.add_argument("--out", default=None, help="folder for the profiles' traces")
     ap.add_argument(
-        "--top-p", nargs="*", type=float, default=[0.7], help="samplers timed at these too"
+        "--top-p", nargs="*", type=common.top_p, default=[0.7], help="samplers timed at these too"
     )
     ap.add_argument(
         "--first-calls",
@@ -408,4 +410,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    bench.run(main)

@@ -26,6 +26,7 @@ import math
 
 import torch
 
+import bench
 from bench import common
 from tasks.data.splits import splits
 from tasks.models.loading import load_policy
@@ -90,4 +91,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    bench.run(main)

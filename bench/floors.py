@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 
+import bench
 from bench import common
 from bench.mfu import SHAPES, analytic_flops, model_config
 
@@ -74,9 +75,10 @@ def main(argv: list[str] | None = None) -> None:
         "--shapes", nargs="+", type=common.shape, default=[(8, 8, 512), (8, 8, 2048), (1, 16, 8192)]
     )
     ap.add_argument("--prompt", type=common.positive_int, default=128, help="prompt tokens")
-    ap.add_argument("--bandwidth", type=float, default=3.35, help="memory TB/s (H100 SXM)")
-    ap.add_argument("--peak-tflops", type=float, default=989.4, help="dense bf16 (H100 SXM)")
-    ap.add_argument("--mfu", type=float, default=0.405, help="the update's measured MFU")
+    number = common.positive_float
+    ap.add_argument("--bandwidth", type=number, default=3.35, help="memory TB/s (H100 SXM)")
+    ap.add_argument("--peak-tflops", type=number, default=989.4, help="dense bf16 (H100 SXM)")
+    ap.add_argument("--mfu", type=number, default=0.405, help="the update's measured MFU")
     a = ap.parse_args(argv)
     print(
         f"floors: {a.model}, prompt {a.prompt}, bf16; memory {a.bandwidth} TB/s, "
@@ -97,4 +99,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    bench.run(main)

@@ -19,6 +19,8 @@ import gzip
 import json
 from dataclasses import dataclass, field
 
+import bench
+
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
@@ -107,4 +109,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    bench.run(main)

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import torch
 
+import bench
 from bench import common
 from bench.mfu import SHAPES, build_model
 from tasks.models.loading import chat_prompt, load_policy
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
         "--model", choices=["tiny", *(k for k in SHAPES if k != "tiny")], default="tiny"
     )
     ap.add_argument(
-        "--top-p", type=float, default=1.0, help="nucleus sampling (evaluation uses 0.7)"
+        "--top-p", type=common.top_p, default=1.0, help="nucleus sampling (evaluation uses 0.7)"
     )
     ap.add_argument(
         "--sides",
@@ -228,4 +229,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    bench.run(main)

@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import bench
+
 ROOT = Path(__file__).resolve().parents[1]
 PHASE_TIMEOUT_S = 180.0
 EXIT_TIMEOUT_S = 60.0
@@ -307,4 +309,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    bench.run(main)

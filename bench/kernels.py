@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import bench
 from tasks.determinism import PORTABLE_KERNELS, SWITCH
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,4 +92,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    bench.run(main)

@@ -35,6 +35,8 @@ from pathlib import Path
 
 import pandas as pd
 
+import bench
+
 ROOT = Path(__file__).resolve().parents[1]
 CHAIN = ROOT / "configs" / "chain.yaml"
 RESULTS = ROOT / "docs" / "results.md"  # the published tables
@@ -191,4 +193,4 @@ if __name__ == "__main__":
     from tasks.determinism import pin_kernels
 
     pin_kernels()  # the reference run runs in this process, as `dapo` would run it
-    main()
+    bench.run(main)

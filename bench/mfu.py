@@ -53,8 +53,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
+import bench
 import tasks.training.forward
-from bench.common import positive_int, sync
+from bench.common import positive_float, positive_int, sync
 from dapo_core.ablation import apply_variant
 from dapo_core.problem import Problem
 from tasks.params import load_params
@@ -355,7 +356,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompt-len", type=positive_int, default=128 if cuda else 16)
     ap.add_argument("--micro-batch-tokens", type=positive_int, default=16384 if cuda else 4096)
     ap.add_argument("--steps", type=positive_int, default=5)
-    ap.add_argument("--peak-tflops", type=float, default=None, help="overrides the table")
+    ap.add_argument("--peak-tflops", type=positive_float, default=None, help="overrides the table")
     ap.add_argument(
         "--weights",
         choices=["bfloat16", "float32"],
@@ -453,4 +454,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    bench.run(main)

@@ -22,7 +22,8 @@ import statistics
 
 import numpy as np
 
-from bench.common import positive_int, shape
+import bench
+from bench.common import positive_float, positive_int, shape
 from tasks.training.batches import fed_tokens, micro_batches, padding_fraction
 
 PACKINGS = ("group", "length", "best")
@@ -75,8 +76,8 @@ def main(argv: list[str] | None = None) -> None:
         default=[_case(f"{s}@{b}") for s, b in DEFAULT_CASES],
         help="PxGxL@budget, e.g. 8x8x1024@16384",
     )
-    ap.add_argument("--median", type=float, default=0.3, help="median length / L")
-    ap.add_argument("--sigma", type=float, default=0.7, help="log-normal sigma of lengths")
+    ap.add_argument("--median", type=positive_float, default=0.3, help="median length / L")
+    ap.add_argument("--sigma", type=positive_float, default=0.7, help="log-normal sigma of lengths")
     ap.add_argument("--prompt-len", type=positive_int, nargs=2, default=[60, 200])
     ap.add_argument("--trials", type=positive_int, default=20)
     ap.add_argument("--seed", type=int, default=0)
@@ -94,4 +95,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    bench.run(main)

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+import bench
 from bench import common
 from dapo_core import metric_names as metric
 from tasks.models.loading import load_policy
@@ -264,4 +265,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    bench.run(main)

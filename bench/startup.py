@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import bench
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {
     "DO_NOT_TRACK": "true",
@@ -154,4 +156,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    bench.run(main)

@@ -22,6 +22,7 @@ import time
 
 import torch
 
+import bench
 from bench import common
 from dapo_core.algos import TokenBatch, aggregate
 from tasks.data.splits import splits
@@ -114,4 +115,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    bench.run(main)

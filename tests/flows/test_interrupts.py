@@ -143,6 +143,30 @@ def test_a_signal_while_the_command_imports_ends_it_at_once(tmp_path, delay_s):
     assert not run.exists() and not (tmp_path / "prefect").exists()
 
 
+def test_a_benchmark_interrupted_while_it_imports_ends_with_one_line():
+    """``python -m bench.NAME`` spends seconds importing torch and transformers before its main
+    runs; Ctrl-C then printed a traceback from inside transformers."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.generation"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        text=True,
+    )
+    assert _wait_for_handler(proc.pid, signal.SIGTERM), "the benchmark never handled SIGTERM"
+    time.sleep(0.2)  # inside the imports (they take seconds)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err[-2000:]
+    assert err.startswith("interrupted:") and err.count("\n") == 1 and not out, err[-2000:]
+
+
 HUNG_CLEAN_UP = """
 import signal, subprocess, sys, time
 from tasks import signals

@@ -62,6 +62,52 @@ def test_bench_shapes_parse_and_bad_ones_are_usage_errors(capsys):
         assert e.value.code == 2 and "is not PxGxL" in capsys.readouterr().err
 
 
+def test_bench_numbers_out_of_range_are_usage_errors(capsys):
+    """--top-p 1.5 used to run, and time a sampler no run would ever use."""
+    from bench import common
+
+    ap = common.parser("a bench\n")
+    ap.add_argument("--top-p", type=common.top_p, default=1.0)
+    ap.add_argument("--rate", type=common.positive_float, default=1.0)
+    assert ap.parse_args(["--top-p", "0.7", "--rate", "3.35"]).top_p == 0.7
+    assert ap.parse_args(["--top-p", "1"]).top_p == 1.0
+    for option, bad in [("--top-p", "1.5"), ("--top-p", "0"), ("--rate", "-1"), ("--rate", "nan")]:
+        with pytest.raises(SystemExit) as e:
+            ap.parse_args([option, bad])
+        assert e.value.code == 2 and bad in capsys.readouterr().err
+
+
+def test_a_benchmark_interrupted_exits_130_with_one_line(capsys):
+    import bench
+
+    def interrupted() -> None:
+        print("figure 1: 3.0 ms")
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as e:
+        bench.run(interrupted)
+    out = capsys.readouterr()
+    assert e.value.code == 130 and out.out == "figure 1: 3.0 ms\n"  # what was measured stands
+    assert out.err.startswith("interrupted:") and out.err.count("\n") == 1
+    for returned, code in [(None, 0), (0, 0), (1, 1)]:  # a benchmark's own verdict passes through
+        with pytest.raises(SystemExit) as e:
+            bench.run(lambda returned=returned: returned)
+        assert e.value.code == code
+
+
+def test_every_benchmark_entry_point_goes_through_bench_run():
+    """A module run as ``python -m bench.NAME`` ends a Ctrl-C without a traceback."""
+    import ast
+    from pathlib import Path
+
+    import bench
+
+    for path in sorted(Path(bench.__file__).parent.glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+                assert "bench.run(" in ast.unparse(node), path.name
+
+
 def test_ladder_check_reads_the_results_tables_and_judges_by_their_ci(capsys):
     """bench.ladder_check finds the whole chain ladder of docs/results.md and its algorithm
     table, and counts a published value outside the sweep's CI as a miss."""

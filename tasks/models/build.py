@@ -5,9 +5,9 @@ init, supervised warm start), a format warm start of any model, and a packaged o
 converted to an ordinary directory. Several processes may ask for the same one at once (two
 workers of a sweep, a sweep and a ``dapo train``), and a build may be interrupted. So:
 
-- one builder at a time: an advisory lock (``flock``) on ``.<name>.lock`` beside the directory;
-  the others wait, then reuse what it built. The kernel drops the lock when its holder dies, so a
-  killed builder never blocks the next one;
+- one builder at a time: an advisory lock (``flock``) on ``.<name>.lock`` beside the directory,
+  removed by its holder as it lets go; the others wait, then reuse what it built. The kernel drops
+  the lock when its holder dies, so a killed builder never blocks the next one;
 - a build is written into a private staging directory and published by a rename, with its build
   record, only when complete: nobody ever loads a half-built model;
 - the record (``dapo_build.json``) holds everything the build depends on, including a digest of
@@ -118,17 +118,11 @@ def ensure_built(out: Path, spec: dict[str, Any], build: Callable[[Path], Any], 
 
 @contextlib.contextmanager
 def build_lock(out: Path, what: str) -> Iterator[None]:
-    """Hold the build lock of ``out``; say who holds it while waiting for it."""
+    """Hold the build lock of ``out``; say who holds it while waiting for it. The holder removes
+    the lock file as it lets go, so a failed build leaves no stray file beside the models."""
     out.parent.mkdir(parents=True, exist_ok=True)
     lock = out.with_name(f".{out.name}.lock")
-    with lock.open("a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
-            log.warning("%s: waiting for %s, which is building %s", what, holder, out)
-            fcntl.flock(f, fcntl.LOCK_EX)
+    with _locked(lock, what, out) as f:
         f.seek(0)
         f.truncate()
         f.write(f"pid {os.getpid()}")
@@ -136,6 +130,33 @@ def build_lock(out: Path, what: str) -> Iterator[None]:
         try:
             yield
         finally:
+            lock.unlink(missing_ok=True)  # still held: a waiter re-opens what is there next
+
+
+@contextlib.contextmanager
+def _locked(lock: Path, what: str, out: Path) -> Iterator[Any]:
+    """``lock`` opened and flock-ed. A lock file its holder removed while this process waited on
+    it locks nothing any more, so the wait ends with a check that the file held is the one at
+    ``lock``, and starts again on the new one if not."""
+    while True:
+        with lock.open("a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "another process"
+                log.warning("%s: waiting for %s, which is building %s", what, holder, out)
+                fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                current = os.stat(lock).st_ino
+            except FileNotFoundError:
+                current = None
+            if current == os.fstat(f.fileno()).st_ino:
+                try:
+                    yield f
+                finally:
+                    fcntl.flock(f, fcntl.LOCK_UN)
+                return
             fcntl.flock(f, fcntl.LOCK_UN)
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import fcntl
 import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -63,7 +65,7 @@ def test_two_processes_build_once_and_both_get_the_build(tmp_path):
     assert [p.exitcode for p in procs] == [0, 0]
     assert len(counter.read_text().split()) == 1  # one builder; the other waited and reused it
     assert is_built(out, {"v": 1}) and (out / "weights").read_text() == "w"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".model.lock", "builds.txt", "model"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["builds.txt", "model"]  # no lock file
 
 
 def test_a_failed_build_leaves_nothing_and_the_old_build_stays(tmp_path):
@@ -78,7 +80,36 @@ def test_a_failed_build_leaves_nothing_and_the_old_build_stays(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         ensure_built(out, {"v": 2}, broken, "test model")
     assert is_built(out, {"v": 1})  # the complete build is untouched
-    assert not list(tmp_path.glob(".model.build-*"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["builds.txt", "model"]
+
+
+def test_a_waiter_whose_lock_file_was_removed_waits_on_the_new_one(tmp_path):
+    """The holder removes the lock file as it lets go; a process that was waiting on the removed
+    file must not take it for the lock while a newcomer holds the file now at its path."""
+    out = tmp_path / "model"
+    lock = tmp_path / ".model.lock"
+    first = lock.open("a+")
+    fcntl.flock(first, fcntl.LOCK_EX)
+    entered = threading.Event()
+
+    def waiter() -> None:
+        with build.build_lock(out, "test model"):
+            entered.set()
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    time.sleep(0.5)  # the waiter is blocked on the first file
+    lock.unlink()
+    second = lock.open("a+")  # a newcomer takes the file now at the path
+    fcntl.flock(second, fcntl.LOCK_EX)
+    fcntl.flock(first, fcntl.LOCK_UN)
+    first.close()
+    assert not entered.wait(1.0)  # it woke on the removed file and now waits on the new one
+    fcntl.flock(second, fcntl.LOCK_UN)
+    second.close()
+    assert entered.wait(10)
+    thread.join(10)
+    assert not lock.exists()
 
 
 def test_a_killed_builder_neither_blocks_nor_leaves_its_staging(tmp_path, caplog):

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from dapo_core.config import ConfigError
+from dapo_core.errors import TrainingInterrupted
 from flows.commands.base import (
     VARIANTS_HELP,
     ConfigOpt,
@@ -202,7 +203,10 @@ def evaluate(
         raise FileExistsError(f"--out {out} is a file: give a directory for the results")
     with _server(direct=True):
         args = _flow_args(params, config, set_)
-        result = run_stage("evaluate", **args, model=model, eval_set=eval_set, track=track)
+        try:
+            result = run_stage("evaluate", **args, model=model, eval_set=eval_set, track=track)
+        except TrainingInterrupted as e:  # nothing is kept: say how to start over
+            raise TrainingInterrupted(f"{e}; run the same command to evaluate again") from None
     name = result.eval_set
     run_note = f"; MLflow run {result.mlflow_run_id}" if result.mlflow_run_id else ""
     table = Table(

@@ -200,3 +200,27 @@ def test_a_bad_eval_set_or_output_is_refused_before_any_work(
     assert "unknown eval set 'bogus'" in out.output or "is a file" in out.output
     assert "Traceback" not in out.output and sorted(tmp_path.iterdir()) == [afile]
     assert runs() == before
+
+
+def test_an_interrupted_evaluate_ends_its_run_and_says_how_to_start_over(
+    flows_env, flow_params, monkeypatch
+):
+    """Ctrl-C mid-evaluation: exit 130, one line that says what to do, its MLflow run KILLED."""
+    from flows.commands import base
+    from tasks.evaluation import task
+
+    def stopped(*args, **kwargs):  # Ctrl-C while the results are logged to the open run
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(task, "_log_evaluation", stopped)
+    monkeypatch.setattr(base, "_exit_promptly", lambda: None)  # gc.freeze is for a real exit
+    client = MlflowClient(flows_env)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    before = {r.info.run_id for r in client.search_runs(experiments)} if experiments else set()
+    out = CliRunner().invoke(app, ["evaluate", "--params", flow_params])
+    assert out.exit_code == 130, out.output
+    assert "interrupted:" in out.output and "run the same command to evaluate again" in out.output
+    assert "Traceback" not in out.output
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    new = [r for r in client.search_runs(experiments) if r.info.run_id not in before]
+    assert [r.info.status for r in new] == ["KILLED"]

@@ -29,11 +29,16 @@ def run(main: Callable[[], int | None]) -> None:
     """A benchmark's entry point: exit with what ``main`` returns, and on Ctrl-C with one line and
     status 130 rather than a traceback (the figures printed so far stand; the one being measured
     is dropped)."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # main's clean-ups run on Ctrl-C
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    previous = {
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),  # clean-ups run
+        signal.SIGTERM: signal.signal(signal.SIGTERM, signal.SIG_DFL),
+    }
     try:
         code = main()
     except KeyboardInterrupt:
         print(STOPPED, file=sys.stderr)
         raise SystemExit(130) from None
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     raise SystemExit(code or 0)

@@ -23,6 +23,7 @@ from typing import Any
 
 from dapo_core.config import Config, ConfigError
 from dapo_core.curation_pass import Curated, split_validation
+from dapo_core.errors import PipelineError
 from dapo_core.problem import Problem
 from tasks.data.eval_sets import (
     default_eval_dir,
@@ -114,10 +115,27 @@ def curate_source(
     ready, missing = eval_sets_for_decontamination(specs, eval_dir, required)
     label = f"curate {loaded.source.name}"
     result = read_and_curate(loaded, label, ready, d.decontam_ngram, d.decontam_threshold, progress)
+    if not result.kept:
+        raise PipelineError(_nothing_kept(loaded, result))
     train, val = split_validation(result.kept, d.val_size)
     report = _report(cfg, loaded, result, len(train), len(val), ready, missing)
     _write_outputs(out_dir, train, val, result.rejected, report)
     return report
+
+
+def _nothing_kept(loaded: Loaded, result: Curated) -> str:
+    """Why no row of the source was kept, as one line: the reasons counted, the first one shown."""
+    name = loaded.source.name
+    if not result.input_rows:
+        return f"{name} has no rows: give a file with problems to curate"
+    reasons = ", ".join(f"{n} {why}" for why, n in result.dropped.most_common() if n)
+    first = result.rejected[0] if result.rejected else None
+    example = f" (row {first['source_row']}: {first['detail']})" if first else ""
+    return (
+        f"no problem of {name} was kept out of {result.input_rows} rows: {reasons}{example}; "
+        "each row needs a problem and an answer with an integer form, in the DAPO or "
+        "{problem, answer} schema"
+    )
 
 
 def _report(

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import logging
-import fcntl
 import multiprocessing
 import os
 import signal

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -181,6 +182,24 @@ def test_ids_and_outputs_are_stable_across_runs(dapo_parquet, tmp_path):
 def test_val_size_too_large_is_a_clear_error(dapo_parquet, tmp_path):
     with pytest.raises(PipelineError, match="data.val_size"):
         run_curate(tmp_path, dapo_parquet, "data.val_size=5")
+
+
+@pytest.mark.parametrize(
+    "rows, says",
+    [
+        ('{"a": 1}\n{"a": 2}\n', "out of 2 rows: 2 missing_problem (row 0: no problem"),
+        ('{"problem": "What is 1+1?", "answer": "x^2"}\n', "1 no_integer_form (row 0:"),
+        ("", "has no rows"),
+    ],
+    ids=["no fields", "no integer answer", "empty"],
+)
+def test_a_source_with_nothing_to_keep_says_why_and_writes_nothing(tmp_path, rows, says):
+    """It used to blame data.val_size, whatever the file's problem was."""
+    source = tmp_path / "src.jsonl"
+    source.write_text(rows)
+    with pytest.raises(PipelineError, match=re.escape(says)) as e:
+        run_curate(tmp_path, source, "data.val_size=4")
+    assert "val_size" not in str(e.value) and not (tmp_path / "out").exists()
 
 
 def test_synthetic_source(tmp_path):

@@ -169,22 +169,45 @@ def test_help_lists_each_command_in_whole_sentences():
         assert any(phrase in row for row in rows), out.output
 
 
+EVAL_SET = "unknown eval set 'bogus'"
+
+
 @pytest.mark.parametrize(
-    "args",
+    "args, said",
     [
-        ["pipeline", "--no-curate", "--eval-set", "bogus"],
-        ["ablate", "--no-curate", "--variants", "grpo", "--eval-set", "bogus"],
-        ["compare", "--no-curate", "--eval-set", "bogus"],
-        ["evaluate", "--eval-set", "bogus"],
-        ["evaluate", "--out", "FILE"],
+        (["pipeline", "--no-curate", "--eval-set", "bogus"], EVAL_SET),
+        (["ablate", "--no-curate", "--variants", "grpo", "--eval-set", "bogus"], EVAL_SET),
+        (["compare", "--no-curate", "--eval-set", "bogus"], EVAL_SET),
+        (["evaluate", "--eval-set", "bogus"], EVAL_SET),
+        (["evaluate", "--out", "FILE"], "is a file"),
+        (["ablate", "--variants", "dapo,gpso"], "unknown variant(s) gpso; Table 1 rungs: grpo"),
+        (["ablate", "--variants", "dapo,gspo", "--baseline", "cispo"], "--baseline cispo is not"),
+        (["compare", "--methods", "dpo,ppo", "--seeds", "0"], "unknown method(s) ppo; choose"),
     ],
-    ids=["pipeline", "ablate", "compare", "evaluate", "evaluate into a file"],
+    ids=[
+        "pipeline",
+        "ablate",
+        "compare",
+        "evaluate",
+        "evaluate into a file",
+        "unknown variant",
+        "baseline not among the variants",
+        "unknown method",
+    ],
 )
-def test_a_bad_eval_set_or_output_is_refused_before_any_work(
-    flows_env, flow_params, tmp_path, args
+def test_bad_arguments_are_refused_before_any_work(
+    flows_env, flow_params, tmp_path, monkeypatch, args, said
 ):
-    """An unknown eval set, or a file where the results' directory goes, is one line before
-    anything trains, evaluates or opens an MLflow run (it used to come after the training)."""
+    """An unknown eval set, variant, baseline or method, or a file where the results' directory
+    goes, is one line before anything trains, evaluates, starts a Prefect server or opens an
+    MLflow run (an unknown eval set used to come after the training)."""
+    from flows.commands import sweeps, training
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("a server was started before the arguments were checked")
+
+    for module in (sweeps, training):
+        monkeypatch.setattr(module, "_server", no_server)
     client = MlflowClient(flows_env)
 
     def runs() -> int:
@@ -197,7 +220,7 @@ def test_a_bad_eval_set_or_output_is_refused_before_any_work(
     before = runs()
     out = CliRunner().invoke(app, [*args, "--params", flow_params])
     assert out.exit_code == 2, out.output
-    assert "unknown eval set 'bogus'" in out.output or "is a file" in out.output
+    assert said in out.output
     assert "Traceback" not in out.output and sorted(tmp_path.iterdir()) == [afile]
     assert runs() == before
 

@@ -1,6 +1,6 @@
 """``dapo compare``: every method over seeds under one MLflow parent, the table and curves
-written, a second call resumes from the records, an interrupt leaves the parent KILLED, and a
-wrong method is one line before anything runs."""
+written, a second call resumes from the records, and an interrupt leaves the parent KILLED (a
+wrong method, refused before anything runs: test_cli_tracking)."""
 
 import json
 import math

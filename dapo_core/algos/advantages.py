@@ -8,7 +8,7 @@ rewards, if any), row p * G + g of the mask is response g of prompt p.
 Sequence-level estimators give every valid token of response i the same A_i:
 
 - ``grpo`` (DAPO Eq. 9): A_i = (R_i - mean(R)) / (std(R) + 1e-6), unbiased std; a constant group
-  gives exactly 0 (``dapo_core.advantages.group_advantages``).
+  gives exactly 0.
 - ``dr_grpo`` (Liu et al. 2025): A_i = R_i - mean(R), no std.
 - ``rloo`` (Ahmadian et al. 2024): A_i = R_i - mean of the other G - 1 = G / (G - 1) (R_i - mean).
 

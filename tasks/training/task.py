@@ -45,6 +45,8 @@ def resume_hint(kind: str, rd: RunDir) -> str:
         return f"dapo pipeline --run-name {rd.name}"
     if kind == "ablate":
         return "dapo ablate with the same --run-name (finished variants are kept)"
+    if kind == "compare":
+        return "dapo compare with the same --run-name (finished runs are kept)"
     return f"dapo train --resume {rd}"
 
 

@@ -7,7 +7,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dapo_core.advantages import group_advantages
 from dapo_core.algos import ADVANTAGES, AdvantageInput, Advantages, reduce_metrics
 from dapo_core.algos.advantages import discounted_returns, whiten
 from dapo_core.config import ConfigError
@@ -73,11 +72,14 @@ def _random_input(p, g, t, seed, dtype=torch.float32):
 
 @settings(max_examples=60, deadline=None)
 @given(p=st.integers(1, 4), g=st.integers(2, 6), t=st.integers(1, 6), seed=st.integers(0, 9999))
-def test_grpo_equals_todays_group_advantages(p, g, t, seed):
+def test_grpo_gives_every_valid_token_its_responses_advantage(p, g, t, seed):
+    """Sequence-level: the (P, G) advantages of one-token responses, spread over each response's
+    valid tokens (tests/core/test_advantages.py checks those advantages themselves)."""
     inp = _random_input(p, g, t, seed)
     out, _ = _run("grpo", inp)
-    want = torch.where(inp.mask, group_advantages(inp.rewards).reshape(-1, 1), 0.0)
-    assert torch.equal(out.advantages, want)
+    one_token = AdvantageInput(inp.rewards, torch.ones(p * g, 1, dtype=torch.bool))
+    per_response, _ = _run("grpo", one_token)
+    assert torch.equal(out.advantages, torch.where(inp.mask, per_response.advantages, 0.0))
 
 
 @settings(max_examples=60, deadline=None)

@@ -139,6 +139,16 @@ def test_an_interrupt_ends_the_parent_killed_and_says_how_to_resume(
     assert parent["status"] == "KILLED"
 
 
+@pytest.mark.parametrize("kind, command", [("compare", "dapo compare"), ("ablate", "dapo ablate")])
+def test_a_sweep_run_stopped_mid_training_points_back_to_its_sweep(tmp_path, kind, command):
+    """Not `dapo train --resume DIR`, which a stopped comparison's message used to offer beside
+    its own way to resume (the records say what the sweep has finished)."""
+    from tasks.rundir import RunDir
+    from tasks.training.task import resume_hint
+
+    assert resume_hint(kind, RunDir(tmp_path / "run")).startswith(f"{command} with the same")
+
+
 @pytest.mark.slow
 def test_a_failed_run_is_in_the_table_and_fails_the_parent_the_others_go_on(
     flows_env, flow_cfg, flow_params, monkeypatch

@@ -37,10 +37,8 @@ from dapo_core.equivalence import answer_key, equivalence_name, equivalent
 from dapo_core.extraction import (
     ANSWER_FORMATS,
     MAX_PRED_CHARS,
-    SCAN_CHARS,
     AnswerFormat,
     extract_answer,
-    sentence_value,
 )
 
 # The reward's public face: what its callers import (the answer reading and the equivalence too).
@@ -119,26 +117,6 @@ def _gold_answer(ground_truth: str) -> str:
     return extract_answer(ground_truth, "auto") or ground_truth
 
 
-def _last_line_answer(response: str, answer_format: str) -> str | None:
-    """The answer when the last line starts with ``Answer:``, else None (then the general path
-    decides).
-
-    Most training responses end this way, and nothing after the last line can outrank it, so
-    reading it costs a few string operations where the general path walks the text. Under
-    ``dapo`` any such line is the answer ('' when it is empty: truncated); under ``auto`` only
-    a bare integer is (a box on that line would be a later marker).
-    """
-    start = response.rfind("\n") + 1
-    if not response.startswith("Answer:", start) or len(response) - start > SCAN_CHARS:
-        return None
-    content = response[start + 7 :].strip()
-    if answer_format == "dapo" and ("nswer" in content or "NSWER" in content):
-        return None  # a later marker on the line may take the answer back: the general path
-    if content.isdigit():
-        return content if answer_format == "dapo" or answer_format == "auto" else None
-    return sentence_value(content) if answer_format == "dapo" else None
-
-
 def score(response: str, ground_truth: str, answer_format: AnswerFormat = "dapo") -> Score:
     """DAPO Eq. 7: +1 if the final answer is equivalent to the ground truth, else -1.
 
@@ -146,9 +124,7 @@ def score(response: str, ground_truth: str, answer_format: AnswerFormat = "dapo"
     Never raises: malformed input of any kind scores -1.
     """
     try:
-        raw = _last_line_answer(response, answer_format) if type(response) is str else None
-        if raw is None:
-            raw = extract_answer(response, answer_format)
+        raw = extract_answer(response, answer_format)
         if not raw:
             return _WRONG_MISSING
         # Inline fast path for the usual bare integer (raw is already stripped); isascii keeps

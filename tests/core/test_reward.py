@@ -736,6 +736,36 @@ def test_last_line_fast_path_agrees_with_the_general_path() -> None:
             assert score(text, "540", answer_format).acc == (raw is not None and "or" not in raw)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    content=st.text(alphabet="0123456789 *_}{$\\.-/xAnswerNSWER:", max_size=16),
+    answer_format=st.sampled_from(["dapo", "auto", "boxed", "minerva"]),
+)
+def test_the_last_line_shortcut_reads_as_the_formats_reader(content: str, answer_format: str):
+    """``extract_answer`` reads a last line that starts with ``Answer:`` without walking the text;
+    whatever follows the colon, it must read what the format's own reader reads."""
+    from dapo_core import extraction
+
+    text = REASONING + "Answer:" + content
+    reader = extraction._READERS[answer_format]
+    assert extract_answer(text, answer_format) == (reader(text) or None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "response, gold",
+    [
+        ("Work.\nAnswer: **\\frac{1}{2}**", "\\frac{1}{2}"),
+        ("Work.\n**Answer: 0.5**", "\\frac12"),
+        ("Work.\nAnswer: __3/4__", "\\frac34"),
+    ],
+)
+def test_an_answer_in_bold_is_read_without_its_emphasis(response: str, gold: str) -> None:
+    """The markdown around a non-integer answer used to stay on it (``**\\frac{1}{2}**``, or
+    ``0.5**``) and fail the equivalence check: a correct answer scored -1."""
+    result = score(response, gold)
+    assert result.acc and "*" not in result.pred and "_" not in result.pred
+
+
 # --- hand-labelled cases of every kind (tests/fixtures/equivalence.jsonl) -------------------------
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "equivalence.jsonl"

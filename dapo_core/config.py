@@ -141,7 +141,8 @@ class RolloutConfig:
     """Sampling of responses for RL (DAPO section 4.1)."""
 
     backend: Literal["hf", "vllm"]
-    """Generation backend: transformers ``generate`` (portable default) or vLLM (GPU, optional)."""
+    """Generation backend: ``hf``, the project's own sampler on a transformers model (each prompt
+    prefilled once, then a decode loop; the portable default), or ``vllm`` (GPU, optional)."""
     group_size: int
     """G: responses sampled per prompt (paper: 16)."""
     temperature: float
@@ -271,7 +272,8 @@ class TrainConfig:
     """Optimisation (DAPO section 4.1 training details)."""
 
     seed: int
-    """Global seed (sampling, data order, initialisation of the embedded model)."""
+    """Global seed of a run (sampling, data order; the embedded model's build has its own,
+    ``tiny.seed``)."""
     steps: int
     """Number of RL steps (one step = one rollout batch and its gradient updates)."""
     prompt_batch: int
@@ -332,7 +334,7 @@ class EvalConfig:
     """Evaluation (DAPO section 4.1: AIME avg@32 at temperature 1.0, top_p 0.7)."""
 
     eval_set: str
-    """Default evaluation set: a name from data.eval_sets or a path."""
+    """Default evaluation set: ``synthetic-test``, a name from data.eval_sets, or a path."""
     n_samples: int
     """Samples per problem (paper: 32)."""
     temperature: float

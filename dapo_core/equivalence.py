@@ -232,8 +232,8 @@ def _math_verify() -> Any:
 
 
 def _warm_up(math_verify: Any) -> None:
-    """One judgement outside any deadline: the first builds the LaTeX parser (~0.5 s of CPU),
-    a one-off cost that must not count against the first answer judged."""
+    """One judgement outside any deadline: the first builds the LaTeX parser, a one-off
+    cost that must not count against the first answer judged."""
     try:
         gold = math_verify.parse("$\\frac{1}{2}$", parsing_timeout=None)
         pred = math_verify.parse("$0.5$", parsing_timeout=None)

@@ -15,9 +15,9 @@ Beyond the paper:
   (needed + 2 standard deviations) / f prompts, with f the kept fraction estimated over recent
   batches, instead of a fixed ``gen_batch`` (which then only bounds a batch). Each step must
   generate at least one batch, so a fixed batch larger than prompt_batch / f leaves a surplus every
-  step that the carry cap ends up dropping. On the embedded default (f ~ 0.8, 64 prompts, fixed
-  batches of 96) that cost 1.37x the 1/f bound in samples generated per sample trained on; sized
-  batches bring it to 1.02x over 8 steps and 1.01x over 20 (``python -m bench.dynamic_sampling``);
+  step that the carry cap ends up dropping; sized batches stay close to the 1/f bound in samples
+  generated per sample trained on (``python -m bench.dynamic_sampling`` measures both;
+  docs/benchmarks.md has the figures);
 - at the cap on generation batches the caller chooses the outcome: an error that explains what
   happened (:class:`GenerationCapReached`) or training on the partial batch.
 """

@@ -24,32 +24,33 @@ def run_demo() -> None:
     from flows.ablate import ablate_flow
     from flows.pipeline import curate_flow, pipeline_flow
     from flows.report import report_ablation, report_pipeline
-    from tasks.params import load_params, repo_path
+    from flows.stages import run_dir_for
+    from tasks.params import load_params
     from tasks.tracking.store import experiment_name, experiment_urls
 
     console = Console()
     t0 = time.perf_counter()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     cfg = load_params()
-    out = repo_path(cfg.train.out_dir)
+    pipeline_run, ablate_run = f"demo-pipeline-{stamp}", f"demo-ablate-{stamp}"
 
     console.rule("0/2  the DVC data stages (dvc repro): eval sets and the curated task")
     curate_flow(stages=["eval_sets", "curate"])  # the pipeline skips them for a synthetic source
 
     console.rule("1/2  dapo pipeline: curate -> train -> evaluate (embedded default)")
-    report_pipeline(pipeline_flow(run_name=f"demo-pipeline-{stamp}"))
+    report_pipeline(pipeline_flow(run_name=pipeline_run))
 
     console.rule(f"2/2  dapo ablate: the Table 1 ladder, {ABLATION_STEPS} steps per variant")
     table = ablate_flow(
         overrides=[f"train.steps={ABLATION_STEPS}", "eval.every_n_steps=0"],
-        run_name=f"demo-ablate-{stamp}",
-        curate=False,  # the pipeline just ran the data stages
+        run_name=ablate_run,
+        curate=False,  # step 0 ran the data stages
     )
     report_ablation(table)
 
     console.rule("where to look")
-    console.print(f"training run:     {out / f'demo-pipeline-{stamp}'} (metrics.jsonl, final/)")
-    console.print(f"ablation table:   {out / f'demo-ablate-{stamp}' / 'ablation.md'} (and .csv)")
+    console.print(f"training run:     {run_dir_for(cfg, pipeline_run)} (metrics.jsonl, final/)")
+    console.print(f"ablation table:   {run_dir_for(cfg, ablate_run) / 'ablation.md'} (and .csv)")
     console.print("MLflow UI:        .venv/bin/dapo ui, then open")
     pipelines = experiment_urls(cfg).get(experiment_name(cfg, "pipeline"))
     for what, url in (

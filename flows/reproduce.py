@@ -16,7 +16,6 @@ from typing import Any
 from dapo_core import metric_names as metric
 from dapo_core.config_loader import from_dict
 from dapo_core.errors import PipelineError
-from tasks.params import repo_path
 
 
 def reproduce_checks(info: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -140,7 +139,9 @@ def reproduce_run(
     if check_only:
         return out
     name = run_name or f"reproduce-{run_id[:8]}-{time.strftime('%Y%m%d-%H%M%S')}"
-    root = repo_path(cfg.train.out_dir) / name
+    from flows.stages import run_dir_for
+
+    root = run_dir_for(cfg, name)
     root.mkdir(parents=True, exist_ok=True)
     config_path = root / "logged_config.json"
     config_path.write_text(json.dumps(info["config"], indent=2))

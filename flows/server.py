@@ -88,7 +88,7 @@ def api_server_command(port: int) -> list[str]:
 
 def configured_api_url() -> str | None:
     """The Prefect API the user configured (setting or environment), or None. Prefect's
-    settings are read (importing Prefect, ~2 s) only where a source of them could name one."""
+    settings are read (importing Prefect, seconds) only where a source of them could name one."""
     if os.environ.get("PREFECT_API_URL"):
         return os.environ["PREFECT_API_URL"]
     if not _prefect_settings_may_be_configured():

@@ -28,8 +28,8 @@ def exit_at_once(signum: int, frame: Any) -> None:
 def until_work_begins() -> None:
     """Handle Ctrl-C and SIGTERM with :func:`exit_at_once` (main thread only), and keep the
     garbage collector off: the imports allocate millions of objects, none of them garbage, and
-    the collector walked them again and again (a sixth of a command's import time, measured on
-    2 cores). ``flows.commands.base._working`` turns it back on when the work begins.
+    the collector walked them again and again, a share of every command's import time worth
+    saving. ``flows.commands.base._working`` turns it back on when the work begins.
 
     A process that ``multiprocessing`` spawns (the rollout process) imports its parent's main
     module, which for ``dapo`` calls this too, and never reaches ``_working``: it keeps its

@@ -9,8 +9,8 @@ command runs its flow's function and its stages' functions directly (:func:`call
 :class:`StageTask`), with the same retry policy and the same interrupt handling: Prefect would
 otherwise start a temporary server for the command, seconds of start-up for a record of flow
 runs in a database no UI shows, gone from view once the server stops. This module imports
-Prefect only where a task or flow runs under it (importing Prefect takes ~2 s: a direct command
-never pays it).
+Prefect only where a task or flow runs under it (importing Prefect takes seconds: a direct
+command never pays it).
 """
 
 from __future__ import annotations

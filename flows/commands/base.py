@@ -177,7 +177,7 @@ def _server(direct: bool = False):
 def run_stage(name: str, **kwargs: Any) -> Any:
     """The flow ``name`` (train, preflight, evaluate). Without a Prefect server (``_server(direct=
     True)`` chose none) its function in ``flows.stages`` is called here, and Prefect is never
-    imported (~2 s of every such command); otherwise it runs as a Prefect flow of
+    imported (seconds of every such command); otherwise it runs as a Prefect flow of
     ``flows.pipeline``. Either way an interrupt raises TrainingInterrupted."""
     from tasks.orchestration import call_flow, cancelled_when_interrupted, running_directly
 

@@ -72,10 +72,14 @@ def train(
     target = resume or run_dir
     if env_world_size() > 1:  # a multi-rank launcher: no flow run per rank (see train_on_ranks)
         cfg = _load(params, config, set_, variant)
-        out = target or default_train_dir(cfg)
-        result = train_on_ranks(cfg, str(out), resume=resume is not None)
+        if target is None:  # each rank would name its own from its clock, a second apart
+            raise ConfigError(
+                "under a multi-rank launcher every rank writes the same run directory: name it "
+                "with --run-dir (e.g. --run-dir runs/my-run)"
+            )
+        result = train_on_ranks(cfg, str(target), resume=resume is not None)
         if result.history:  # rank 0 reports
-            _report_training(result.steps, result.wall_time_s, result.history[-1], out, None)
+            _report_training(result.steps, result.wall_time_s, result.history[-1], target, None)
         return
     _load(params, config, set_, variant)  # a config error is reported before Prefect starts
     # The one writer of the run directory, before Prefect or MLflow start: a second process
@@ -115,15 +119,6 @@ def _run_dir_writer(target: Path | None):
     from tasks.rundir import RunDir
 
     return RunDir(target.resolve()).writer() if target else contextlib.nullcontext()
-
-
-def default_train_dir(cfg) -> Path:
-    """``train.out_dir/train-<date>-<time>``, the run directory when none is named."""
-    import time
-
-    from tasks.params import repo_path
-
-    return repo_path(cfg.train.out_dir) / time.strftime("train-%Y%m%d-%H%M%S")
 
 
 def _report_training(

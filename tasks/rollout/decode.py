@@ -11,8 +11,8 @@ It does the same arithmetic as the model's forward, with the model's own weights
 - keys and values are written in place into buffers that hold the whole rollout;
 - attention for the one query position is computed per key/value head, without repeated heads;
 - on CPU, q/k/v and gate/up are fused into one matrix product each, because there every operator
-  call costs ~10 us whatever its size. The weights are concatenated once per rollout, so they are
-  never stale. On GPU the copies would cost memory (~3/4 of the weights) for little gain.
+  call has a fixed cost, whatever its size. The weights are concatenated once per rollout, so
+  they are never stale. On GPU the copies would cost memory (~3/4 of the weights) for little gain.
 
 A test holds its sampling log-probs to the trainer's forward. ``LeanDecoder.supports(model)``
 says when it applies: unknown architectures, sliding-window attention, length-dependent rotary

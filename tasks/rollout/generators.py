@@ -2,8 +2,9 @@
 
 One interface, two backends:
 
-- ``HFGenerator``: transformers ``generate`` (the portable default; CPU and GPU), batched, with KV
-  cache and left padding;
+- ``HFGenerator``: the project's own sampler on a transformers model (the portable default; CPU
+  and GPU): each prompt prefilled once and its cache shared by its G samples, then a decode loop,
+  batched, with left padding (``bench.generation`` times it against transformers ``generate``);
 - ``VLLMGenerator`` (``tasks.rollout.vllm_backend``): vLLM (optional extra ``gpu``, imported
   lazily), weights synced from the trainer before each rollout.
 

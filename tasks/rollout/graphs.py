@@ -1,9 +1,9 @@
 """The lean decode step with every shape fixed, captured once as a CUDA graph and replayed.
 
 Why: on a GPU a decode step of a small model is launch-bound. The lean step (``decode.py``)
-issues ~25 kernels per layer, each a few microseconds of GPU work behind ~10 us of Python and
-dispatch, so the GPU idles while the host queues kernels. A CUDA graph records the step's kernels
-once; a replay launches all of them in one call.
+issues ~25 kernels per layer, each a few microseconds of GPU work behind a longer stretch of
+Python and dispatch, so the GPU idles while the host queues kernels. A CUDA graph records the
+step's kernels once; a replay launches all of them in one call.
 
 A graph replays fixed kernels on fixed memory, so everything a step touches stays in place:
 - key/value buffers sized for the longest rollout (``capacity`` positions, ``rows`` sequences)

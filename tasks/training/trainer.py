@@ -14,7 +14,8 @@ One step:
    step, so a resumed run needs no scheduler state), gradient clipping, and
    a skip of any update whose loss or gradient is not finite.
 
-Efficiency: groups are packed into micro-batches under a token budget, longest responses first;
+Efficiency: groups are packed into micro-batches under a token budget, the cheaper of two
+packings (``batches.micro_batches``: by group, or by length);
 in a micro-batch each distinct prompt is forwarded once and its keys and values are shared by its
 samples (whole sequences under gradient checkpointing, where transformers drops the cache); only
 response positions are projected onto the vocabulary, in chunks (``dapo_core.logprobs``);

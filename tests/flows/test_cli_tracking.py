@@ -247,3 +247,12 @@ def test_an_interrupted_evaluate_ends_its_run_and_says_how_to_start_over(
     experiments = [e.experiment_id for e in client.search_experiments()]
     new = [r for r in client.search_runs(experiments) if r.info.run_id not in before]
     assert [r.info.status for r in new] == ["KILLED"]
+
+
+def test_a_multi_rank_launch_without_a_run_dir_is_refused(flow_params, tmp_path, monkeypatch):
+    """Each rank used to name the default directory from its own clock: ranks a second apart
+    wrote their optimizer states into different directories, and the checkpoint never resumed."""
+    monkeypatch.chdir(tmp_path)
+    out = CliRunner().invoke(app, ["train", "--params", flow_params], env={"WORLD_SIZE": "2"})
+    assert out.exit_code == 2 and "name it with --run-dir" in out.output, out.output
+    assert list(tmp_path.iterdir()) == []

@@ -147,6 +147,16 @@ def start_tracking(
     return True
 
 
+def decaying_adamw(params, lr: float, epochs: int, n_train: int, batch_size: int):
+    """(AdamW, its schedule): the learning rate decays linearly to 0 over the run's batches, so
+    the last epochs settle instead of swinging."""
+    import torch
+
+    optimizer = torch.optim.AdamW(params, lr=lr)
+    total = epochs * math.ceil(n_train / batch_size)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: 1 - k / total)
+
+
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     """The order of the training pairs in ``epoch``: a function of (seed, epoch) only."""
     import random

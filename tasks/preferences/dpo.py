@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from dapo_core.preferences import dpo_loss, sequence_logp
 from tasks.preferences.common import (
     Resume,
     check_settings,
+    decaying_adamw,
     fit,
     loop_checks,
     read_split,
@@ -135,10 +135,8 @@ def train_dpo(
     held = pair_samples(tokenizer, held_rows, cfg.rollout.max_response_len)
     ref_train = _reference_logps(ref, train, batch_size)
     ref_held = _reference_logps(ref, held, batch_size)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
-    total = epochs * math.ceil(len(train) / batch_size)
-    # linear decay to 0 over the run: the last epochs settle instead of swinging
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: 1 - k / total)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer, schedule = decaying_adamw(trainable, lr, epochs, len(train), batch_size)
 
     settings = {"pairs": pairs_path, "base": str(base), "beta": beta, "nll_weight": nll_weight}
     settings |= {"epochs": epochs, "lr": lr, "batch_size": batch_size, "heldout": heldout}

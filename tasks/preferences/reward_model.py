@@ -17,7 +17,6 @@ at all: a staging directory renamed into place.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from tasks.models.learned_reward import RECORD, load_reward_model, reward_input,
 from tasks.preferences.common import (
     Resume,
     check_settings,
+    decaying_adamw,
     fit,
     loop_checks,
     read_split,
@@ -111,10 +111,7 @@ def train_reward_model(
     train = encode(tokenizer, train_rows, max_len)
     held = encode(tokenizer, held_rows, max_len)
     pad = tokenizer.pad_token_id
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    total = epochs * math.ceil(len(train) / batch_size)
-    # linear decay to 0 over the run: the last epochs settle instead of swinging
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: 1 - k / total)
+    optimizer, schedule = decaying_adamw(model.parameters(), lr, epochs, len(train), batch_size)
     settings = {"pairs": pairs_path, "base": str(base), "epochs": epochs, "lr": lr}
     settings |= {"batch_size": batch_size, "heldout": heldout, "seed": seed}
     resume = Resume(out_dir, settings)

@@ -16,7 +16,7 @@ from typing import Any
 from dapo_core import metric_names as metric
 from dapo_core.config import Config
 from dapo_core.errors import TrainingInterrupted
-from tasks.data.splits import splits
+from tasks.data.splits import Splits, splits
 from tasks.data.version import problems_digest
 from tasks.evaluation.evaluate import evaluate_policy
 from tasks.models import shipped
@@ -28,13 +28,13 @@ from tasks.orchestration import (
     run_logger,
     stage_task,
 )
-from tasks.rundir import RunDir
+from tasks.rundir import ResumePoint, RunDir
 from tasks.runtime import configure_torch
 from tasks.signals import deferred_signals
 from tasks.tracking.provenance import data_source, run_tags
 from tasks.tracking.tracker import Tracker
 from tasks.training.preflight import PreflightResult
-from tasks.training.run import run_training
+from tasks.training.run import TrainResult, run_training
 
 MAX_SAMPLE_ROWS = 2000  # sample generations kept for the run's table
 
@@ -154,80 +154,24 @@ def _train(
     track: bool,
     preflight: PreflightResult | None,
 ) -> TrainSummary:
-    log = run_logger()
     rd.refuse_unless(resume)  # before an MLflow run is opened
     rd.check_writable()
     rd.record_tracking(track)
     start = rd.resume_point()
-    if start.checkpoint:
-        redo = start.logged_through - start.step
-        log.info(
-            "train: continuing %s from its checkpoint at step %d%s",
-            rd,
-            start.step,
-            f"; steps {start.step + 1}-{start.logged_through} are redone" if redo > 0 else "",
-        )
+    _say_where_it_continues(rd, start)
     tracker = Tracker(cfg, kind)
     data = splits(cfg)
-    digests = {
-        "data.train_digest": problems_digest(data.train),
-        "data.val_digest": problems_digest(data.val),
-    }
-    # the model it starts from (built first if need be: a fresh clone's first run too), with
-    # the run's thread count: a build on every core beside a sweep's other workers crawls
-    configure_torch(cfg.train.cpu_threads)
-    model_path = resolve_model_path(cfg)
-    model_digest = model_dir_digest(model_path)
-    if model_digest:  # None for a hub id
-        digests["model.digest"] = model_digest
-    if shipped.is_shipped(model_path):  # the project's released starting checkpoint
-        digests["model.shipped"] = Path(model_path).name
+    digests = _starting_digests(cfg, data)
     tags = {**run_tags(cfg, kind, variant, run_dir=str(rd)), **digests, **(extra_tags or {})}
     try:  # every way out of here ends the MLflow run: FINISHED, KILLED or FAILED
         if track:
-            tracker.start_or_resume(rd, run_name or rd.name, tags, parent_run_id)
-            tracker.start_system_metrics(cfg.tracking.system_metrics_s)
-            source = data_source(cfg)
-            tracker.log_datasets(
-                [
-                    (f"{cfg.data.source} train", digests["data.train_digest"], "training", source),
-                    (f"{cfg.data.source} val", digests["data.val_digest"], "validation", source),
-                ]
-            )
+            _open_run(tracker, cfg, rd, run_name or rd.name, tags, parent_run_id)
         if preflight is not None:  # what the starting policy could learn from, at step 0
-            tracker.log_metrics(preflight.metrics(), 0)
-            tracker.log_table(preflight.samples, "preflight/samples.json")
-            if preflight.problem:
-                tracker.set_tags({"preflight.warning": preflight.problem})
+            _log_preflight(tracker, preflight)
         monitor = TrainingMonitor(cfg, tracker, rd, start.logged_through, data.val)
-        handed = preflight.policy if preflight is not None else None
-        try:
-            with concurrency_slot(cfg.train.concurrency_limit):  # e.g. one run per GPU at once
-                result = run_training(
-                    cfg,
-                    rd,
-                    resume=True,
-                    sink=tracker.log_metrics,
-                    max_steps=max_steps,
-                    progress=progress,
-                    on_step=monitor,
-                    problems=data.train,
-                    policy=handed,
-                )
-        finally:
-            if handed is not None:  # taken by the training, or never to be: held no longer
-                handed.drop()
+        result = _run_in_slot(cfg, rd, tracker, monitor, data, max_steps, progress, preflight)
         complete = result.steps >= cfg.train.steps
-        _log_run_artifacts(tracker, rd, result.history, monitor.samples)
-        if complete:  # the policy to use, on the Models page (evaluations link their metrics)
-            tracker.log_model(rd.final, result.steps)
-        tracker.set_tags(
-            {
-                "train.steps_done": result.steps,
-                "train.complete": str(complete).lower(),
-                "train.wall_s": f"{result.wall_time_s:.2f}",
-            }
-        )
+        _log_outcome(tracker, rd, result, monitor, complete)
     except interrupts():
         with deferred_signals():  # the repeated signal of a terminal or a worker waits
             tracker.end("KILLED")
@@ -238,9 +182,121 @@ def _train(
         tracker.end("FAILED")
         raise
     tracker.end("FINISHED")
+    return _summary(cfg, rd, tracker, result, complete, start.step)
+
+
+def _say_where_it_continues(rd: RunDir, start: ResumePoint) -> None:
+    if start.checkpoint:
+        redo = start.logged_through - start.step
+        run_logger().info(
+            "train: continuing %s from its checkpoint at step %d%s",
+            rd,
+            start.step,
+            f"; steps {start.step + 1}-{start.logged_through} are redone" if redo > 0 else "",
+        )
+
+
+def _starting_digests(cfg: Config, data: Splits) -> dict[str, str]:
+    """The tags that say what the run starts from: its data splits and its model (built first
+    if need be: a fresh clone's first run too)."""
+    digests = {
+        "data.train_digest": problems_digest(data.train),
+        "data.val_digest": problems_digest(data.val),
+    }
+    # with the run's thread count: a build on every core beside a sweep's other workers crawls
+    configure_torch(cfg.train.cpu_threads)
+    model_path = resolve_model_path(cfg)
+    model_digest = model_dir_digest(model_path)
+    if model_digest:  # None for a hub id
+        digests["model.digest"] = model_digest
+    if shipped.is_shipped(model_path):  # the project's released starting checkpoint
+        digests["model.shipped"] = Path(model_path).name
+    return digests
+
+
+def _open_run(
+    tracker: Tracker,
+    cfg: Config,
+    rd: RunDir,
+    name: str,
+    tags: dict[str, str],
+    parent_run_id: str | None,
+) -> None:
+    tracker.start_or_resume(rd, name, tags, parent_run_id)
+    tracker.start_system_metrics(cfg.tracking.system_metrics_s)
+    source = data_source(cfg)
+    tracker.log_datasets(
+        [
+            (f"{cfg.data.source} train", tags["data.train_digest"], "training", source),
+            (f"{cfg.data.source} val", tags["data.val_digest"], "validation", source),
+        ]
+    )
+
+
+def _log_preflight(tracker: Tracker, preflight: PreflightResult) -> None:
+    tracker.log_metrics(preflight.metrics(), 0)
+    tracker.log_table(preflight.samples, "preflight/samples.json")
+    if preflight.problem:
+        tracker.set_tags({"preflight.warning": preflight.problem})
+
+
+def _run_in_slot(
+    cfg: Config,
+    rd: RunDir,
+    tracker: Tracker,
+    monitor: TrainingMonitor,
+    data: Splits,
+    max_steps: int | None,
+    progress: bool,
+    preflight: PreflightResult | None,
+) -> TrainResult:
+    """The training itself, once the run's concurrency slot is free (e.g. one run per GPU), on
+    the policy the preflight loaded when there was one."""
+    handed = preflight.policy if preflight is not None else None
+    try:
+        with concurrency_slot(cfg.train.concurrency_limit):
+            return run_training(
+                cfg,
+                rd,
+                resume=True,
+                sink=tracker.log_metrics,
+                max_steps=max_steps,
+                progress=progress,
+                on_step=monitor,
+                problems=data.train,
+                policy=handed,
+            )
+    finally:
+        if handed is not None:  # taken by the training, or never to be: held no longer
+            handed.drop()
+
+
+def _log_outcome(
+    tracker: Tracker, rd: RunDir, result: TrainResult, monitor: TrainingMonitor, complete: bool
+) -> None:
+    _log_run_artifacts(tracker, rd, result.history, monitor.samples)
+    if complete:  # the policy to use, on the Models page (evaluations link their metrics)
+        tracker.log_model(rd.final, result.steps)
+    tracker.set_tags(
+        {
+            "train.steps_done": result.steps,
+            "train.complete": str(complete).lower(),
+            "train.wall_s": f"{result.wall_time_s:.2f}",
+        }
+    )
+
+
+def _summary(
+    cfg: Config,
+    rd: RunDir,
+    tracker: Tracker,
+    result: TrainResult,
+    complete: bool,
+    resumed_from: int,
+) -> TrainSummary:
     model = rd.final if complete else rd.latest_checkpoint() / "model"
     last = {k: v for k, v in (result.history[-1] if result.history else {}).items() if k != "step"}
-    log.info(
+    run_logger().info(
         "train: %d steps in %.1fs (%s); model %s%s",
         result.steps,
         result.wall_time_s,
@@ -256,7 +312,7 @@ def _train(
         result.wall_time_s,
         tracker.run_id,
         last,
-        start.step,
+        resumed_from,
         tracker.run_url(),
     )
 

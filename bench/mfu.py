@@ -346,8 +346,7 @@ def _flop(x: float) -> str:
     return f"{x / 1e12:.4g} TFLOP" if x >= 1e12 else f"{x / 1e9:.4g} GFLOP"
 
 
-def main(argv: list[str] | None = None) -> None:
-    cuda = torch.cuda.is_available()
+def _parser(cuda: bool) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=list(SHAPES), default="qwen2.5-0.5b" if cuda else "tiny")
     ap.add_argument("--prompts", "-P", type=positive_int, default=8 if cuda else 4)
@@ -392,7 +391,12 @@ def main(argv: list[str] | None = None) -> None:
         default=1,
         help="torch's host threads, as train.cpu_threads sets them in training (0: one per core)",
     )
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    cuda = torch.cuda.is_available()
+    a = _parser(cuda).parse_args(argv)
     configure_torch(a.threads)
     device = torch.device("cuda" if cuda else "cpu")
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
@@ -419,6 +423,11 @@ def main(argv: list[str] | None = None) -> None:
         compile_=a.compile,
         variant=a.variant,
     )
+    _report(r, a, name)
+
+
+def _report(r: dict, a: argparse.Namespace, name: str) -> None:
+    """The measurement's lines, ending with the MFU against the device's peak and the target."""
     an = r["analytic"]
     print(
         f"{r['micro_batches']} micro-batch(es) of <= {a.micro_batch_tokens} tokens, "

@@ -33,6 +33,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from dapo_core.errors import PipelineError
 from tasks.durable import fsync_dir, publish_dir
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,7 @@ def ensure_built(out: Path, spec: dict[str, Any], build: Callable[[Path], Any], 
         if is_built(out, spec):  # built by the process we waited for
             log.warning("%s: reusing %s, built by another process while this one waited", what, out)
             return out
+        _refuse_foreign(out, what)
         _remove_leftovers(out)
         staged = out.with_name(f".{out.name}.build-{os.getpid()}")
         try:
@@ -158,6 +160,20 @@ def _locked(lock: Path, what: str, out: Path) -> Iterator[Any]:
                     fcntl.flock(f, fcntl.LOCK_UN)
                 return
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _refuse_foreign(out: Path, what: str) -> None:
+    """A build replaces only what a build made: anything else at ``out`` (a directory of the
+    user's, a file) may be theirs, and is never deleted for a model."""
+    if not out.exists() and not out.is_symlink():
+        return
+    a_dir = out.is_dir() and not out.is_symlink()
+    if a_dir and (read_record(out) is not None or not any(out.iterdir())):
+        return  # a build (of another spec: rebuilt), or nothing at all
+    raise PipelineError(
+        f"{out} exists and is not a model directory the project built, so building {what} "
+        "there would replace it: choose another path, or move it away"
+    )
 
 
 def _remove_leftovers(out: Path) -> None:

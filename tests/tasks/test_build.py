@@ -166,3 +166,25 @@ def test_dir_digest_reads_contents_and_says_when_it_does_not(tmp_path, monkeypat
     assert dir_digest(tmp_path) != first
     monkeypatch.setattr(build, "HASH_LIMIT_BYTES", 1)
     assert dir_digest(tmp_path).startswith("size:")
+
+
+@pytest.mark.parametrize("kind", ["a directory of the user's", "a file"])
+def test_a_build_never_replaces_what_it_did_not_build(tmp_path, kind):
+    """`dapo model build -S tiny.path=DIR` on a directory holding the user's files deleted them."""
+    from dapo_core.errors import PipelineError
+
+    out, counter = tmp_path / "model", tmp_path / "builds.txt"
+    if kind == "a file":
+        out.write_text("notes")
+    else:
+        out.mkdir()
+        (out / "important.txt").write_text("notes")
+    with pytest.raises(PipelineError, match="is not a model directory the project built"):
+        _ensure(str(out), str(counter), 0.0)
+    kept = out if kind == "a file" else out / "important.txt"
+    assert kept.read_text() == "notes" and not counter.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    out.unlink() if kind == "a file" else None
+    (tmp_path / "empty").mkdir()  # an empty directory holds nothing to lose: built into
+    _ensure(str(tmp_path / "empty"), str(counter), 0.0)
+    assert is_built(tmp_path / "empty", {"v": 1})

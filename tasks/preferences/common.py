@@ -29,7 +29,7 @@ def loop_checks(epochs: int, lr: float, batch_size: int, heldout: float) -> list
     """The settings both trainers' loops share, as :func:`check_settings` reads them."""
     return [
         ("--epochs", epochs, epochs >= 1),
-        ("--lr", lr, lr > 0),
+        ("--lr", lr, math.isfinite(lr) and lr > 0),
         ("--batch-size", batch_size, batch_size >= 1),
         ("--heldout", heldout, 0 < heldout < 1),
     ]
@@ -166,6 +166,17 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
+def _check_finite(metrics: dict, step: int) -> None:
+    """A loss that is no longer a number has diverged: every step after it would train NaN
+    weights into the model written at the end, so the run stops here, before the update."""
+    bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        raise PipelineError(
+            f"training diverged at step {step}: {', '.join(bad)} not finite; nothing was written. "
+            "Lower --lr and run again"
+        )
+
+
 def fit(
     *,
     model,
@@ -212,6 +223,7 @@ def fit(
         model.train()
         for b in range(step - epoch * per_epoch, per_epoch):
             metrics = learn(order[b * batch_size : (b + 1) * batch_size])
+            _check_finite(metrics, step + 1)
             optimizer.step()
             schedule.step()
             step += 1

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -117,8 +118,8 @@ def train_dpo(
         "dpo train",
         out_dir,
         [
-            ("--beta", beta, beta > 0),
-            ("--nll-weight", nll_weight, nll_weight >= 0),
+            ("--beta", beta, math.isfinite(beta) and beta > 0),
+            ("--nll-weight", nll_weight, math.isfinite(nll_weight) and nll_weight >= 0),
             *loop_checks(epochs, lr, batch_size, heldout),
         ],
     )

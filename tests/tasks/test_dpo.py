@@ -92,7 +92,11 @@ def test_an_interrupted_dpo_resumes_to_the_uninterrupted_policy(cfg, pairs_file,
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"beta": 0.0}, "--beta 0.0 is out of range"), ({"nll_weight": -1.0}, "--nll-weight -1.0")],
+    [
+        ({"beta": 0.0}, "--beta 0.0 is out of range"),
+        ({"beta": float("inf")}, "--beta inf is out of range"),
+        ({"nll_weight": -1.0}, "--nll-weight -1.0"),
+    ],
 )
 def test_bad_settings_are_one_line_errors(cfg, pairs_file, tmp_path, kwargs, message):
     with pytest.raises(PipelineError, match=message):

@@ -153,6 +153,7 @@ def test_a_resumed_training_equals_the_uninterrupted_one(cfg, pairs_file, tmp_pa
         ({"epochs": 0}, "--epochs 0 is out of range"),
         ({"heldout": 1.0}, "--heldout 1.0 is out of range"),
         ({"lr": -1.0}, "--lr -1.0 is out of range"),
+        ({"lr": float("inf")}, "--lr inf is out of range"),
     ],
 )
 def test_bad_settings_are_one_line_errors(cfg, pairs_file, tmp_path, kwargs, message):
@@ -176,3 +177,11 @@ def test_refuses_a_directory_with_files_and_too_few_pairs(cfg, tmp_path):
 def test_a_directory_without_a_record_is_not_a_reward_model(tmp_path):
     with pytest.raises(PipelineError, match="not a reward model directory"):
         S.reward_model_record(tmp_path)
+
+
+def test_a_diverged_training_stops_with_one_line_and_writes_no_model(cfg, pairs_file, tmp_path):
+    """--lr 1e10 used to train on through a NaN loss and write a model of NaN weights, its MLflow
+    run FINISHED; every command that loaded it then failed with a traceback."""
+    with pytest.raises(PipelineError, match="training diverged at step .*Lower --lr"):
+        RM.train_reward_model(cfg, pairs_file, tmp_path / "rm", track=False, lr=1e10)
+    assert not (tmp_path / "rm" / "model.safetensors").exists()

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from dapo_core.config import Config
+from dapo_core.errors import PipelineError
 from dapo_core.preferences import dpo_loss, sequence_logp
 from tasks.preferences.common import (
     Resume,
@@ -288,6 +289,7 @@ def train_iterative_dpo(
     if rounds == 1:
         return train_dpo(cfg, pairs_path, out_dir, seed=seed, track=track, **dpo_args)
     work = out_dir.with_name(f".{out_dir.name}.rounds")
+    _same_rounds(work, cfg, pairs_path, prompts, per_group, seed, dpo_args=dpo_args)
     policy, result = None, None
     for r in range(1, rounds + 1):
         round_cfg = _with_policy(cfg, policy)
@@ -319,6 +321,27 @@ def train_iterative_dpo(
     shutil.move(policy, out_dir)
     shutil.rmtree(work, ignore_errors=True)
     return dataclasses.replace(result, out_dir=out_dir)
+
+
+def _same_rounds(work: Path, cfg: Config, pairs: str, *mining, dpo_args: dict) -> None:
+    """Record the rounds' settings in ``work``, or refuse when the rounds kept there were
+    started under others (a finished round would otherwise be taken as this command's): the
+    config sections that pick the task, the model and its sampling, the pairs, the mining and
+    the DPO settings. The round count is not among them: finished rounds serve a longer or
+    shorter run alike."""
+    sections = ("synthetic", "data", "model", "tiny", "rollout")
+    settings = {k: v for k, v in cfg.to_dict().items() if k in sections}
+    settings |= {"pairs": pairs, "mining": mining}
+    settings |= {k: v for k, v in dpo_args.items() if not callable(v)}  # not on_step
+    settings = json.loads(json.dumps(settings, default=str))  # as read back from JSON
+    file = work / "settings.json"
+    if file.exists() and json.loads(file.read_text()) != settings:
+        raise PipelineError(
+            f"{work} holds the rounds of an interrupted run with other settings: run the same "
+            "command as before to continue it, or remove that directory to start over"
+        )
+    work.mkdir(parents=True, exist_ok=True)
+    file.write_text(json.dumps(settings))
 
 
 def _with_policy(cfg: Config, policy: str | None) -> Config:

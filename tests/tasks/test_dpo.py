@@ -150,6 +150,9 @@ def test_iterative_dpo_mines_each_round_from_the_policy_before(
     with pytest.raises(KeyboardInterrupt):
         D.train_iterative_dpo(cfg, pairs_file, tmp_path / "b", 3, on_step=stop, **args)
     assert not (tmp_path / "b").exists() and (tmp_path / ".b.rounds" / "round1").exists()
+    with pytest.raises(PipelineError, match="rounds of an interrupted run with other settings"):
+        D.train_iterative_dpo(cfg, pairs_file, tmp_path / "b", 3, **(args | {"lr": 1e-3}))
+    assert len(mined_from) == 3  # refused before any round ran
     D.train_iterative_dpo(cfg, pairs_file, tmp_path / "b", 3, **args)
     assert len(mined_from) == 4  # round 2's pairs were kept; round 3 mined once
     b = load_file(str(tmp_path / "b" / "model.safetensors"))

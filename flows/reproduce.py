@@ -126,6 +126,7 @@ def reproduce_run(
         info = read_run(run_id, uri)
     except LookupError as e:
         raise PipelineError(f"{e}. Pass --tracking-uri if the run is in another store.") from None
+    _refuse_unreproducible(run_id, info["tags"])
     cfg = from_dict(info["config"], source=f"run {run_id} config")  # validates the logged config
     mismatches, notes = reproduce_checks(info)
     out: dict[str, Any] = {
@@ -174,6 +175,28 @@ def reproduce_run(
             **common, run_name=name, eval_set=tags.get("eval.set"), tags=mark
         )
     return out
+
+
+# the commands whose runs are not re-run here, and how to make them again
+_RERUN_BY_HAND = {
+    "dpo": "`dapo dpo train` with its dpo.* parameters",
+    "reward_model": "`dapo reward-model train` with its rm.* parameters",
+    "compare": "`dapo compare` with its compare.* parameters, or reproduce one of its method runs",
+}
+
+
+def _refuse_unreproducible(run_id: str, tags: dict[str, str]) -> None:
+    """One line for a run that is not a training, evaluation, pipeline or ablation run: a
+    preference model, or a comparison's parent (its RL method runs are re-run as pipelines)."""
+    kind = tags.get("dapo.flow", "pipeline")
+    if kind == "compare" and tags.get("method"):
+        return  # one RL method of a comparison: trained and evaluated again below
+    if kind in _RERUN_BY_HAND:
+        raise PipelineError(
+            f"run {run_id} was made by `{tags.get('mlflow.source.name', kind)}`; `dapo "
+            "reproduce` re-runs training, evaluation, pipeline and ablation runs. Make it again "
+            f"with {_RERUN_BY_HAND[kind]} (shown on its MLflow page)."
+        )
 
 
 def original_avg(info: dict[str, Any]) -> float | None:

@@ -256,3 +256,42 @@ def test_a_multi_rank_launch_without_a_run_dir_is_refused(flow_params, tmp_path,
     out = CliRunner().invoke(app, ["train", "--params", flow_params], env={"WORLD_SIZE": "2"})
     assert out.exit_code == 2 and "name it with --run-dir" in out.output, out.output
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("tags", "said"),
+    [
+        ({"dapo.flow": "dpo", "mlflow.source.name": "dapo dpo"}, "`dapo dpo train` with"),
+        ({"dapo.flow": "reward_model"}, "`dapo reward-model train` with"),
+        ({"dapo.flow": "compare"}, "reproduce one of its method runs"),
+    ],
+)
+def test_reproduce_refuses_a_run_it_cannot_make_again(flow_cfg, monkeypatch, tags, said):
+    """A preference model's run or a comparison's parent is not re-run as a DAPO pipeline (it
+    was): one line that names the command that makes it again, and nothing runs."""
+    from flows import pipeline
+    from tasks.tracking import store
+
+    def ran(*args, **kwargs):
+        raise AssertionError("a pipeline ran")
+
+    info = {"tags": tags, "config": flow_cfg.to_dict(), "params": {}, "metrics": {}}
+    monkeypatch.setattr(store, "read_run", lambda run_id, uri=None: info)
+    monkeypatch.setattr(pipeline, "pipeline_flow", ran)
+    out = CliRunner().invoke(app, ["reproduce", "0123abcd"])
+    assert out.exit_code != 0 and "Traceback" not in out.output
+    assert "run 0123abcd was made by" in out.output and said in out.output, out.output
+
+
+def test_reproduce_reruns_a_comparisons_rl_method_as_a_pipeline(flow_cfg, monkeypatch):
+    from flows import pipeline
+    from flows.reproduce import reproduce_run
+    from tasks.tracking import store
+
+    tags = {"dapo.flow": "compare", "method": "grpo"}
+    info = {"tags": tags, "config": flow_cfg.to_dict(), "params": {}, "metrics": {}}
+    monkeypatch.setattr(store, "read_run", lambda run_id, uri=None: info)
+    ran = []
+    monkeypatch.setattr(pipeline, "pipeline_flow", lambda **kw: ran.append(kw) or {"ok": 1})
+    out = reproduce_run("0123abcd", progress=False)
+    assert out["result"] == {"ok": 1} and ran[0]["tags"] == {"reproduces": "0123abcd"}

@@ -54,6 +54,10 @@ def schedule_specs(
     """The deployments to register; an empty cron leaves that one out."""
     common = {"params": params, "config": config or [], "overrides": overrides or []}
     _check_timezone(timezone)
+    if promote is not None:
+        from tasks.tracking.registry import DEFAULT_ALIAS, check_names
+
+        check_names(promote, DEFAULT_ALIAS, "--promote")
     specs = []
     if train_cron:
         _check_cron(train_cron, "--train-cron")

@@ -20,6 +20,24 @@ from tasks.tracking.store import MODEL_PATH_TAG, POLICY_MODEL_TYPE, tracking_uri
 MODELS_URI = "models:/"
 DEFAULT_NAME, DEFAULT_ALIAS = "dapo-policy", "champion"
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
+# MLflow's rules (mlflow.utils.validation): a name without '/' or ':'; an alias of word
+# characters and dashes that a version's own alias (v3) or "latest" does not already mean
+_ALIAS = re.compile(r"[\w-]{1,255}")
+_VERSION_ALIAS = re.compile(r"[vV]\d+")
+
+
+def check_names(name: str, alias: str, name_option: str = "--name") -> None:
+    """One line for a registered-model name or an alias MLflow would refuse, before anything is
+    registered (refused after the version is made, an alias left it without one)."""
+    if not name.strip() or "/" in name or ":" in name:
+        raise PipelineError(
+            f"{name_option} {name!r}: a registered model's name is not empty and has no '/' or ':'"
+        )
+    if not _ALIAS.fullmatch(alias) or _VERSION_ALIAS.fullmatch(alias) or alias.lower() == "latest":
+        raise PipelineError(
+            f"--alias {alias!r}: an alias is letters, digits, '_' and '-' (at most 255), and "
+            "neither 'latest' nor a version's own name (v1, v2, ...)"
+        )
 
 
 @dataclass(frozen=True)
@@ -67,11 +85,24 @@ def logged_model_of(ref: str, uri: str | None = None) -> str:
         filter_string=f"source_run_id = '{ref}' AND model_type = '{POLICY_MODEL_TYPE}'",
     )
     if not models:
-        raise PipelineError(
-            f"run {ref} logged no policy: a training run logs one when it completes (finish "
-            "it with `dapo train --resume RUN_DIR`), an evaluation when it evaluates a directory"
-        )
+        raise PipelineError(f"run {ref} logged no policy: {_no_policy_advice(run.data.tags)}")
     return max(models, key=lambda m: int(m.params.get("step", 0))).model_id
+
+
+def _no_policy_advice(tags: dict[str, str]) -> str:
+    """What to do about a run that logged no policy, by what made it."""
+    if tags.get("dapo.flow") == "dpo" and tags.get("dpo.out_dir"):
+        out = tags["dpo.out_dir"]
+        return (
+            f"its DPO policy is the directory {out}: `dapo evaluate --model {out}` logs it as a "
+            "model, then register that evaluation's run"
+        )
+    if tags.get("dapo.flow") == "reward_model":
+        return "it trained a reward model, which scores responses: register a policy's run"
+    return (
+        "a training run logs one when it completes (finish it with `dapo train --resume "
+        "RUN_DIR`), an evaluation when it evaluates a directory"
+    )
 
 
 def register(
@@ -79,11 +110,19 @@ def register(
 ) -> Registered:
     """A new version of registered model ``name`` made from the policy ``ref`` names, with
     ``alias`` moved to it (the registered model is created on first use)."""
+    from mlflow.exceptions import MlflowException
+
+    check_names(name, alias)
     model_id = logged_model_of(ref, uri)
     client = _client(uri)
-    model = client.get_logged_model(model_id)
+    try:
+        model = client.get_logged_model(model_id)
+    except MlflowException as e:
+        raise PipelineError(
+            f"no logged model {model_id} in {client.tracking_uri} ({e.message.splitlines()[0]}): "
+            "copy its id from `dapo ui` (the Models page), or register a run id"
+        ) from None
     path = _existing_path(model.tags.get(MODEL_PATH_TAG), model_id)
-    from mlflow.exceptions import MlflowException
 
     try:
         client.create_registered_model(name)

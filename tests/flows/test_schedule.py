@@ -82,6 +82,9 @@ def test_cli_schedule_needs_a_prefect_server(monkeypatch):
     assert "dapo server start" in out.output and "PREFECT_API_URL" in out.output
     bad = CliRunner().invoke(app, ["schedule", "--train-cron", "nightly"])
     assert bad.exit_code == 2 and "not a cron expression" in bad.output
+    # a name the registry refuses would fail every night, after the training
+    name = CliRunner().invoke(app, ["schedule", "--dry-run", "--promote", "team/policy"])
+    assert name.exit_code == 2 and "--promote 'team/policy'" in name.output
 
 
 def test_the_nightly_train_promotes_a_completed_tracked_run_only(monkeypatch, caplog):

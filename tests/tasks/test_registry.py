@@ -83,6 +83,7 @@ def test_register_moves_the_alias_and_a_models_uri_loads_the_directory(logged, t
         ("models:/dapo-policy", "name a version or an alias"),
         ("final", "not a run id"),
         ("0" * 32, "no MLflow run"),
+        ("m-0123", "no logged model m-0123"),
     ],
 )
 def test_a_wrong_reference_is_one_line_saying_what_to_do(logged, ref, message):
@@ -95,13 +96,40 @@ def test_a_wrong_reference_is_one_line_saying_what_to_do(logged, ref, message):
             registry.register(ref, uri=uri)
 
 
+@pytest.mark.parametrize(
+    "name, alias, message",
+    [
+        ("bad/name", "champion", "--name 'bad/name'"),
+        ("a:b", "champion", "has no '/' or ':'"),
+        (" ", "champion", "is not empty"),
+        ("dapo-policy", "two words", "--alias 'two words'"),
+        ("dapo-policy", "v3", "a version's own name"),
+        ("dapo-policy", "Latest", "neither 'latest'"),
+        ("dapo-policy", "x" * 256, "at most 255"),
+    ],
+)
+def test_a_name_or_alias_mlflow_refuses_registers_nothing(logged, name, alias, message):
+    """Refused before the version is made: MLflow refused these after it, leaving a version
+    without its alias (and a traceback)."""
+    run_id, *_, uri = logged
+    with pytest.raises(PipelineError, match=message):
+        registry.register(run_id, name=name, alias=alias, uri=uri)
+    assert MlflowClient(uri).search_model_versions() == []
+    registry.check_names("dapo-policy", "Champion_2-b")  # what MLflow takes passes
+
+
 def test_a_run_without_a_policy_or_a_deleted_directory_is_refused(logged, tiny_cfg, tmp_path):
     run_id, _, _, final, uri = logged
     t = Tracker(tiny_cfg, "train", uri=uri)
     t.start_run("empty", log_config=False)
     t.end()
-    with pytest.raises(PipelineError, match="logged no policy"):
+    with pytest.raises(PipelineError, match="logged no policy.*dapo train --resume"):
         registry.register(t.run_id, uri=uri)
+    dpo = Tracker(tiny_cfg, "dpo", uri=uri)
+    dpo.start_run("dpo", {"dapo.flow": "dpo", "dpo.out_dir": "out/dpo"}, log_config=False)
+    dpo.end()
+    with pytest.raises(PipelineError, match="DPO policy is the directory out/dpo: `dapo evaluate"):
+        registry.register(dpo.run_id, uri=uri)
     registry.register(run_id, uri=uri)
     (final / "config.json").unlink()
     with pytest.raises(PipelineError, match="holds no model any more"):

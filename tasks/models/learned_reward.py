@@ -49,16 +49,17 @@ def load_reward_model(path: str, device: str):
     for a reward model directory), and its tokenizer."""
     from transformers import AutoModelForSequenceClassification
 
-    from tasks.models.loading import load_tokenizer, transformers_quietly
+    from tasks.models.loading import explained_load_errors, load_tokenizer, transformers_quietly
 
     hf = transformers_quietly()
-    tokenizer = load_tokenizer(path)
     level = hf.logging.get_verbosity()
     hf.logging.set_verbosity_error()  # a policy's new head is expected: no "MISSING" report
     try:  # (a load that fails still raises)
-        model = AutoModelForSequenceClassification.from_pretrained(
-            path, num_labels=1, dtype=torch.float32
-        ).to(device)
+        with explained_load_errors(path):
+            tokenizer = load_tokenizer(path)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                path, num_labels=1, dtype=torch.float32
+            ).to(device)
     finally:
         hf.logging.set_verbosity(level)
     model.config.pad_token_id = tokenizer.pad_token_id  # transformers reads the last non-pad

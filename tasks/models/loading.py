@@ -4,6 +4,7 @@ for generation (left padding, a pad token), and the chat prompt the policy is sa
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,20 +99,42 @@ def load_policy(
             f"model path {name_or_path} has no config.json; pass a Hugging Face model directory, "
             "a hub id (e.g. Qwen/Qwen2.5-7B), or -S model.name_or_path=tiny for the embedded model"
         )
-    try:
+    with explained_load_errors(name_or_path):
         tokenizer = load_tokenizer(name_or_path)
         model = AutoModelForCausalLM.from_pretrained(
             name_or_path, dtype=torch_dtype(dtype, device)
         ).to(device)
-    except OSError as e:
-        raise ModelNotFound(
-            f"could not load model {name_or_path!r} ({e.__class__.__name__}); offline, use a local "
-            "model directory or -S model.name_or_path=tiny"
-        ) from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"  # generation appends on the right
     return model, tokenizer
+
+
+@contextmanager
+def explained_load_errors(name_or_path: str):
+    """A load of ``name_or_path`` that fails on its files is a ``ModelNotFound`` that says what
+    to do, not a traceback from transformers or safetensors."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except (OSError, ValueError, SafetensorError) as e:
+        raise ModelNotFound(_unloadable(name_or_path, e)) from None
+
+
+def _unloadable(name_or_path: str, error: Exception) -> str:
+    """Why a model did not load, and what to do: a local directory with a file transformers or
+    safetensors cannot read is damaged (a copy or download cut short); a hub id was not reached."""
+    if _looks_local(name_or_path):
+        said = (str(error).strip().splitlines() or [error.__class__.__name__])[0][:200]
+        return (
+            f"model directory {name_or_path} cannot be loaded ({said}): a file in it is "
+            "truncated or corrupt; copy, fetch or build it again"
+        )
+    return (
+        f"could not load model {name_or_path!r} ({error.__class__.__name__}); offline, use a "
+        "local model directory or -S model.name_or_path=tiny"
+    )
 
 
 # What transformers keeps of a load's options in a tokenizer and writes back when it is saved:

@@ -34,6 +34,30 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
         load_policy(str(tmp_path))  # a directory, but not a model
 
 
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        ("model.safetensors", "invalid header length"),  # a copy cut short
+        ("config.json", "not a valid JSON file"),
+    ],
+)
+def test_a_damaged_model_directory_is_one_line_saying_what_to_do(tiny_cfg, tmp_path, damage, said):
+    """Not a traceback from safetensors, and not the offline advice meant for a hub id; the
+    reward model's loader says the same."""
+    import shutil
+
+    from tasks.models.learned_reward import load_reward_model
+
+    model = tmp_path / "m"
+    shutil.copytree(resolve_model_path(tiny_cfg), model)
+    whole = (model / damage).read_bytes()
+    (model / damage).write_bytes(whole[: len(whole) // 100])
+    for load in (load_policy, lambda p: load_reward_model(p, "cpu")):
+        with pytest.raises(ModelNotFound, match=said) as e:
+            load(str(model))
+        assert "truncated or corrupt; copy, fetch or build it again" in str(e.value)
+
+
 def test_split_response():
     assert split_response([5, 6, 2, 0, 0], {2}, 0) == ([5, 6, 2], True)
     assert split_response([5, 6, 7], {2}, 0) == ([5, 6, 7], False)

@@ -164,7 +164,7 @@ def build_tiny(cfg: Config) -> Path:
         data = splits(cfg)
         build_tiny_model(t, data.train, into, t.seed)
         stop = None
-        if t.warm_start_target > 0:
+        if t.warm_start_target > 0 and t.warm_start_steps > 0:  # 0 steps: nothing to check
             score = warm_start.validation_score(cfg, data.val)
             every, window = t.warm_start_eval_every, t.warm_start_window
             stop = warm_start.StopRule(t.warm_start_target, every, score, window)

@@ -1,5 +1,6 @@
 """The embedded model directory: tokenizer round trip, loading errors, rollout invariants."""
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -283,6 +284,18 @@ def test_embedded_model_is_rebuilt_when_what_it_was_built_from_changes(tiny_cfg,
     other = resolve(cfg.to_dict(), overrides=["synthetic.num_train=50"])
     assert resolve_model_path(other) == str(path)
     assert (path / BUILD_RECORD).stat().st_mtime_ns != built  # another task: rebuilt
+
+
+def test_an_embedded_model_without_a_warm_start_builds_under_a_target(tiny_cfg, tmp_path):
+    """tiny.warm_start_steps=0 with a validation target: the untrained model, not an IndexError
+    from a warning about a check that never ran."""
+    from dapo_core.config_loader import resolve
+    from tasks.models.build import BUILD_RECORD
+
+    overrides = [f"tiny.path={tmp_path}", "tiny.warm_start_steps=0", "tiny.warm_start_target=0.5"]
+    path = Path(resolve_model_path(resolve(tiny_cfg.to_dict(), overrides=overrides)))
+    record = json.loads((path / BUILD_RECORD).read_text())
+    assert record["build"]["warm_start"] == {"steps": 0}  # untrained, never checked
 
 
 def test_format_warm_start_of_a_pretrained_model(tiny_cfg, llama_path, tmp_path):

@@ -57,6 +57,14 @@ class FetchFailed(PipelineError):
 
 
 def model_dir(name: str) -> Path:
+    """``data/models/<name>``; a name that is not one plain path component (``a/b``, ``..``) is
+    refused before anything is made: it would write outside that folder or leave a folder
+    behind."""
+    if not name or name.startswith(".") or Path(name).name != name or "\\" in name:
+        raise FetchFailed(
+            f"model name {name!r}: name it with letters, digits, '-', '_' and '.', without '/' "
+            "(it becomes the folder data/models/NAME)"
+        )
     return repo_path(MODELS_DIR) / name
 
 

@@ -50,6 +50,16 @@ def test_a_file_that_is_not_gguf_is_a_clear_error(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("name", ["a/b", "../outside", "..", ".hidden", "", "a\\b"])
+def test_a_model_name_that_is_not_one_folder_is_refused_before_anything_is_made(name):
+    with pytest.raises(FetchFailed, match="without '/'"):
+        fetch.model_dir(name)
+
+
+def test_a_plain_model_name_is_a_folder_under_data_models():
+    assert fetch.model_dir("my-model_2.q4").parts[-3:] == ("data", "models", "my-model_2.q4")
+
+
 def write_toy_gguf(path, tokenizer, hidden=32, ffn=64, layers=2, heads=4, kv_heads=2):
     """A tiny float32 Llama GGUF with ``tokenizer``'s byte-level BPE vocabulary, written with the
     ``gguf`` package as llama.cpp's converter writes one; returns the tensors it wrote."""

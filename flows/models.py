@@ -108,6 +108,23 @@ def reference_run(cfg: Config, scratch: Path) -> str:
     return dir_digest(Path(run) / "final")
 
 
+def _same_run(cfg: Config, preset: Config) -> None:
+    from tasks.tracking.store import flatten_config
+
+    now, then = flatten_config(cfg), flatten_config(preset)
+    changed = sorted(
+        k
+        for k in now.keys() | then.keys()
+        if now.get(k) != then.get(k) and not k.startswith(("tracking.", "train.out_dir"))
+    )
+    if changed:
+        more = ", ..." if len(changed) > 4 else ""
+        raise PipelineError(
+            f"the reference run is the release's, and -S changes it ({', '.join(changed[:4])}"
+            f"{more}): drop the -S overrides; pick the preset with -c"
+        )
+
+
 @dataclass(frozen=True)
 class ReferenceCheck:
     checkpoint: str  # the shipped checkpoint's name
@@ -120,9 +137,12 @@ class ReferenceCheck:
         return self.got == self.want
 
 
-def check_reference(cfg: Config, scratch: Path) -> ReferenceCheck:
+def check_reference(cfg: Config, scratch: Path, preset: Config | None = None) -> ReferenceCheck:
     """Run the reference run from the shipped checkpoint of ``cfg`` and compare its final weights
-    with the digest the release recorded."""
+    with the digest the release recorded. ``preset``: ``cfg`` before its -S overrides, which
+    may change only where runs are tracked and written (any other setting makes another run,
+    whose weights would differ on every machine and be blamed on this one's rounding)."""
+    _same_run(cfg, preset or cfg)
     path = shipped.find(shipped_key(cfg))
     if path is None:
         raise PipelineError(

@@ -93,8 +93,9 @@ def model_check(params: ParamsOpt = None, config: ConfigOpt = None, set_: SetOpt
     from flows.models import check_reference
 
     cfg = _load(params, config, set_)
+    preset = _load(params, config, None) if set_ else cfg
     with tempfile.TemporaryDirectory(prefix="dapo-reference-") as scratch:
-        r = check_reference(cfg, Path(scratch))
+        r = check_reference(cfg, Path(scratch), preset)
     if r.reproduced:
         console.print(f"[green]reproduced[/]: {r.got} from checkpoints/{r.checkpoint}, bit for bit")
         return

@@ -214,7 +214,8 @@ def test_dapo_model_build_reports_its_build_and_that_none_ships_for_it(tmp_path)
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["model", "check", "-S", "tiny.seed=3"], "no checkpoint ships for these settings"),
+        (["model", "check", "-S", "tiny.seed=3"], "-S changes it (tiny.seed)"),
+        (["model", "check", "-S", "train.lr=1e-3"], "drop the -S overrides"),  # not this machine
         (["model", "build", "-S", "model.name_or_path=gpt2"], "builds the embedded model"),
     ],
 )
@@ -225,3 +226,12 @@ def test_model_commands_refuse_what_they_cannot_do_in_one_line(args, message):
 
     out = CliRunner().invoke(app, args)
     assert out.exit_code == 2 and message in out.output and "Traceback" not in out.output
+
+
+def test_the_reference_run_takes_no_settings_but_where_it_is_tracked(tiny_cfg, tmp_path):
+    from dapo_core.config_loader import resolve
+    from flows.models import check_reference
+
+    elsewhere = resolve(tiny_cfg.to_dict(), overrides=["tracking.experiment_prefix=x"])
+    with pytest.raises(PipelineError, match="no checkpoint ships for these settings"):
+        check_reference(elsewhere, tmp_path, tiny_cfg)  # past the settings (the tests' model)

@@ -11,7 +11,7 @@ from typing import Any
 
 from dapo_core import metric_names as metric
 from dapo_core.config import Config
-from dapo_core.errors import PipelineError
+from dapo_core.errors import PipelineError, TrainingInterrupted
 from tasks.models import shipped
 from tasks.models.build import library_versions, read_record
 from tasks.models.tiny import TINY, build_tiny, shipped_key
@@ -103,8 +103,13 @@ def reference_run(cfg: Config, scratch: Path) -> str:
 
     cfg = resolve(cfg.to_dict(), overrides=REFERENCE_OVERRIDES)
     run = str(scratch / "reference")
-    with without_prefect():
-        train_config(cfg, run, "reference", progress=False, resume=False, track=False)
+    try:
+        with without_prefect():
+            train_config(cfg, run, "reference", progress=False, resume=False, track=False)
+    except TrainingInterrupted:  # its advice names the scratch directory, which goes with it
+        raise TrainingInterrupted(
+            "the reference run stopped; it is not kept: run the same command to start it again"
+        ) from None
     return dir_digest(Path(run) / "final")
 
 

@@ -39,8 +39,11 @@ from tasks.training.run import TrainResult, run_training
 MAX_SAMPLE_ROWS = 2000  # sample generations kept for the run's table
 
 
-def resume_hint(kind: str, rd: RunDir) -> str:
-    """The command that continues a stopped run of this kind."""
+def resume_hint(kind: str, rd: RunDir, tags: dict[str, str] | None = None) -> str:
+    """The command that continues a stopped run of this kind (``tags``: the run's extra tags;
+    a reproduction is continued by the command that reads the original's config)."""
+    if (tags or {}).get("reproduces"):
+        return f"dapo reproduce {tags['reproduces']} --run-name {rd.name}"
     if kind == "pipeline":
         return f"dapo pipeline --run-name {rd.name}"
     if kind == "ablate":
@@ -176,7 +179,7 @@ def _train(
         with deferred_signals():  # the repeated signal of a terminal or a worker waits
             tracker.end("KILLED")
         raise TrainingInterrupted(
-            rd.describe_stop(cfg.train.steps, resume_hint(kind, rd))
+            rd.describe_stop(cfg.train.steps, resume_hint(kind, rd, extra_tags))
         ) from None
     except BaseException:
         tracker.end("FAILED")

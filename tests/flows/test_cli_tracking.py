@@ -295,3 +295,28 @@ def test_reproduce_reruns_a_comparisons_rl_method_as_a_pipeline(flow_cfg, monkey
     monkeypatch.setattr(pipeline, "pipeline_flow", lambda **kw: ran.append(kw) or {"ok": 1})
     out = reproduce_run("0123abcd", progress=False)
     assert out["result"] == {"ok": 1} and ran[0]["tags"] == {"reproduces": "0123abcd"}
+
+
+def test_a_stopped_reproduction_is_continued_by_reproduce_not_pipeline(tmp_path):
+    """`dapo pipeline --run-name` would read params.yaml, not the original run's config."""
+    from tasks.rundir import RunDir
+    from tasks.training.task import resume_hint
+
+    rd = RunDir(tmp_path / "reproduce-0123abcd")
+    said = resume_hint("pipeline", rd, {"reproduces": "0123abcd"})
+    assert said == "dapo reproduce 0123abcd --run-name reproduce-0123abcd"
+    assert resume_hint("pipeline", rd) == "dapo pipeline --run-name reproduce-0123abcd"
+
+
+def test_a_stopped_model_check_says_to_start_again_not_resume_its_scratch(monkeypatch):
+    from dapo_core.errors import TrainingInterrupted
+    from flows import models, stages
+
+    def stopped(cfg, run, *args, **kwargs):
+        raise TrainingInterrupted(f"Continue with: dapo train --resume {run}")
+
+    monkeypatch.setattr(stages, "train_config", stopped)
+    monkeypatch.setattr(models.shipped, "find", lambda key: ROOT / "checkpoints" / "tiny-arith")
+    out = CliRunner().invoke(app, ["model", "check"])
+    assert out.exit_code == 130 and "--resume" not in out.output
+    assert "the reference run stopped; it is not kept: run the same command" in out.output

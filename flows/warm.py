@@ -382,6 +382,21 @@ def wait_ready(timeout: float = 120.0) -> dict[str, Any] | None:
     return None
 
 
+def start_ready(timeout: float = 120.0) -> tuple[int | None, dict[str, Any] | None]:
+    """(pid started or None, its status once ready or None): :func:`start` then
+    :func:`wait_ready`. A process started here that is not ready when this returns (it timed
+    out, or Ctrl-C or SIGTERM raised while waiting) is ended: nobody asked for one that is not
+    working."""
+    pid, found = start(quiet=True), None
+    try:
+        found = wait_ready(timeout)
+        return pid, found
+    finally:
+        if pid is not None and found is None:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)  # its own session; nothing served yet
+
+
 def _ask(message: dict[str, Any], timeout: float, path: Path | None = None) -> dict | None:
     sock = _connect(timeout, path)
     if sock is None:

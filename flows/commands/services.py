@@ -76,8 +76,8 @@ def warm_start() -> None:
     """Start the warm process in the background (or find it running) and wait until it is ready."""
     from flows import warm
 
-    started = warm.start(quiet=True)
-    found = warm.wait_ready()
+    _working()  # Ctrl-C raises from here, so that a process started for nothing is ended
+    started, found = warm.start_ready()
     if found is None:
         raise PipelineError(
             f"the warm process did not answer; see {warm.socket_path().with_suffix('.log')}"

@@ -329,6 +329,34 @@ def _training(args: list[str], run: Path, log: Path) -> tuple[subprocess.Popen, 
     return proc, int(_served(log)[-1].split()[1].rstrip(":"))
 
 
+@pytest.mark.parametrize("waiting", ["interrupted", "timed out"])
+def test_a_warm_start_that_ends_before_ready_ends_the_process_it_started(
+    warm_dir, monkeypatch, waiting
+):
+    """Ctrl-C during `dapo warm start` (or no answer in time) leaves no warm process behind."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    started = []
+    start = warm.start
+
+    def spy(quiet=False):
+        started.append(start(quiet))
+        return started[-1]
+
+    def wait(timeout=120.0):
+        if waiting == "interrupted":
+            raise KeyboardInterrupt
+        return None
+
+    monkeypatch.setattr(warm, "start", spy)
+    monkeypatch.setattr(warm, "wait_ready", wait)
+    out = CliRunner().invoke(app, ["warm", "start"])
+    assert out.exit_code == (130 if waiting == "interrupted" else 2), out.output
+    assert started[0] is not None and _wait_gone(started[0], 15)
+
+
 @pytest.mark.slow
 def test_stop_ends_the_warm_process_and_its_socket(warm_dir):
     assert warm.start(quiet=True) and (found := warm.wait_ready(timeout=120))

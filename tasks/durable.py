@@ -24,6 +24,15 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def file_in_the_way(folder: Path) -> Path | None:
+    """The file that stops ``folder`` from being made: ``folder`` itself or the nearest of its
+    parents that exists, when that is not a folder (None: nothing in the way)."""
+    for path in (folder, *folder.parents):
+        if path.exists():
+            return None if path.is_dir() else path
+    return None
+
+
 def write_synced(path: Path, text: str) -> None:
     with path.open("w") as f:
         f.write(text)

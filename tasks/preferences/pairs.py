@@ -200,6 +200,8 @@ def _defect(row: dict, held: set[str]) -> str | None:
 def _raw_rows(path: str) -> tuple[list, dict, int]:
     """(rows, provenance, unreadable lines) of a file, or of a hub dataset's train split."""
     p = Path(path)
+    if p.is_dir():
+        raise PipelineError(f"{path} is a folder; give a pairs file (.parquet, .jsonl or .json)")
     if not p.exists():
         if p.suffix in SUFFIXES or "/" not in path or path.startswith((".", "/")):
             raise PipelineError(
@@ -267,6 +269,32 @@ def _hub_rows(name: str) -> list[dict]:
 # -- the command -------------------------------------------------------------------------------
 
 
+def _check_out(out: Path) -> None:
+    """One line for a ``--out`` that mined pairs cannot be written to, or should not replace."""
+    from tasks.durable import file_in_the_way
+
+    if out.suffix != ".parquet":
+        raise PipelineError(f"{out}: mined pairs are written as .parquet; name the file so")
+    if blocked := file_in_the_way(out.parent):
+        raise PipelineError(f"--out {out}: {blocked} is a file, not a folder; choose another --out")
+    if out.is_dir():
+        raise PipelineError(f"--out {out} is a folder; name the .parquet file to write")
+    if out.exists() and PROVENANCE_KEY not in _parquet_metadata(out):
+        raise PipelineError(
+            f"--out {out} holds other data (not pairs that `dapo pairs mine` wrote), which "
+            "mining would replace: choose another --out, or remove it"
+        )
+
+
+def _parquet_metadata(path: Path) -> dict:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_schema(path).metadata or {}
+    except Exception:  # noqa: BLE001 - unreadable: not a table mining wrote
+        return {}
+
+
 def mine_to_file(
     cfg: Config,
     out: str | Path,
@@ -289,8 +317,7 @@ def mine_to_file(
     from tasks.runtime import configure_torch
 
     out = Path(out)
-    if out.suffix != ".parquet":  # before minutes of sampling, not after
-        raise PipelineError(f"{out}: mined pairs are written as .parquet; name the file so")
+    _check_out(out)  # before minutes of sampling, not after
     device = configure_torch(cfg.train.cpu_threads)
     path = resolve_model_path(cfg)
     model, tokenizer = load_policy(path, cfg.model.dtype, device)

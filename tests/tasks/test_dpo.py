@@ -104,6 +104,13 @@ def test_bad_settings_are_one_line_errors(cfg, pairs_file, tmp_path, kwargs, mes
     assert not (tmp_path / "dpo").exists()
 
 
+@pytest.mark.parametrize("out", ["afile", "afile/dpo"])
+def test_an_out_where_a_file_is_is_one_line(cfg, pairs_file, tmp_path, out):
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(PipelineError, match=f"{tmp_path / 'afile'} is a file; name a directory"):
+        D.train_dpo(cfg, pairs_file, tmp_path / out, track=False)
+
+
 def _length_parity(response: str, answer: str):
     """The rule for mining in these tests: the tiny policy is never right, so its groups would
     give no pairs; its responses' lengths differ, so these groups are mixed."""

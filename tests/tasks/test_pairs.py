@@ -132,11 +132,14 @@ def test_malformed_rows_are_set_aside_and_counted(tmp_path):
         ("bad.json", "{", "not valid JSON"),
         ("pairs.csv", "prompt,chosen,rejected\n", ".parquet, .jsonl or .json"),
         ("broken.parquet", "not parquet", "not a readable Parquet file"),
+        ("folder.jsonl", "DIR", "is a folder; give a pairs file"),
     ],
 )
 def test_bad_pairs_files_are_one_line_errors(tmp_path, name, content, message):
     path = tmp_path / name
-    if content is not None:
+    if content == "DIR":
+        path.mkdir()
+    elif content is not None:
         path.write_text(content)
     with pytest.raises(PipelineError, match=message):
         P.read_pairs(str(path))
@@ -152,8 +155,35 @@ def test_pairs_show_says_what_is_wrong_in_one_line(tmp_path):
     assert "no usable pairs" in out.output and "Traceback" not in out.output
 
 
-def test_pairs_mine_refuses_another_suffix_before_sampling(tmp_path):
-    cfg = load_params()
-    with pytest.raises(PipelineError, match=".parquet"):
-        P.mine_to_file(cfg, tmp_path / "p.jsonl", prompts=4)
-    assert list(tmp_path.iterdir()) == []
+@pytest.mark.parametrize(
+    ("out", "message"),
+    [
+        ("p.jsonl", "written as .parquet"),
+        ("afile/p.parquet", "afile is a file, not a folder"),
+        ("folder.parquet", "is a folder; name the .parquet file"),
+        ("other.parquet", "holds other data"),  # a table mining did not write is not replaced
+    ],
+)
+def test_pairs_mine_refuses_an_out_it_cannot_or_should_not_write_before_sampling(
+    tmp_path, monkeypatch, out, message
+):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tasks.models import loading
+
+    monkeypatch.setattr(loading, "load_policy", lambda *a: pytest.fail("sampled"))
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "folder.parquet").mkdir()
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "other.parquet")
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(PipelineError, match=message):
+        P.mine_to_file(load_params(), tmp_path / out, prompts=4)
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_pairs_mine_replaces_pairs_it_mined(tmp_path):
+    table = P.PairTable([{"prompt": "q", "chosen": "a", "rejected": "b"}], {"groups": 1})
+    P.write_pairs(table, tmp_path / "p.parquet")
+    assert P.PROVENANCE_KEY in P._parquet_metadata(tmp_path / "p.parquet")
+    P._check_out(tmp_path / "p.parquet")  # no error: a re-mine replaces its own table

@@ -104,12 +104,21 @@ class Resume:
         state_file, settings_file = self.dir / "state.pt", self.dir / "settings.json"
         if not state_file.exists():
             return None
-        if json.loads(settings_file.read_text()) != self.settings:
+        try:
+            settings = json.loads(settings_file.read_text())
+            state = torch.load(state_file, weights_only=True)
+        except Exception as e:  # noqa: BLE001 - truncated, corrupt or missing: one line either way
+            said = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+            raise PipelineError(
+                f"{self.dir} holds an interrupted run's state that cannot be read ({said}): "
+                "remove that directory to start over"
+            ) from None
+        if settings != self.settings:
             raise PipelineError(
                 f"{self.dir} holds an interrupted run with other settings: run the same command "
                 "as before to continue it, or remove that directory to start over"
             )
-        return torch.load(state_file, weights_only=True)
+        return state
 
     def save(self, state: dict) -> None:
         """Write ``state`` whole (temporary file, then rename)."""

@@ -170,3 +170,16 @@ def test_iterative_dpo_refuses_zero_rounds(cfg, pairs_file, tmp_path):
     with pytest.raises(PipelineError, match="--rounds 0 is out of range"):
         D.train_iterative_dpo(cfg, pairs_file, tmp_path / "dpo", 0, track=False)
     assert not (tmp_path / "dpo").exists()
+
+
+@pytest.mark.parametrize("damaged", ["state.pt", "settings.json"])
+def test_an_unreadable_interrupted_state_is_one_line(tmp_path, damaged):
+    from tasks.preferences.common import Resume
+
+    resume = Resume(tmp_path / "out", {"lr": 1e-3})
+    resume.save({"step": torch.tensor(3)})
+    assert int(resume.load()["step"]) == 3
+    whole = (resume.dir / damaged).read_bytes()
+    (resume.dir / damaged).write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(PipelineError, match=r"\.out\.resume holds .* cannot be read .*: remove"):
+        resume.load()

@@ -15,7 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dapo_core.errors import PipelineError
-from tasks.tracking.store import MODEL_PATH_TAG, POLICY_MODEL_TYPE, tracking_uri
+from tasks.tracking.store import (
+    MODEL_PATH_TAG,
+    POLICY_MODEL_TYPE,
+    refuse_missing_store,
+    tracking_uri,
+)
 
 MODELS_URI = "models:/"
 DEFAULT_NAME, DEFAULT_ALIAS = "dapo-policy", "champion"
@@ -60,7 +65,12 @@ def is_model_uri(name: str) -> bool:
 def _client(uri: str | None):
     from mlflow import MlflowClient
 
-    return MlflowClient(uri or tracking_uri())
+    uri = uri or tracking_uri()
+    try:
+        refuse_missing_store(uri)
+    except LookupError as e:
+        raise PipelineError(str(e)) from None
+    return MlflowClient(uri)
 
 
 def logged_model_of(ref: str, uri: str | None = None) -> str:

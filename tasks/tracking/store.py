@@ -43,6 +43,18 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///") :].split("?", 1)[0])
 
 
+def refuse_missing_store(uri: str) -> None:
+    """LookupError for a SQLite store that does not exist, before MLflow opens it: a command
+    that reads runs logged there would create an empty database at a mistyped path (and then
+    find nothing in it)."""
+    db = sqlite_path(uri)
+    if db is not None and not db.exists():
+        raise LookupError(
+            f"no MLflow store at {db} (tracking URI {uri}): check the path; the project's runs "
+            f"are in sqlite:///{STORE_DIR / 'mlflow.db'} unless tracking.tracking_uri says else"
+        )
+
+
 def artifact_root(uri: str) -> str | None:
     """Where experiments created in ``uri`` keep their artifacts: ``artifacts/`` beside a SQLite
     database (MLflow would otherwise use ``./mlruns`` of the cwd); the server's choice otherwise."""
@@ -89,6 +101,7 @@ def read_run(run_id: str, uri: str | None = None) -> dict[str, Any]:
     from mlflow import MlflowClient
 
     uri = uri or tracking_uri()
+    refuse_missing_store(uri)
     try:
         client = MlflowClient(tracking_uri=uri)
     except MlflowException:  # a scheme MLflow has no store for

@@ -574,3 +574,18 @@ def test_a_store_mlflow_cannot_open_is_a_lookup_error_naming_it():
 
     with pytest.raises(LookupError, match=r"cannot open a tracking store at 'bogus://x'"):
         read_run("deadbeef", "bogus://x")
+
+
+def test_a_mistyped_sqlite_store_is_refused_and_not_created(tmp_path):
+    """`dapo reproduce RUN --tracking-uri sqlite:///typo.db` (or `dapo register`) made an empty
+    database at the typo and then found no run in it."""
+    from dapo_core.errors import PipelineError
+    from tasks.tracking import registry
+    from tasks.tracking.store import read_run
+
+    typo = f"sqlite:///{tmp_path / 'mlfow.db'}"
+    with pytest.raises(LookupError, match=r"no MLflow store at .*mlfow\.db .*: check the path"):
+        read_run("0" * 32, typo)
+    with pytest.raises(PipelineError, match="no MLflow store at"):
+        registry.register("0" * 32, uri=typo)
+    assert list(tmp_path.iterdir()) == []

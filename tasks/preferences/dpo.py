@@ -41,6 +41,7 @@ from tasks.preferences.common import (
     start_tracking,
 )
 from tasks.training.batches import Sample
+from tasks.training.forward import PolicyForward
 
 RECORD = "dpo.json"
 
@@ -111,8 +112,6 @@ def train_dpo(
     from tasks.runtime import configure_torch
     from tasks.tracking.provenance import run_tags
     from tasks.tracking.tracker import Tracker
-    from tasks.training.forward import PolicyForward
-    from tasks.training.reference import frozen_copy
 
     out_dir = Path(out_dir)
     check_settings(
@@ -128,41 +127,24 @@ def train_dpo(
     device = configure_torch(cfg.train.cpu_threads)
     base = resolve_model_path(cfg)
     model, tokenizer = load_policy(base, "float32", device)
-    reference = frozen_copy(model)
-    pad = tokenizer.pad_token_id
     # log pi(y | x) of the model itself (temperature 1), as DPO's objective is defined
-    policy = PolicyForward(model, pad, 1.0, autocast=False)
-    ref = PolicyForward(reference, pad, 1.0, autocast=False)
+    policy = PolicyForward(model, tokenizer.pad_token_id, 1.0, autocast=False)
     train = pair_samples(tokenizer, train_rows, cfg.rollout.max_response_len)
     held = pair_samples(tokenizer, held_rows, cfg.rollout.max_response_len)
-    ref_train = _reference_logps(ref, train, batch_size)
-    ref_held = _reference_logps(ref, held, batch_size)
+    ref_train, ref_held = _reference_logps(policy, [train, held], batch_size)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer, schedule = decaying_adamw(trainable, lr, epochs, len(train), batch_size)
-
     settings = {"pairs": pairs_path, "base": str(base), "beta": beta, "nll_weight": nll_weight}
     settings |= {"epochs": epochs, "lr": lr, "batch_size": batch_size, "heldout": heldout}
     settings |= {"seed": seed}
     resume = Resume(out_dir, settings)
+    loss = _DPOLoss(policy, train, ref_train, beta, nll_weight)
+    sample_validation = _validation(cfg, model, tokenizer, base) if validate else dict
 
     def learn(idx: list[int]) -> dict:
-        pol = sequence_logps(policy, [x for j in idx for x in train[j]]).view(-1, 2)
-        loss, m = dpo_loss(pol[:, 0], pol[:, 1], *ref_train[idx].unbind(-1), beta)
-        lens = torch.tensor([float(train[j][0].response_len) for j in idx])
-        nll = -(pol[:, 0] / lens).mean()  # the chosen responses', per token
-        total_loss = loss + nll_weight * nll if nll_weight else loss
         optimizer.zero_grad(set_to_none=True)
-        total_loss.backward()
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        metrics = {f"dpo/{k}": float(n) / float(d) for k, (n, d) in m.items()}
-        metrics |= {"dpo/loss": float(loss.detach()), "dpo/chosen_nll": float(nll.detach())}
-        metrics |= {
-            "dpo/grad_norm": float(torch.nn.utils.get_total_norm(grads)),
-            "dpo/tokens_trained": float(sum(x.response_len for j in idx for x in train[j])),
-        }
+        metrics = loss.backward(idx)
         return metrics | {"dpo/lr": schedule.get_last_lr()[0]}
-
-    sample_validation = _validation(cfg, model, tokenizer, base) if validate else dict
 
     def evaluate() -> dict:
         return _heldout(policy, held, ref_held, beta, batch_size) | sample_validation()
@@ -194,16 +176,10 @@ def train_dpo(
             "base_model": str(base),
             "pairs": pairs_path,
             "pairs_provenance": table.provenance,
-            "beta": beta,
-            "nll_weight": nll_weight,
-            "epochs": epochs,
-            "lr": lr,
-            "seed": seed,
-            "train_pairs": len(train),
-            "heldout_pairs": len(held),
-            "heldout_accuracy": evaluation["dpo/heldout_accuracy"],
-            "heldout_loss": evaluation["dpo/heldout_loss"],
         }
+        record |= {k: settings[k] for k in ("beta", "nll_weight", "epochs", "lr", "seed")}
+        record |= {"train_pairs": len(train), "heldout_pairs": len(held)}
+        record |= {k: evaluation[f"dpo/{k}"] for k in ("heldout_accuracy", "heldout_loss")}
         save_model_dir(model, tokenizer, RECORD, record, out_dir)
         tracker.set_tags({"dpo.out_dir": str(out_dir)})
     resume.done()
@@ -216,6 +192,32 @@ def train_dpo(
         step,
         tracker.run_id,
     )
+
+
+class _DPOLoss:
+    """The training objective on a mini-batch of pairs: the DPO loss, plus ``nll_weight`` times
+    the chosen responses' negative log-likelihood per token (the module docstring)."""
+
+    def __init__(self, policy, train, ref_train: torch.Tensor, beta: float, nll_weight: float):
+        self.policy, self.train, self.ref_train = policy, train, ref_train
+        self.beta, self.nll_weight = beta, nll_weight
+
+    def backward(self, idx: list[int]) -> dict:
+        """Back-propagate the loss of pairs ``idx``; its metrics."""
+        pairs = [self.train[j] for j in idx]
+        pol = sequence_logps(self.policy, [x for pair in pairs for x in pair]).view(-1, 2)
+        loss, m = dpo_loss(pol[:, 0], pol[:, 1], *self.ref_train[idx].unbind(-1), self.beta)
+        lens = torch.tensor([float(chosen.response_len) for chosen, _ in pairs])
+        nll = -(pol[:, 0] / lens).mean()  # the chosen responses', per token
+        (loss + self.nll_weight * nll if self.nll_weight else loss).backward()
+        params = self.policy.model.parameters()
+        grads = [p.grad for p in params if p.grad is not None]
+        metrics = {f"dpo/{k}": float(n) / float(d) for k, (n, d) in m.items()}
+        metrics |= {"dpo/loss": float(loss.detach()), "dpo/chosen_nll": float(nll.detach())}
+        return metrics | {
+            "dpo/grad_norm": float(torch.nn.utils.get_total_norm(grads)),
+            "dpo/tokens_trained": float(sum(x.response_len for pair in pairs for x in pair)),
+        }
 
 
 def _validation(cfg: Config, model, tokenizer, base) -> Callable[[], dict]:
@@ -236,20 +238,31 @@ def _validation(cfg: Config, model, tokenizer, base) -> Callable[[], dict]:
     return sample
 
 
-def _reference_logps(ref, pairs: list[tuple[Sample, Sample]], batch: int) -> torch.Tensor:
-    """(n, 2) log pi_ref of (chosen, rejected), once."""
+def _reference_logps(
+    policy: PolicyForward, splits: list[list[tuple[Sample, Sample]]], batch: int
+) -> list[torch.Tensor]:
+    """Each split's (n, 2) log pi_ref of (chosen, rejected), once, under a frozen copy of the
+    policy as it starts (the reference; let go of once scored)."""
+    from tasks.training.reference import frozen_copy
+
+    ref = PolicyForward(frozen_copy(policy.model), policy.pad_id, 1.0, autocast=False)
+    return [_logps(ref, pairs, batch) for pairs in splits]
+
+
+def _logps(forward, pairs: list[tuple[Sample, Sample]], batch: int) -> torch.Tensor:
+    """(n, 2) log pi of (chosen, rejected) under ``forward``, without gradients."""
     out = []
     with torch.no_grad():
         for i in range(0, len(pairs), batch):
             part = [x for pair in pairs[i : i + batch] for x in pair]
-            out.append(sequence_logps(ref, part).view(-1, 2))
+            out.append(sequence_logps(forward, part).view(-1, 2))
     return torch.cat(out)
 
 
 def _heldout(policy, held, ref_held: torch.Tensor, beta: float, batch: int) -> dict:
     """Held-out DPO loss, implicit-reward accuracy and margin."""
     with torch.no_grad():
-        pol = _reference_logps(policy, held, batch)
+        pol = _logps(policy, held, batch)
         loss, m = dpo_loss(pol[:, 0], pol[:, 1], ref_held[:, 0], ref_held[:, 1], beta)
     return {
         "dpo/heldout_loss": float(loss),

@@ -153,15 +153,10 @@ def train_reward_model(
             "base_model": str(base),
             "pairs": pairs_path,
             "pairs_provenance": table.provenance,
-            "train_pairs": len(train),
-            "heldout_pairs": len(held),
-            "heldout_accuracy": evaluation["rm/heldout_accuracy"],
-            "heldout_loss": evaluation["rm/heldout_loss"],
-            "heldout_ece": ece,
-            "epochs": epochs,
-            "lr": lr,
-            "seed": seed,
         }
+        record |= {"train_pairs": len(train), "heldout_pairs": len(held)}
+        record |= {k: evaluation[f"rm/{k}"] for k in ("heldout_accuracy", "heldout_loss")}
+        record |= {"heldout_ece": ece, "epochs": epochs, "lr": lr, "seed": seed}
         save_model_dir(model, tokenizer, RECORD, record, out_dir)
         tracker.log_figure(_calibration_figure(bins, ece), "calibration.png")
         tracker.log_table([dataclasses.asdict(b) for b in bins], "calibration.json")

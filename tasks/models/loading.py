@@ -125,8 +125,17 @@ def explained_load_errors(name_or_path: str):
 def _unloadable(name_or_path: str, error: Exception) -> str:
     """Why a model did not load, and what to do: a local directory with a file transformers or
     safetensors cannot read is damaged (a copy or download cut short); a hub id was not reached."""
+    import json
+
     if _looks_local(name_or_path):
         said = (str(error).strip().splitlines() or [error.__class__.__name__])[0][:200]
+        if isinstance(error, ValueError) and not isinstance(error, json.JSONDecodeError):
+            import transformers  # an architecture or setting this version does not know
+
+            return (
+                f"model directory {name_or_path} cannot be loaded by transformers "
+                f"{transformers.__version__} ({said})"
+            )
         return (
             f"model directory {name_or_path} cannot be loaded ({said}): a file in it is "
             "truncated or corrupt; copy, fetch or build it again"

@@ -59,6 +59,19 @@ def test_a_damaged_model_directory_is_one_line_saying_what_to_do(tiny_cfg, tmp_p
         assert "truncated or corrupt; copy, fetch or build it again" in str(e.value)
 
 
+def test_a_model_this_transformers_does_not_know_is_not_called_corrupt(tiny_cfg, tmp_path):
+    import json
+    import shutil
+
+    model = tmp_path / "m"
+    shutil.copytree(resolve_model_path(tiny_cfg), model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"model_type": "no-such-arch"}))
+    with pytest.raises(ModelNotFound, match="cannot be loaded by transformers") as e:
+        load_policy(str(model))
+    assert "no-such-arch" in str(e.value) and "corrupt" not in str(e.value)
+
+
 def test_split_response():
     assert split_response([5, 6, 2, 0, 0], {2}, 0) == ([5, 6, 2], True)
     assert split_response([5, 6, 7], {2}, 0) == ([5, 6, 7], False)

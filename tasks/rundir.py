@@ -112,7 +112,18 @@ class RunDir:
         finally:
             _release(key)
 
+    def refuse_model_dir(self) -> None:
+        """One line for a model directory given as a run directory (weights at its top, where
+        a run never writes them): a run's lock or files there would change the model, and a
+        shipped checkpoint's digest with it."""
+        if any(self.path.glob("*.safetensors")) or any(self.path.glob("pytorch_model*.bin")):
+            raise PipelineError(
+                f"{self.path} is a model directory, not a run directory: pick another "
+                f"--run-dir (to train from this model: -S model.name_or_path={self.path})"
+            )
+
     def _acquire(self) -> str:
+        self.refuse_model_dir()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             key = os.path.realpath(self.path)
@@ -189,6 +200,11 @@ class RunDir:
 
     def refuse_unless(self, resume: bool) -> None:
         """A used directory is continued only on request (every rank checks, before any writes)."""
+        if not resume and self.used() and not self.config_file.exists():  # no run's config
+            raise FileExistsError(
+                f"{self.path} holds files that are not a run's (a checkpoints/ folder without "
+                "a config.json): pick another --run-dir"
+            )
         if not resume and self.used():
             raise FileExistsError(
                 f"{self.path} already holds a run: continue it with --resume {self.path}, "
@@ -207,7 +223,7 @@ class RunDir:
 
     def describe_stop(self, steps: int, resume_hint: str) -> str:
         """Where a stopped run stands and how to continue it."""
-        if not self.used():  # its directory goes with its lock (``_remove_if_only_lock``)
+        if not self.used():  # its directory goes with its lock (``_remove_if_unused``)
             return f"stopped before its first step of {steps}: nothing to continue, run it again"
         ckpt = self.latest_checkpoint()
         done = max((row["step"] for row in self.read_metrics()), default=0)
@@ -365,20 +381,23 @@ def _release(key: str) -> None:
         held[1] -= 1
         if held[1] == 0:
             del _held[key]
-            if not _remove_if_only_lock(Path(key)):
+            if not _remove_if_unused(Path(key)):
                 os.ftruncate(held[0], 0)  # nobody holds it now; the kernel drops the flock on close
             os.close(held[0])
 
 
-def _remove_if_only_lock(path: Path) -> bool:
-    """Remove a run directory that holds nothing but its lock (a run that failed or was stopped
-    before writing anything): no half-made directory is left for a `--resume` that would find
-    nothing. The lock file goes while still held, so no other process can take it meanwhile."""
+def _remove_if_unused(path: Path) -> bool:
+    """Remove the lock of a directory no run was written to (a run that failed or was stopped
+    before writing anything), and the directory when nothing else is in it: no half-made
+    directory is left for a `--resume` that would find nothing, and no lock in a folder of
+    someone else's. The lock file goes while still held, so no other process can take it
+    meanwhile."""
     try:
-        if [p.name for p in path.iterdir()] != [LOCK_FILE]:
+        if RunDir(path).used():
             return False
         (path / LOCK_FILE).unlink()
-        path.rmdir()
+        if not any(path.iterdir()):
+            path.rmdir()
     except OSError:  # gone, or written to meanwhile: leave what is there
         return False
     return True

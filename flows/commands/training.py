@@ -61,12 +61,15 @@ def train(
     from tasks.runtime import env_world_size
 
     if resume is not None:  # the run's own config; the flow continues it
+        from tasks.rundir import RunDir
+
         if config or set_ or variant:  # they would be ignored: say so rather than drop them
             raise ConfigError(
                 "--resume continues a run with its own config (exact resume), so -c, -S and "
                 "--variant cannot change it; drop them, or start a new run with --run-dir"
             )
         params, config, set_, variant = resume / "config.json", None, None, None
+        RunDir(resume).refuse_model_dir()  # its config.json is a model's
         if not params.exists():
             raise FileNotFoundError(f"{resume} is not a run directory (no config.json)")
     target = resume or run_dir

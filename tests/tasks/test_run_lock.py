@@ -301,6 +301,32 @@ def test_a_run_directory_holding_only_its_lock_goes_with_it(tmp_path):
     assert "--resume" in wrote.describe_stop(5, "dapo train --resume wrote")
 
 
+def test_a_folder_of_someone_else_s_keeps_no_lock_and_a_model_is_no_run_dir(tmp_path):
+    """A run refused in a folder that holds other files leaves no `.lock` there; a model
+    directory (a shipped checkpoint: a lock in it changed its digest, and every run after
+    failed) is refused before anything is written, as a new run's directory and on --resume."""
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(RuntimeError), RunDir(other).writer():
+        raise RuntimeError("refused")
+    assert [p.name for p in other.iterdir()] == ["notes.txt"]
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    (model / "model.safetensors").write_bytes(b"weights")
+    model_dir = pytest.raises(PipelineError, match="is a model directory, not a run directory")
+    with model_dir, RunDir(model).writer():  # refused before it locks
+        pass
+    out = CliRunner().invoke(app, ["train", "--resume", str(model)])
+    assert out.exit_code == 2 and "is a model directory, not a run directory" in out.output
+    assert sorted(p.name for p in model.iterdir()) == ["config.json", "model.safetensors"]
+    project = tmp_path / "project"
+    (project / "checkpoints" / "tiny").mkdir(parents=True)
+    with pytest.raises(FileExistsError, match="holds files that are not a run's"):
+        RunDir(project).refuse_unless(resume=False)
+
+
 @pytest.mark.parametrize(
     "record", [b'{"step": 2, "fi', b"[2]", b"\xff"], ids=["torn", "list", "binary"]
 )

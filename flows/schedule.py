@@ -20,6 +20,7 @@ from prefect.schedules import Cron, validate_cron_string
 from dapo_core.config import ConfigError
 from flows.ablate import ablate_flow, ordered_variants
 from flows.pipeline import train_flow
+from tasks.rundir import check_run_name
 
 NIGHTLY_TRAIN_CRON = "0 2 * * *"  # 02:00 every day
 WEEKLY_ABLATE_CRON = "0 4 * * 0"  # 04:00 every Sunday
@@ -54,6 +55,7 @@ def schedule_specs(
     """The deployments to register; an empty cron leaves that one out."""
     common = {"params": params, "config": config or [], "overrides": overrides or []}
     _check_timezone(timezone)
+    check_run_name(run_name)
     if promote is not None:
         from tasks.tracking.registry import DEFAULT_ALIAS, check_names
 

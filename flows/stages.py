@@ -16,7 +16,7 @@ from dapo_core.ablation import apply_variant, split_overrides
 from dapo_core.config import Config
 from tasks.orchestration import run_logger, running_directly
 from tasks.params import load_params, repo_path
-from tasks.rundir import RunDir
+from tasks.rundir import RunDir, check_run_name
 from tasks.training.distributed import shutdown_distributed
 from tasks.training.preflight import PreflightResult, preflight_task
 from tasks.training.run import TrainResult, run_training
@@ -49,6 +49,7 @@ def default_run_name(kind: str) -> str:
 
 
 def run_dir_for(cfg: Config, run_name: str) -> Path:
+    check_run_name(run_name)
     return repo_path(cfg.train.out_dir) / run_name
 
 

@@ -51,6 +51,17 @@ DAMAGED_PREFIX = ".damaged-"  # a checkpoint set aside: never resumed from, neve
 LOCK_FILE = ".lock"
 
 
+def check_run_name(name: str | None) -> None:
+    """One line for a run name that is not one plain folder under ``train.out_dir`` (``a/b``,
+    ``../x`` and ``/abs`` would write elsewhere, or nest one run in another's directory)."""
+    if name is not None and (not name or name.startswith(".") or Path(name).name != name):
+        raise PipelineError(
+            f"--run-name {name!r}: a run name is one folder under train.out_dir, without '/' "
+            "and not starting with '.' (a directory elsewhere: dapo train --run-dir DIR, or "
+            "-S train.out_dir=DIR)"
+        )
+
+
 class RunDirBusy(PipelineError):
     """Another live process writes this run directory."""
 

@@ -111,10 +111,13 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _check_eval_set(cfg, eval_set: str | None) -> None:
-    """An eval set that is neither a known name nor a file is refused before anything runs."""
+def _check_eval_set(cfg, eval_set: str | None, run_name: str | None = None) -> None:
+    """An eval set that is neither a known name nor a file, or a run name that is not one
+    folder, is refused before anything runs."""
     from tasks.data.eval_sets import check_eval_set
+    from tasks.rundir import check_run_name
 
+    check_run_name(run_name)
     check_eval_set(cfg, eval_set)
 
 

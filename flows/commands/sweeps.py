@@ -60,7 +60,7 @@ def pipeline(
     from flows.pipeline import pipeline_flow
 
     cfg = _load(params, config, set_, variant)  # a config error is reported before Prefect starts
-    _check_eval_set(cfg, eval_set)  # and an unknown eval set before training
+    _check_eval_set(cfg, eval_set, run_name)  # and an unknown eval set before training
     with _server():
         out = pipeline_flow(
             **_flow_args(params, config, set_),
@@ -134,7 +134,7 @@ def ablate(
     cfg = _load(params, config, base)
     for name in names:  # each variant's config, checked before anything starts
         apply_variant(cfg, name, tuned[name])
-    _check_eval_set(cfg, eval_set)
+    _check_eval_set(cfg, eval_set, run_name)
     args = {
         **_flow_args(params, config, set_),
         "variants": names,
@@ -205,7 +205,7 @@ def compare(
     cfg = _load(params, config, base)
     for s in seed_list or [cfg.train.seed]:  # every method's config, checked before anything
         method_configs(cfg, tuned, s)
-    _check_eval_set(cfg, eval_set)
+    _check_eval_set(cfg, eval_set, run_name)
     with _server():
         table = compare_flow(
             **_flow_args(params, config, set_),

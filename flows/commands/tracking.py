@@ -142,7 +142,9 @@ def reproduce(
     checkout's; `--check-only` compares and exits 1 on a difference."""
     _orchestration_env()
     from flows.reproduce import original_avg, reproduce_run
+    from tasks.rundir import check_run_name
 
+    check_run_name(run_name)  # before a server starts
     if tracking_uri:
         os.environ["MLFLOW_TRACKING_URI"] = tracking_uri  # the new run goes to the same store
     # a check runs no flow: no Prefect server to start for it

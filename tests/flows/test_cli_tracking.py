@@ -170,6 +170,7 @@ def test_help_lists_each_command_in_whole_sentences():
 
 
 EVAL_SET = "unknown eval set 'bogus'"
+RUN_NAME = "a run name is one folder under train.out_dir"
 
 
 @pytest.mark.parametrize(
@@ -183,6 +184,9 @@ EVAL_SET = "unknown eval set 'bogus'"
         (["ablate", "--variants", "dapo,gpso"], "unknown variant(s) gpso; Table 1 rungs: grpo"),
         (["ablate", "--variants", "dapo,gspo", "--baseline", "cispo"], "--baseline cispo is not"),
         (["compare", "--methods", "dpo,ppo", "--seeds", "0"], "unknown method(s) ppo; choose"),
+        (["ablate", "--no-curate", "--run-name", "../escape"], RUN_NAME),
+        (["compare", "--no-curate", "--run-name", "a/b"], RUN_NAME),
+        (["pipeline", "--no-curate", "--run-name", "/tmp/abs"], RUN_NAME),
     ],
     ids=[
         "pipeline",
@@ -193,6 +197,9 @@ EVAL_SET = "unknown eval set 'bogus'"
         "unknown variant",
         "baseline not among the variants",
         "unknown method",
+        "run name outside the runs folder",
+        "nested run name",
+        "absolute run name",
     ],
 )
 def test_bad_arguments_are_refused_before_any_work(

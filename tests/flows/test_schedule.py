@@ -85,6 +85,8 @@ def test_cli_schedule_needs_a_prefect_server(monkeypatch):
     # a name the registry refuses would fail every night, after the training
     name = CliRunner().invoke(app, ["schedule", "--dry-run", "--promote", "team/policy"])
     assert name.exit_code == 2 and "--promote 'team/policy'" in name.output
+    run = CliRunner().invoke(app, ["schedule", "--dry-run", "--run-name", "../nightly"])
+    assert run.exit_code == 2 and "--run-name '../nightly'" in run.output
 
 
 def test_the_nightly_train_promotes_a_completed_tracked_run_only(monkeypatch, caplog):

@@ -24,12 +24,14 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def file_in_the_way(folder: Path) -> Path | None:
-    """The file that stops ``folder`` from being made: ``folder`` itself or the nearest of its
-    parents that exists, when that is not a folder (None: nothing in the way)."""
+def unwritable(folder: Path) -> str | None:
+    """Why ``folder`` cannot be made and written here, or None: a file where it or one of its
+    parents must be a folder, or a nearest existing folder this process may not write."""
     for path in (folder, *folder.parents):
         if path.exists():
-            return None if path.is_dir() else path
+            if not path.is_dir():
+                return f"{path} is a file"
+            return None if os.access(path, os.W_OK | os.X_OK) else f"{path} is not writable"
     return None
 
 

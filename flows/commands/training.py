@@ -106,6 +106,16 @@ def train(
     )
 
 
+def _check_out_dirs(**options: Path | None) -> None:
+    """One line, before any work, for an output directory option that cannot be written."""
+    from tasks.durable import unwritable
+
+    for name, folder in options.items():
+        if folder is not None and (why := unwritable(folder)):
+            flag = "--" + name.replace("_", "-")
+            raise FileExistsError(f"{flag} {folder}: {why}; give a directory for the results")
+
+
 def _resumed_tracking(resume: Path | None) -> bool:
     """Track unless this continues a run that began with --no-track (said in a note)."""
     from tasks.rundir import RunDir
@@ -197,8 +207,7 @@ def evaluate(
 
     cfg = _load(params, config, set_)
     _check_eval_set(cfg, eval_set)
-    if out is not None and out.exists() and not out.is_dir():  # refused now, not after the work
-        raise FileExistsError(f"--out {out} is a file: give a directory for the results")
+    _check_out_dirs(out=out)  # refused now, not after the work
     with _server(direct=True):
         args = _flow_args(params, config, set_)
         try:
@@ -270,6 +279,7 @@ def curate(
     from tasks.data.curate import parse_eval_set_args
 
     cfg = _load(params, config, set_)
+    _check_out_dirs(out=out, eval_dir=eval_dir)
     sets = parse_eval_set_args(eval_set, cfg) if eval_set else None
     summary = run_curate(
         cfg,

@@ -12,15 +12,15 @@ from pathlib import Path
 
 from dapo_core.config import Config
 from dapo_core.errors import PipelineError
-from tasks.durable import file_in_the_way
+from tasks.durable import unwritable
 from tasks.preferences.pairs import PairTable, read_pairs
 
 
 def check_settings(command: str, out_dir: Path, checks: list[tuple[str, object, bool]]) -> None:
     """One-line errors, before anything loads: an output directory that holds files, or a
     setting (name, value, whether it is in range) out of range."""
-    if blocked := file_in_the_way(out_dir):
-        raise PipelineError(f"--out {out_dir}: {blocked} is a file; name a directory to write")
+    if why := unwritable(out_dir):
+        raise PipelineError(f"--out {out_dir}: {why}; name a directory to write")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise PipelineError(f"{out_dir} already holds files: choose another --out, or remove it")
     for name, value, ok in checks:

@@ -271,12 +271,12 @@ def _hub_rows(name: str) -> list[dict]:
 
 def _check_out(out: Path) -> None:
     """One line for a ``--out`` that mined pairs cannot be written to, or should not replace."""
-    from tasks.durable import file_in_the_way
+    from tasks.durable import unwritable
 
     if out.suffix != ".parquet":
         raise PipelineError(f"{out}: mined pairs are written as .parquet; name the file so")
-    if blocked := file_in_the_way(out.parent):
-        raise PipelineError(f"--out {out}: {blocked} is a file, not a folder; choose another --out")
+    if why := unwritable(out.parent):
+        raise PipelineError(f"--out {out}: {why}, not a folder you can write; choose another")
     if out.is_dir():
         raise PipelineError(f"--out {out} is a folder; name the .parquet file to write")
     if out.exists() and PROVENANCE_KEY not in _parquet_metadata(out):

@@ -181,6 +181,9 @@ RUN_NAME = "a run name is one folder under train.out_dir"
         (["compare", "--no-curate", "--eval-set", "bogus"], EVAL_SET),
         (["evaluate", "--eval-set", "bogus"], EVAL_SET),
         (["evaluate", "--out", "FILE"], "is a file"),
+        (["evaluate", "--out", "FILE/sub"], "afile is a file; give a directory"),
+        (["curate", "--out", "FILE/curated"], "--out"),
+        (["curate", "--eval-dir", "FILE/eval"], "--eval-dir"),
         (["ablate", "--variants", "dapo,gpso"], "unknown variant(s) gpso; Table 1 rungs: grpo"),
         (["ablate", "--variants", "dapo,gspo", "--baseline", "cispo"], "--baseline cispo is not"),
         (["compare", "--methods", "dpo,ppo", "--seeds", "0"], "unknown method(s) ppo; choose"),
@@ -194,6 +197,9 @@ RUN_NAME = "a run name is one folder under train.out_dir"
         "compare",
         "evaluate",
         "evaluate into a file",
+        "evaluate under a file",
+        "curate under a file",
+        "eval sets under a file",
         "unknown variant",
         "baseline not among the variants",
         "unknown method",
@@ -223,7 +229,7 @@ def test_bad_arguments_are_refused_before_any_work(
 
     afile = tmp_path / "afile"
     afile.write_text("")
-    args = [str(afile) if a == "FILE" else a for a in args]
+    args = [a.replace("FILE", str(afile)) for a in args]
     before = runs()
     out = CliRunner().invoke(app, [*args, "--params", flow_params])
     assert out.exit_code == 2, out.output

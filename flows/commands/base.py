@@ -112,13 +112,18 @@ def user_errors(fn: F) -> F:
 
 
 def _check_eval_set(cfg, eval_set: str | None, run_name: str | None = None) -> None:
-    """An eval set that is neither a known name nor a file, or a run name that is not one
-    folder, is refused before anything runs."""
-    from tasks.data.eval_sets import check_eval_set
+    """An eval set that is neither a known name nor a readable file of problems, or a run name
+    that is not one folder, is refused before anything runs (a sweep's runs each failed on an
+    empty or malformed eval file after their training)."""
+    from tasks.data.eval_sets import SYNTHETIC_TEST, check_eval_set
     from tasks.rundir import check_run_name
 
     check_run_name(run_name)
     check_eval_set(cfg, eval_set)
+    if (eval_set or cfg.eval.eval_set) != SYNTHETIC_TEST:
+        from tasks.data.splits import eval_problems
+
+        eval_problems(cfg, eval_set)  # read once now: its one-line error, if any
 
 
 def _load(

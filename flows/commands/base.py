@@ -120,10 +120,13 @@ def _check_eval_set(cfg, eval_set: str | None, run_name: str | None = None) -> N
 
     check_run_name(run_name)
     check_eval_set(cfg, eval_set)
-    if (eval_set or cfg.eval.eval_set) != SYNTHETIC_TEST:
+    name = eval_set or cfg.eval.eval_set
+    # a file, read once now for its one-line error; a named set may be prepared by the curation
+    # the command runs first
+    if name != SYNTHETIC_TEST and name not in cfg.data.eval_sets:
         from tasks.data.splits import eval_problems
 
-        eval_problems(cfg, eval_set)  # read once now: its one-line error, if any
+        eval_problems(cfg, name)
 
 
 def _load(

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from dapo_core import metric_names as metric
+from dapo_core.errors import PipelineError
 from flows.commands.base import (
     ConfigOpt,
     ParamsOpt,
@@ -48,6 +49,8 @@ def ui(
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
     cmd = ui_command(uri, port, host)
+    if not print_only:
+        _check_bindable(host, port)  # before its URL is printed as if it were served
     if not _loopback(host):
         console.print(
             f"[bold yellow]warning:[/] the MLflow UI has no authentication: on {host}, anyone who "
@@ -106,6 +109,25 @@ def _experiment_links(uri: str, cfg: Any, served_at: str) -> dict[str, str]:
         return experiment_urls(cfg, uri, ui=served_at)
     except Exception:  # noqa: BLE001 - a store we cannot read: the UI will say why
         return {}
+
+
+def _check_bindable(host: str, port: int) -> None:
+    """One line for a --host this machine cannot listen on (a name that does not resolve,
+    another machine's address) or a --port something already listens on."""
+    import socket
+
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM
+        )[0]
+        with socket.socket(family, kind) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as e:  # socket.gaierror too
+        raise PipelineError(
+            f"cannot serve the UI on {host}:{port} ({e.strerror or e}): give --host an address "
+            "of this machine (127.0.0.1, or 0.0.0.0 for every interface) and a free --port"
+        ) from None
 
 
 def _loopback(host: str) -> bool:

@@ -161,6 +161,19 @@ def test_cli_ui_prints_the_url_and_the_store(flows_env):
     assert f"--backend-store-uri {flows_env}" in out.output and "mlflow ui" in out.output
 
 
+def test_cli_ui_refuses_a_host_or_port_it_cannot_listen_on_before_printing_a_url(flows_env):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for host, p in (("bogus.invalid", 5123), ("8.8.8.8", 5123), ("127.0.0.1", port)):
+            out = CliRunner().invoke(app, ["ui", "--host", host, "--port", str(p)])
+            assert out.exit_code == 2 and f"cannot serve the UI on {host}:{p}" in out.output
+            assert "http://" not in out.output  # no address printed as if it were served
+
+
 @pytest.mark.slow
 def test_reproduce_check_warns_on_data_version_mismatch(pipeline_run, monkeypatch):
     run_id = pipeline_run["train"].mlflow_run_id

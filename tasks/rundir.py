@@ -52,13 +52,11 @@ LOCK_FILE = ".lock"
 
 
 def check_run_name(name: str | None) -> None:
-    """One line for a run name that is not one plain folder under ``train.out_dir`` (``a/b``,
-    ``../x`` and ``/abs`` would write elsewhere, or nest one run in another's directory)."""
+    """A run name is one folder under ``train.out_dir`` (``../x``, ``/abs``, ``a/b``: refused)."""
     if name is not None and (not name or name.startswith(".") or Path(name).name != name):
         raise PipelineError(
             f"--run-name {name!r}: a run name is one folder under train.out_dir, without '/' "
-            "and not starting with '.' (a directory elsewhere: dapo train --run-dir DIR, or "
-            "-S train.out_dir=DIR)"
+            "and not starting with '.' (elsewhere: dapo train --run-dir DIR, -S train.out_dir=DIR)"
         )
 
 
@@ -124,9 +122,8 @@ class RunDir:
             _release(key)
 
     def refuse_model_dir(self) -> None:
-        """One line for a model directory given as a run directory (weights at its top, where
-        a run never writes them): a run's lock or files there would change the model, and a
-        shipped checkpoint's digest with it."""
+        """A model directory (weights at its top, where no run writes them) is no run's: a
+        lock there would change its digest (a shipped checkpoint's too)."""
         if any(self.path.glob("*.safetensors")) or any(self.path.glob("pytorch_model*.bin")):
             raise PipelineError(
                 f"{self.path} is a model directory, not a run directory: pick another "
@@ -212,10 +209,7 @@ class RunDir:
     def refuse_unless(self, resume: bool) -> None:
         """A used directory is continued only on request (every rank checks, before any writes)."""
         if not resume and self.used() and not self.config_file.exists():  # no run's config
-            raise FileExistsError(
-                f"{self.path} holds files that are not a run's (a checkpoints/ folder without "
-                "a config.json): pick another --run-dir"
-            )
+            raise FileExistsError(f"{self.path} holds files not a run's: pick another --run-dir")
         if not resume and self.used():
             raise FileExistsError(
                 f"{self.path} already holds a run: continue it with --resume {self.path}, "
@@ -398,11 +392,9 @@ def _release(key: str) -> None:
 
 
 def _remove_if_unused(path: Path) -> bool:
-    """Remove the lock of a directory no run was written to (a run that failed or was stopped
-    before writing anything), and the directory when nothing else is in it: no half-made
-    directory is left for a `--resume` that would find nothing, and no lock in a folder of
-    someone else's. The lock file goes while still held, so no other process can take it
-    meanwhile."""
+    """Remove the lock of a directory no run was written to (failed or stopped before writing),
+    and the directory if then empty: nothing half-made for a `--resume`, no lock in a folder of
+    someone else's. The lock goes while still held, so no other process takes it meanwhile."""
     try:
         if RunDir(path).used():
             return False

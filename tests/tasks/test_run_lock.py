@@ -323,7 +323,7 @@ def test_a_folder_of_someone_else_s_keeps_no_lock_and_a_model_is_no_run_dir(tmp_
     assert sorted(p.name for p in model.iterdir()) == ["config.json", "model.safetensors"]
     project = tmp_path / "project"
     (project / "checkpoints" / "tiny").mkdir(parents=True)
-    with pytest.raises(FileExistsError, match="holds files that are not a run's"):
+    with pytest.raises(FileExistsError, match="holds files not a run's: pick another"):
         RunDir(project).refuse_unless(resume=False)
 
 

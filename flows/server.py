@@ -178,8 +178,12 @@ def stop_server(prefect_home: Path) -> bool:
     """Stop the long-lived server (its whole session); False when none was recorded."""
     record = _record(prefect_home)
     try:
-        pid = int(json.loads(record.read_text())["pid"])
+        saved = json.loads(record.read_text())
+        pid, url = int(saved["pid"]), str(saved["url"])
     except (OSError, ValueError, KeyError, TypeError):
+        record.unlink(missing_ok=True)
+        return False
+    if not (_answers(url, 2.0) or _runs_prefect(pid)):  # stale: the pid may be another's now
         record.unlink(missing_ok=True)
         return False
     for sig, wait_s in ((signal.SIGTERM, SERVER_STOP_GRACE_S), (signal.SIGKILL, 2.0)):
@@ -192,6 +196,14 @@ def stop_server(prefect_home: Path) -> bool:
             time.sleep(0.1)
     record.unlink(missing_ok=True)
     return True
+
+
+def _runs_prefect(pid: int) -> bool:
+    """Whether process ``pid`` runs Prefect (its command line, where /proc has it)."""
+    try:
+        return b"prefect" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _alive(pid: int) -> bool:

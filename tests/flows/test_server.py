@@ -138,3 +138,19 @@ def test_an_out_of_range_option_is_refused_before_anything_starts(tmp_path, args
     assert out.exit_code == 2, out.output
     assert f"Invalid value for '{args[-2]}'" in out.output
     assert srv.running_server(tmp_path) is None and not list(tmp_path.iterdir())
+
+
+def test_stop_with_a_stale_record_signals_nothing(tmp_path):
+    """A server killed -9 leaves its record; its pid may be another process's by now, which
+    `dapo server stop` must not kill."""
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        home = tmp_path / "prefect"
+        home.mkdir()
+        record = {"url": "http://127.0.0.1:9/api", "pid": other.pid}
+        srv._record(home).write_text(json.dumps(record))
+        assert srv.stop_server(home) is False
+        assert other.poll() is None and not srv._record(home).exists()
+    finally:
+        other.kill()
+        other.wait()

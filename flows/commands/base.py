@@ -210,15 +210,23 @@ def _flow_args(params: Path | None, config: list[Path] | None, set_: list[str] |
     }
 
 
-def _split(values: list[str] | None) -> list[str] | None:
-    """Repeatable, comma-separated options: ``--seeds 0,1 --seeds 2`` -> ["0", "1", "2"]."""
+def _split(values: list[str] | None, option: str = "--variants") -> list[str] | None:
+    """Repeatable, comma-separated options: ``--seeds 0,1 --seeds 2`` -> ["0", "1", "2"]; None
+    when not given. Given but empty (``--variants ''``) is refused: it ran the full default."""
     items = [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
+    if values and not items:
+        raise ConfigError(f"{option} is empty; name at least one, or leave the option out")
     return items or None
 
 
 def _seeds(values: list[str] | None) -> list[int] | None:
-    items = _split(values)
+    """The seeds given (None: the config's): integers >= 0, each once (a repeated seed was one
+    run counted as two)."""
+    items = _split(values, "--seeds")
     try:
-        return [int(s) for s in items] if items else None
+        seeds = [int(s) for s in items] if items else None
     except ValueError:
         raise ConfigError(f"--seeds takes integers, e.g. --seeds 0,1; got {items}") from None
+    if seeds and (min(seeds) < 0 or len(set(seeds)) < len(seeds)):
+        raise ConfigError(f"--seeds takes distinct integers >= 0, e.g. --seeds 0,1; got {items}")
+    return seeds

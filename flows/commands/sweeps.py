@@ -199,7 +199,7 @@ def compare(
     _orchestration_env()
     from flows.compare import check_methods, compare_flow, method_configs, split_methods_overrides
 
-    names = check_methods(_split(methods))
+    names = check_methods(_split(methods, "--methods"))
     seed_list = _seeds(seeds)
     base, tuned = split_methods_overrides(set_ or [])
     cfg = _load(params, config, base)

@@ -11,3 +11,9 @@ class TrainingInterrupted(PipelineError):
 
 class TrainingStopped(PipelineError):
     """The run cannot go on (e.g. too many non-finite updates in a row); the message says why."""
+
+
+def first_line(error: BaseException, limit: int = 200) -> str:
+    """The first line of ``error``'s message (its class name when it has none), for a one-line
+    report that quotes what a library said."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:limit]

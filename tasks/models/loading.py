@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from dapo_core.errors import first_line
+
 
 class ModelNotFound(FileNotFoundError):
     """A model path that is neither a directory with a config.json nor a reachable hub id."""
@@ -128,7 +130,7 @@ def _unloadable(name_or_path: str, error: Exception) -> str:
     import json
 
     if _looks_local(name_or_path):
-        said = (str(error).strip().splitlines() or [error.__class__.__name__])[0][:200]
+        said = first_line(error)
         if isinstance(error, ValueError) and not isinstance(error, json.JSONDecodeError):
             import transformers  # an architecture or setting this version does not know
 

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from dapo_core.config import Config
-from dapo_core.errors import PipelineError
+from dapo_core.errors import PipelineError, first_line
 from tasks.durable import unwritable
 from tasks.preferences.pairs import PairTable, read_pairs
 
@@ -108,7 +108,7 @@ class Resume:
             settings = json.loads(settings_file.read_text())
             state = torch.load(state_file, weights_only=True)
         except Exception as e:  # noqa: BLE001 - truncated, corrupt or missing: one line either way
-            said = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+            said = first_line(e, 160)
             raise PipelineError(
                 f"{self.dir} holds an interrupted run's state that cannot be read ({said}): "
                 "remove that directory to start over"

@@ -16,6 +16,9 @@ through the CLI as two stages (``--step eval`` and ``--step train``).
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,13 +34,23 @@ from tasks.data.eval_sets import (
     parse_eval_set_args,
     prepare_eval_sets,
 )
-from tasks.data.sources import Loaded, load_source, read_and_curate
+from tasks.data.sources import (
+    Loaded,
+    data_files,
+    load_source,
+    read_and_curate,
+    resolve_source,
+    sha256_files,
+)
 from tasks.data.tables import REJECTED_SCHEMA, TRAIN_SCHEMA, write_json, write_parquet
+from tasks.durable import unwritable
 from tasks.params import repo_path
+from tasks.signals import held_signals
 
-__all__ = ["STEPS", "CurateSummary", "curate", "parse_eval_set_args"]
+__all__ = ["STEPS", "CurateSummary", "curate", "curated_dir", "parse_eval_set_args"]
 
 STEPS = ("all", "eval", "train")
+TRAIN_FILE, VAL_FILE, REPORT_FILE = "train.parquet", "val.parquet", "report.json"
 
 REPORT_NOTES = (
     "kept = train + val (the validation rows count as kept), and kept + sum(dropped) "
@@ -79,6 +92,8 @@ def curate(
         edir = Path(eval_dir)
     else:
         edir = Path(out) / "eval" if out is not None else default_eval_dir()
+    out_dir = Path(out) if out is not None else repo_path(cfg.data.out_dir)
+    _check_writable(edir if step != "train" else None, out_dir if step != "eval" else None)
     # The source first: a wrong path is reported before any eval set is fetched.
     loaded = open_source(cfg, source) if step != "eval" else None
     manifest: dict[str, Any] = {}
@@ -86,9 +101,16 @@ def curate(
         manifest = prepare_eval_sets(specs, edir, required, progress)
     if loaded is None:
         return CurateSummary(None, edir, None, manifest)
-    out_dir = Path(out) if out is not None else repo_path(cfg.data.out_dir)
     report = curate_source(cfg, loaded, out_dir, specs, edir, required, progress)
     return CurateSummary(out_dir, edir, report, manifest)
+
+
+def _check_writable(eval_dir: Path | None, out_dir: Path | None) -> None:
+    """One line, before any work, for an output folder that cannot be written (an Errno after
+    minutes of curation)."""
+    for what, folder in (("the eval sets' folder", eval_dir), ("data.out_dir", out_dir)):
+        if folder is not None and (why := unwritable(folder)):
+            raise PipelineError(f"{what} {folder}: {why}; give a folder for the curated data")
 
 
 def open_source(cfg: Config, source: str | None) -> Loaded:
@@ -183,11 +205,62 @@ def _write_outputs(
     rejected: list[dict[str, Any]],
     report: dict[str, Any],
 ) -> None:
+    """Write the outputs beside ``out_dir`` first, then rename them in: a stop while writing
+    leaves the old outputs as they were (it left a stray .tmp, or a new train.parquet beside an
+    old val.parquet and report). report.json goes last: it marks a finished curation, which
+    :func:`curated_dir` requires."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_parquet(train, TRAIN_SCHEMA, out_dir / "train.parquet")
-    if val:
-        write_parquet(val, TRAIN_SCHEMA, out_dir / "val.parquet")
-    else:  # a val.parquet left by an earlier run with val_size > 0 would be read as validation
-        (out_dir / "val.parquet").unlink(missing_ok=True)
-    write_parquet(rejected, REJECTED_SCHEMA, out_dir / "rejected.parquet")
-    write_json(report, out_dir / "report.json")
+    staging = out_dir.parent / f".{out_dir.name}.staging"
+    shutil.rmtree(staging, ignore_errors=True)  # left by a run killed (-9) while writing
+    staging.mkdir()
+    try:
+        write_parquet(train, TRAIN_SCHEMA, staging / TRAIN_FILE)
+        if val:
+            write_parquet(val, TRAIN_SCHEMA, staging / VAL_FILE)
+        write_parquet(rejected, REJECTED_SCHEMA, staging / "rejected.parquet")
+        write_json(report, staging / REPORT_FILE)
+        with held_signals():  # a few renames: Ctrl-C waits for them
+            (out_dir / REPORT_FILE).unlink(missing_ok=True)
+            # An old val.parquet (an earlier run with val_size > 0) would be read as validation.
+            (out_dir / VAL_FILE).unlink(missing_ok=True)
+            for name in (TRAIN_FILE, VAL_FILE, "rejected.parquet", REPORT_FILE):
+                if (staging / name).exists():
+                    os.replace(staging / name, out_dir / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def curated_dir(cfg: Config) -> Path:
+    """``data.out_dir``, once it is known to hold what a finished ``dapo curate`` of
+    ``data.source`` wrote; else a one-line error saying to curate (training on the data of
+    another source, or half of an interrupted curation, would go unnoticed)."""
+    out_dir = repo_path(cfg.data.out_dir)
+    if not (out_dir / TRAIN_FILE).exists():
+        return out_dir  # reading it says how to build it
+    redo = f"run `dapo curate` (or `dvc repro`) to curate {cfg.data.source} into {out_dir}"
+    try:
+        report = json.loads((out_dir / REPORT_FILE).read_text(encoding="utf-8"))
+        made_from = (report["source_kind"], report["source"], report["source_sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise PipelineError(
+            f"{out_dir} holds no readable {REPORT_FILE}: no `dapo curate` finished writing it; "
+            f"{redo}"
+        ) from None
+    if (why := _other_source(made_from, cfg.data.source)) is not None:
+        raise PipelineError(f"{out_dir} was curated from {why}; {redo}")
+    return out_dir
+
+
+def _other_source(made_from: tuple[str, str, str | None], spec: str) -> str | None:
+    """What the curated data was made from, when that is not ``spec`` as it is now; else None.
+    A local source is compared by content too: a file replaced under the same name."""
+    kind, name, sha256 = made_from
+    try:
+        src = resolve_source(spec)
+    except (FileNotFoundError, ConfigError):  # the source is gone: its name must agree
+        return None if name == Path(spec).name else f"{name}, not {spec}"
+    if (kind, name) != (src.kind, src.name):
+        return f"{name} ({kind}), not {spec}"
+    if src.kind == "file" and src.path and sha256 not in (None, sha256_files(data_files(src.path))):
+        return f"an earlier version of {spec} (its sha256 differs)"
+    return None

@@ -136,6 +136,12 @@ def prepare_eval_set(name: str, spec: str) -> tuple[list[dict], dict]:
     )
     loaded = load_source(spec, None, alternative)
     published = published_problems(loaded.records, loaded.source.name)
+    if not published.rows:  # e.g. other columns: a set of nothing is no evaluation
+        counts = ", ".join(f"{n} {why}" for why, n in published.dropped.most_common())
+        raise SourceUnavailable(
+            f"{spec} holds no problem ({published.input_rows} rows: {counts or 'none'}): each "
+            "row needs a problem and its answer, in the DAPO or {problem, answer} schema"
+        )
     entry = {
         "spec": spec,
         "status": "ready",
@@ -225,9 +231,9 @@ def prepare_eval_sets(
     in ``required`` (given on the command line) that cannot be read is an error instead.
     ``progress`` prints a line per prepared set."""
     required = set(required)
-    eval_dir.mkdir(parents=True, exist_ok=True)
     previous = read_manifest(eval_dir)
     manifest: dict[str, Any] = {}
+    tables: dict[str, list[dict]] = {}  # written once every required set is read
     for name, spec in specs.items():
         check_name(name)
         try:
@@ -242,10 +248,13 @@ def prepare_eval_sets(
                 f"prepare it: {eval_dir / MANIFEST}"
             )
             continue
-        write_parquet(rows, TRAIN_SCHEMA, eval_dir / entry["file"])
+        tables[entry["file"]] = rows
         manifest[name] = entry
         if progress:
             console.print(f"eval set {name}: {entry['problems']} problems, answers as published")
+    eval_dir.mkdir(parents=True, exist_ok=True)
+    for file, rows in tables.items():
+        write_parquet(rows, TRAIN_SCHEMA, eval_dir / file)
     for name, entry in previous.items():  # drop files of sets no longer ready
         if manifest.get(name, {}).get("status") != "ready" and entry.get("file"):
             (eval_dir / entry["file"]).unlink(missing_ok=True)

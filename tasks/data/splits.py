@@ -28,10 +28,10 @@ from pathlib import Path
 from dapo_core.config import Config
 from dapo_core.curation_pass import split_validation
 from dapo_core.problem import Problem
+from tasks.data.curate import curated_dir
 from tasks.data.eval_sets import SYNTHETIC_TEST, eval_set_problems
 from tasks.data.sources import synthetic_problems
 from tasks.data.tables import load_problems
-from tasks.params import repo_path
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def _synthetic_splits(cfg: Config) -> Splits:
 
 
 def _curated_splits(cfg: Config) -> Splits:
-    out_dir = repo_path(cfg.data.out_dir)
+    out_dir = curated_dir(cfg)
     train = load_problems(out_dir / "train.parquet")
     val = _curated_val(out_dir / "val.parquet", cfg.data.val_size)
     return Splits(train, val, lambda: eval_problems(cfg)[1])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,16 +50,26 @@ REQUIRED = ("id", "problem", "answer")
 
 def write_parquet(rows: list[dict[str, Any]], schema: pa.Schema, path: Path) -> None:
     """Write ``rows`` to ``path`` atomically (a reader never sees half a file)."""
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp)
-    os.replace(tmp, path)
+    table = pa.Table.from_pylist(rows, schema=schema)
+    _replace_atomically(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def write_json(data: Any, path: Path) -> None:
     """Write ``data`` as indented JSON to ``path`` atomically."""
+    text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    _replace_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def _replace_atomically(path: Path, write: Callable[[Path], Any]) -> None:
+    """``write`` a temporary file beside ``path``, then rename it over ``path``; the temporary
+    file is removed when the write fails or is interrupted (Ctrl-C left a stray ``.tmp``)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def rows_to_problems(rows: Iterable[Mapping[str, Any]]) -> list[Problem]:

@@ -9,12 +9,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-
 from dapo_core.config import Config
 from dapo_core.errors import PipelineError
+from tasks.data.version import data_version, run_dvc
 from tasks.orchestration import run_logger, stage_task
 from tasks.params import REPO_ROOT, load_params
-from tasks.data.version import data_version, run_dvc
 
 
 @stage_task("curate", retries=2, retry_delay_seconds=10)

@@ -19,8 +19,8 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import yaml
 

@@ -580,3 +580,112 @@ def test_curate_with_out_leaves_the_repository_alone(tmp_path):
     assert (out / "train.parquet").exists() and (out / "eval" / "manifest.json").exists()
     after = {p: p.stat().st_mtime_ns for p in repo_eval.rglob("*")} if repo_eval.exists() else {}
     assert after == before
+
+
+# ---------------------------------------------------------------------------------------------
+# Stops, leftovers and curated data that is not what the config says
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_stop_while_writing_keeps_the_old_outputs_whole(dapo_parquet, tmp_path, monkeypatch):
+    """Ctrl-C in the write phase left train.parquet.tmp, or a new train.parquet beside the old
+    val.parquet and report.json."""
+    run_curate(tmp_path, dapo_parquet, "data.val_size=1")
+    out = tmp_path / "out"
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real = curate.write_parquet
+    calls = []
+
+    def stopped_on_the_second(rows, schema, path):
+        calls.append(path.name)
+        if len(calls) == 2:
+            path.with_name(path.name + ".tmp").write_bytes(b"half")
+            raise KeyboardInterrupt
+        real(rows, schema, path)
+
+    monkeypatch.setattr(curate, "write_parquet", stopped_on_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        run_curate(tmp_path, dapo_parquet, "data.val_size=2")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
+
+
+def test_an_interrupted_atomic_write_leaves_no_tmp_file(tmp_path, monkeypatch):
+    from tasks.data import tables
+
+    def killed(table, where):
+        Path(where).write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tables.pq, "write_table", killed)
+    with pytest.raises(KeyboardInterrupt):
+        tables.write_parquet([], tables.TRAIN_SCHEMA, tmp_path / "t.parquet")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_curate_refuses_an_out_dir_it_cannot_write_before_reading(tmp_path):
+    """-S data.out_dir=<a file> failed with an Errno after the whole curation."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    cfg = cfg_with(f"data.out_dir={blocker / 'curated'}")
+    with pytest.raises(PipelineError, match=f"data.out_dir {blocker / 'curated'}: {blocker} is"):
+        curate.curate(
+            cfg, source=str(tmp_path / "missing.parquet"), eval_sets={}, progress=False
+        )  # refused before the (missing) source is opened
+
+
+@pytest.fixture
+def curated_from(tmp_path, monkeypatch):
+    """curate(source) into <tmp>/data/curated, read back with data.source set to ``spec``."""
+    monkeypatch.setattr(curate, "repo_path", lambda p: tmp_path / p)
+
+    def make(source: Path, spec: str | None = None):
+        cfg = cfg_with("data.val_size=1", "data.out_dir=data/curated")
+        curate.curate(
+            cfg, source=str(source), out=tmp_path / "data" / "curated", eval_sets={}, progress=False
+        )
+        return cfg_with(f"data.source={spec or source}", "data.out_dir=data/curated")
+
+    return make
+
+
+def test_training_reads_curated_data_of_its_own_source_only(curated_from, tmp_path):
+    """-S data.source=X trained on the curated data of another source, silently."""
+    from tasks.data.splits import splits
+
+    source = tmp_path / "dapo_small.jsonl"
+    shutil.copy(FIXTURES / "plain_malformed.jsonl", source)
+    cfg = curated_from(source)
+    assert len(splits(cfg).train) == 4  # 5 kept, 1 of them validation
+    other = cfg_with(f"data.source={FIXTURES / 'eval_small.jsonl'}", "data.out_dir=data/curated")
+    with pytest.raises(
+        PipelineError,
+        match="curated from dapo_small.jsonl \\(file\\), not .*eval_small.jsonl; run `dapo curate`",
+    ):
+        splits(other)
+    source.write_text(source.read_text() + '{"problem": "What is 2+2?", "answer": "4"}\n')
+    with pytest.raises(PipelineError, match="an earlier version of .*sha256 differs"):
+        splits(cfg)
+
+
+def test_training_refuses_curated_data_without_its_report(curated_from, tmp_path):
+    """A curation stopped between its renames (or a folder made by hand) has no report.json."""
+    from tasks.data.splits import splits
+
+    cfg = curated_from(FIXTURES / "plain_malformed.jsonl")
+    (tmp_path / "data" / "curated" / "report.json").unlink()
+    with pytest.raises(PipelineError, match="holds no readable report.json: no `dapo curate`"):
+        splits(cfg)
+
+
+def test_an_eval_set_with_no_readable_row_is_not_ready(tmp_path):
+    """A file with other columns was marked 'ready' with 0 problems; given on the command line,
+    its failure left an empty eval folder behind."""
+    wrong = tmp_path / "wrongcols.parquet"
+    pq.write_table(pa.Table.from_pylist([{"q": "1+1", "a": "2"}] * 3), wrong)
+    manifest = eval_sets.prepare_eval_sets({"w": str(wrong)}, tmp_path / "eval", progress=False)
+    assert manifest["w"]["status"] == "unavailable"
+    assert "holds no problem (3 rows: 3 missing_problem)" in manifest["w"]["reason"]
+    with pytest.raises(sources.SourceUnavailable, match="holds no problem"):
+        eval_sets.prepare_eval_sets({"w": str(wrong)}, tmp_path / "e2", {"w"}, progress=False)
+    assert not (tmp_path / "e2").exists()

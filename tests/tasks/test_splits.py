@@ -1,9 +1,12 @@
 """Tests for tasks/data/splits.py: the one owner of the train / validation / test split."""
 
+import json
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import tasks.data.curate
 import tasks.data.eval_sets
 import tasks.data.splits
 from dapo_core.curation_pass import split_validation
@@ -56,10 +59,13 @@ def write_table(path, rows):
 
 @pytest.fixture
 def curated(tmp_path, monkeypatch):
-    """A curated out_dir (train.parquet, val.parquet) and an eval set, under a fake repo root."""
-    monkeypatch.setattr(tasks.data.splits, "repo_path", lambda p: tmp_path / p)
+    """A curated out_dir (train.parquet, val.parquet, the report of the source they were curated
+    from) and an eval set, under a fake repo root."""
+    monkeypatch.setattr(tasks.data.curate, "repo_path", lambda p: tmp_path / p)
     out = tmp_path / "data" / "curated"
     out.mkdir(parents=True)
+    report = {"source_kind": "file", "source": "x.parquet", "source_sha256": "0" * 64}
+    (out / "report.json").write_text(json.dumps(report))
     write_table(
         out / "train.parquet",
         [{"id": f"t{i}", "problem": f"T{i}", "answer": "1"} for i in range(5)],

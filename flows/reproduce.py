@@ -141,10 +141,11 @@ def reproduce_run(
         return out
     name = run_name or f"reproduce-{run_id[:8]}-{time.strftime('%Y%m%d-%H%M%S')}"
     from flows.stages import run_dir_for
+    from tasks.rundir import REPRODUCED_CONFIG
 
     root = run_dir_for(cfg, name)
     root.mkdir(parents=True, exist_ok=True)
-    config_path = root / "logged_config.json"
+    config_path = root / REPRODUCED_CONFIG
     config_path.write_text(json.dumps(info["config"], indent=2))
     out["config_path"] = config_path
     tags = info["tags"]

@@ -1,16 +1,19 @@
 """Writing directories that survive a crash: files and directory entries flushed to the disk,
 and a finished directory published in place of an old one by renames, so that a complete one
 exists at every moment; files sealed with their size and CRC-32, so that a later reader finds
-out whether they are still what was written. Shared by checkpoints (``tasks.rundir``) and model
-builds (``tasks.models.build``)."""
+out whether they are still what was written; JSONL records that a torn last line (a write cut
+short by a kill or a full disk) does not spoil. Shared by checkpoints and run records
+(``tasks.rundir``) and model builds (``tasks.models.build``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import zlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 _CHUNK = 16 << 20  # bytes read at a time for a file's checksum
 
@@ -89,3 +92,33 @@ def _crc32(f) -> int:
     while chunk := f.read(_CHUNK):
         crc = zlib.crc32(chunk, crc)
     return crc
+
+
+def append_row(path: Path, row: dict[str, Any]) -> None:
+    """Append one JSON line, after cutting off a torn last line (a write cut short by a full
+    disk or a kill): appended to, it would fuse with this row into one unreadable line."""
+    with path.open("ab") as f:
+        end = f.tell()
+        if end:
+            with path.open("rb") as r:
+                r.seek(max(0, end - 65536))
+                tail = r.read()
+            if not tail.endswith(b"\n"):
+                # rows are far shorter than the window: no newline in it means no whole row
+                f.truncate(end - len(tail) + tail.rfind(b"\n") + 1)
+        f.write((json.dumps(row) + "\n").encode())
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSONL record, one per step (a later row for a step replaces an earlier one)."""
+    if not path.exists():
+        return []
+    rows = {}
+    text = path.read_text()
+    for line in text.splitlines(keepends=True):
+        if not line.endswith("\n"):  # torn by a full disk or a kill: never completed
+            break
+        if line.strip():
+            row = json.loads(line)
+            rows[row["step"]] = row
+    return [rows[s] for s in sorted(rows)]

@@ -41,7 +41,16 @@ from pathlib import Path
 from typing import Any
 
 from dapo_core.errors import PipelineError
-from tasks.durable import check_sealed, fsync_dir, publish_dir, relative, seal_files, write_synced
+from tasks.durable import (
+    append_row,
+    check_sealed,
+    fsync_dir,
+    publish_dir,
+    read_rows,
+    relative,
+    seal_files,
+    write_synced,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +58,9 @@ CHECKPOINT_PREFIX = "step_"
 COMPLETE = "COMPLETE"  # written last into a checkpoint: a directory without it is half-written
 DAMAGED_PREFIX = ".damaged-"  # a checkpoint set aside: never resumed from, never pruned
 LOCK_FILE = ".lock"
+REPRODUCED_CONFIG = "logged_config.json"  # what `dapo reproduce` puts in a run's folder first
+# What a folder may hold before its run writes config.json (a first attempt's early files).
+_BEFORE_CONFIG = {LOCK_FILE, ".write-test", REPRODUCED_CONFIG, "untracked", "mlflow_run.json"}
 
 
 def check_run_name(name: str | None) -> None:
@@ -207,13 +219,19 @@ class RunDir:
                 )
 
     def refuse_unless(self, resume: bool) -> None:
-        """A used directory is continued only on request (every rank checks, before any writes)."""
-        if not resume and self.used() and not self.config_file.exists():  # no run's config
-            raise FileExistsError(f"{self.path} holds files not a run's: pick another --run-dir")
-        if not resume and self.used():
+        """A used directory is continued only on request, and a new run starts in a folder that
+        holds nothing a run does not put there first (every rank checks, before any writes)."""
+        if resume:
+            return
+        if self.config_file.exists():
             raise FileExistsError(
                 f"{self.path} already holds a run: continue it with --resume {self.path}, "
                 "or pick another --run-dir"
+            )
+        if foreign := sorted(set(_entries(self.path)) - _BEFORE_CONFIG):  # e.g. data/curated
+            raise FileExistsError(
+                f"{self.path} holds files not a run's ({', '.join(foreign[:3])}): pick another "
+                "--run-dir (a new or empty folder)"
             )
 
     def check_writable(self) -> None:
@@ -251,16 +269,16 @@ class RunDir:
     # -- per-step records ----------------------------------------------------------------------
 
     def append_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        _append_row(self.metrics_file, {"step": step, **metrics})
+        append_row(self.metrics_file, {"step": step, **metrics})
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        return _read_rows(self.metrics_file)
+        return read_rows(self.metrics_file)
 
     def append_validation(self, step: int, metrics: dict[str, float]) -> None:
-        _append_row(self.validation_file, {"step": step, **metrics})
+        append_row(self.validation_file, {"step": step, **metrics})
 
     def read_validation(self) -> list[dict[str, Any]]:
-        return _read_rows(self.validation_file)
+        return read_rows(self.validation_file)
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -406,6 +424,10 @@ def _remove_if_unused(path: Path) -> bool:
     return True
 
 
+def _entries(path: Path) -> list[str]:
+    return [p.name for p in path.iterdir()] if path.is_dir() else []
+
+
 def _read_holder(fd: int) -> dict[str, Any]:
     """Who holds the lock, as its holder wrote it (empty while it has not written yet)."""
     try:
@@ -418,33 +440,3 @@ def _command() -> str:
     """This process's command line, short enough for a one-line message."""
     text = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv else ""
     return text if len(text) <= 200 else text[:197] + "..."
-
-
-def _append_row(path: Path, row: dict[str, Any]) -> None:
-    """Append one JSON line, after cutting off a torn last line (a write cut short by a full
-    disk or a kill): appended to, it would fuse with this row into one unreadable line."""
-    with path.open("ab") as f:
-        end = f.tell()
-        if end:
-            with path.open("rb") as r:
-                r.seek(max(0, end - 65536))
-                tail = r.read()
-            if not tail.endswith(b"\n"):
-                # rows are far shorter than the window: no newline in it means no whole row
-                f.truncate(end - len(tail) + tail.rfind(b"\n") + 1)
-        f.write((json.dumps(row) + "\n").encode())
-
-
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of a JSONL record, one per step (a later row for a step replaces an earlier one)."""
-    if not path.exists():
-        return []
-    rows = {}
-    text = path.read_text()
-    for line in text.splitlines(keepends=True):
-        if not line.endswith("\n"):  # torn by a full disk or a kill: never completed
-            break
-        if line.strip():
-            row = json.loads(line)
-            rows[row["step"]] = row
-    return [rows[s] for s in sorted(rows)]

@@ -323,8 +323,33 @@ def test_a_folder_of_someone_else_s_keeps_no_lock_and_a_model_is_no_run_dir(tmp_
     assert sorted(p.name for p in model.iterdir()) == ["config.json", "model.safetensors"]
     project = tmp_path / "project"
     (project / "checkpoints" / "tiny").mkdir(parents=True)
-    with pytest.raises(FileExistsError, match="holds files not a run's: pick another"):
+    with pytest.raises(FileExistsError, match="holds files not a run's \\(checkpoints\\): pick"):
         RunDir(project).refuse_unless(resume=False)
+
+
+def test_a_new_run_starts_only_in_a_folder_holding_nothing_else(tmp_path):
+    """--run-dir data/curated (no config.json, no metrics) was taken: the run wrote its files
+    among the curated tables."""
+    curated = tmp_path / "curated"
+    curated.mkdir()
+    for name in ("train.parquet", "val.parquet", "report.json", "rejected.parquet"):
+        (curated / name).write_text("x")
+    refused = "holds files not a run's \\(rejected.parquet, report.json, train.parquet\\)"
+    with pytest.raises(FileExistsError, match=refused):
+        RunDir(curated).refuse_unless(resume=False)
+    out = CliRunner().invoke(app, ["train", "--no-track", "--run-dir", str(curated)])
+    assert out.exit_code == 2 and "holds files not a run's" in out.output, out.output
+    assert sorted(p.name for p in curated.iterdir()) == sorted(
+        ["train.parquet", "val.parquet", "report.json", "rejected.parquet"]
+    )
+    # what a run (or `dapo reproduce`) writes before its config is no obstacle, nor an empty one
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    RunDir(fresh).refuse_unless(resume=False)
+    for name in (".lock", "logged_config.json", "untracked", "mlflow_run.json"):
+        (fresh / name).write_text("{}")
+    RunDir(fresh).refuse_unless(resume=False)
+    RunDir(tmp_path / "not-yet").refuse_unless(resume=False)
 
 
 @pytest.mark.parametrize(

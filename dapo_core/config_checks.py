@@ -49,6 +49,10 @@ AT_LEAST: dict[str, float] = {
     **dict.fromkeys(
         [
             "data.val_size",
+            "synthetic.seed",  # a seed names folders (seed-1) and numpy refuses a negative one
+            "tiny.seed",
+            "train.seed",
+            "eval.seed",
             "tiny.warm_start_steps",
             "tiny.warm_start_target",
             "tiny.warm_start_window",

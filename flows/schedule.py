@@ -56,6 +56,11 @@ def schedule_specs(
     common = {"params": params, "config": config or [], "overrides": overrides or []}
     _check_timezone(timezone)
     check_run_name(run_name)
+    if nightly_steps is not None and nightly_steps < 1:
+        raise ConfigError(
+            f"--nightly-steps must be >= 1, got {nightly_steps}; leave it out to train each "
+            "night until train.steps"
+        )
     if promote is not None:
         from tasks.tracking.registry import DEFAULT_ALIAS, check_names
 

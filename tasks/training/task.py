@@ -189,6 +189,13 @@ def _train(
 
 
 def _say_where_it_continues(rd: RunDir, start: ResumePoint) -> None:
+    if start.checkpoint is None and start.logged_through:  # stopped before its first checkpoint
+        run_logger().warning(
+            "train: %s has no complete checkpoint: it starts again from step 0 (steps 1-%d "
+            "are redone)",
+            rd,
+            start.logged_through,
+        )
     if start.checkpoint:
         redo = start.logged_through - start.step
         run_logger().info(

@@ -82,6 +82,8 @@ def test_cross_field_checks(base):
         ("rollout.max_response_len=0", "rollout.max_response_len must be >= 1"),
         ("data.decontam_threshold=1.5", "data.decontam_threshold must be in"),
         ("tiny.num_kv_heads=3", "multiple of tiny.num_kv_heads"),
+        ("train.seed=-1", "train.seed must be >= 0, got -1"),
+        ("synthetic.seed=-2", "synthetic.seed must be >= 0"),
     ],
 )
 def test_counts_sizes_and_rates_are_bounded(base, override, message):

@@ -28,6 +28,9 @@ def test_default_schedules_nightly_train_and_weekly_ablate():
     build_deployments([promoting])  # the train flow takes the parameter
     with pytest.raises(ConfigError, match="not a cron expression"):
         schedule_specs(train_cron="every night")
+    for steps in (0, -5):  # scheduled as "train 0 steps" or "-5 steps" each night
+        with pytest.raises(ConfigError, match=f"--nightly-steps must be >= 1, got {steps}"):
+            schedule_specs(nightly_steps=steps)
     for zone in ("Mars/Olympus", "../etc/passwd", ""):  # Prefect itself takes any name
         with pytest.raises(ConfigError, match="is not a time zone"):
             schedule_specs(timezone=zone)

@@ -380,3 +380,18 @@ def test_a_damaged_mlflow_record_is_one_line_that_says_what_to_do(tmp_path, text
     with pytest.raises(PipelineError, match=r"mlflow_run\.json is damaged: delete it") as caught:
         rd.mlflow_run()
     assert "\n" not in str(caught.value)
+
+
+def test_a_resume_with_no_complete_checkpoint_says_it_starts_again(tmp_path, caplog):
+    """A run stopped before its first checkpoint restarted from step 0 without a word, while
+    its metrics file said it had reached step 3."""
+    from tasks.rundir import ResumePoint
+    from tasks.training.task import _say_where_it_continues
+
+    with caplog.at_level(logging.INFO, logger="dapo"):
+        _say_where_it_continues(RunDir(tmp_path), ResumePoint(0, None, 3))
+    assert "has no complete checkpoint: it starts again from step 0 (steps 1-3" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="dapo"):
+        _say_where_it_continues(RunDir(tmp_path), ResumePoint(0, None, 0))  # a fresh run
+    assert caplog.text == ""

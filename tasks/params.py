@@ -31,7 +31,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise ConfigError(f"{path} is not UTF-8 text: give a YAML (or JSON) file") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML: {_where_yaml_fails(e)}") from None
+        kind = "JSON" if path.suffix == ".json" else "YAML"  # a run's config.json: JSON is YAML
+        raise ConfigError(f"{path} is not valid {kind}: {_where_yaml_fails(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of sections, got {type(data).__name__}")
     return data

@@ -395,3 +395,13 @@ def test_a_resume_with_no_complete_checkpoint_says_it_starts_again(tmp_path, cap
     with caplog.at_level(logging.INFO, logger="dapo"):
         _say_where_it_continues(RunDir(tmp_path), ResumePoint(0, None, 0))  # a fresh run
     assert caplog.text == ""
+
+
+def test_a_torn_run_config_is_called_json(tmp_path):
+    """`dapo train --resume` of a run whose config.json was cut short said "not valid YAML"."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"train": {"steps": 4')
+    out = CliRunner().invoke(app, ["train", "--resume", str(run)])
+    assert out.exit_code == 2
+    assert f"{run / 'config.json'} is not valid JSON: " in out.output, out.output

@@ -12,6 +12,9 @@ sensitive to reward noise"). Each is read here as a number with its spread over 
   mean over steps of the variance of the batch's advantages;
 - sample efficiency: held-out avg@k against responses generated and against tokens trained on,
   as curves whose points are averaged over seeds (``mean_curve``).
+
+The methods themselves (:data:`METHODS`) and each RL method's config (:func:`method_configs`)
+are here too, so that the command checks them before Prefect starts.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dapo_core.ablation import apply_variant, split_sweep_overrides
+from dapo_core.config import Config, ConfigError
+from dapo_core.config_loader import resolve
 from dapo_core.metrics import bootstrap_ci
 
 COLLAPSE_SHARE = 0.5
@@ -89,3 +95,33 @@ def mean_curve(curves: Sequence[Sequence[tuple[float, float]]]) -> list[CurvePoi
 def cumulative(values: Sequence[float]) -> list[float]:
     """Running totals (responses generated, tokens trained on) of per-step counts."""
     return [float(v) for v in np.cumsum(np.asarray(values, dtype=np.float64))]
+
+
+# The methods `dapo compare` runs; their configs are checked before anything starts.
+
+RL_METHODS = {"ppo_rm": "ppo", "grpo": "grpo", "dapo": "dapo"}  # method -> variant
+METHODS = ("ppo_rm", "dpo", "grpo", "dapo")
+PREFERENCE_METHODS = {"ppo_rm", "dpo"}
+
+
+def check_methods(methods: list[str] | None) -> list[str]:
+    """The methods asked for, in the order given, each once; a one-line error for others."""
+    names = list(dict.fromkeys(methods or METHODS))
+    unknown = [m for m in names if m not in METHODS]
+    if unknown:
+        raise ConfigError(
+            f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}"
+        )
+    return names
+
+
+def split_methods_overrides(overrides: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """``-S`` as (for the config every method starts from, each preset's tuning of its own
+    entries), as ``dapo ablate`` reads them: ``-S algo.critic.lr=1e-5`` sets ppo_rm's critic."""
+    return split_sweep_overrides(list(RL_METHODS.values()), overrides)
+
+
+def method_configs(cfg: Config, tuned: dict[str, list[str]], seed: int) -> dict[str, Config]:
+    """Each RL method's config for ``seed`` (``ppo_rm``'s reward model is set once trained)."""
+    seeded = resolve(cfg.to_dict(), overrides=[f"train.seed={seed}"])
+    return {m: apply_variant(seeded, v, tuned[v]) for m, v in RL_METHODS.items()}

@@ -47,12 +47,13 @@ from prefect.states import Cancelled
 from dapo_core import metric_names as metric
 from dapo_core.ablation import (
     ABLATION_LADDER,
-    ALGORITHM_PRESETS,
     apply_variant,
+    comparison_baseline,
+    ordered_variants,
     split_sweep_overrides,
 )
 from dapo_core.ablation_stats import PROBES, SIGNALS, probe_steps, probed_switch, run_signals
-from dapo_core.config import Config, ConfigError
+from dapo_core.config import Config
 from dapo_core.config_loader import from_dict, resolve
 from dapo_core.errors import PipelineError, TrainingInterrupted
 from flows.signals import collector_for_work
@@ -75,38 +76,6 @@ SIGNAL_METRICS = sorted(
     {s.metric for s in SIGNALS} | {m for p in PROBES.values() for m in (p.on, p.off)}
 )
 """The per-step metrics the sweep reads back from each child (its signals and probes)."""
-
-
-def ordered_variants(variants: list[str] | None) -> list[str]:
-    """The requested variants: Table 1 rungs alone in the paper's order (all of them by
-    default); with an algorithm preset among them, in the order given (the first is the default
-    baseline), each once."""
-    if not variants:
-        return list(ABLATION_LADDER)
-    unknown = [v for v in variants if v not in ABLATION_LADDER and v not in ALGORITHM_PRESETS]
-    if unknown:
-        raise ConfigError(
-            f"unknown variant(s) {', '.join(unknown)}; Table 1 rungs: "
-            f"{', '.join(ABLATION_LADDER)}; algorithms: {', '.join(ALGORITHM_PRESETS)}"
-        )
-    if all(v in ABLATION_LADDER for v in variants):
-        return [v for v in ABLATION_LADDER if v in variants]
-    return list(dict.fromkeys(variants))
-
-
-def comparison_baseline(names: list[str], baseline: str | None) -> str | None:
-    """The variant every other one is compared with, or None for the ladder (each rung against
-    the one before): ``baseline`` when given (one of ``names``), else the first of ``names``
-    when an algorithm preset is among them."""
-    if baseline is not None:
-        if baseline not in names:
-            raise ConfigError(
-                f"--baseline {baseline} is not among the variants ({', '.join(names)})"
-            )
-        return baseline
-    if any(v not in ABLATION_LADDER for v in names):
-        return names[0]
-    return None
 
 
 def slug(variant: str) -> str:

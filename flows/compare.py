@@ -36,8 +36,13 @@ from prefect.exceptions import TerminationSignal
 from prefect.states import Cancelled
 
 from dapo_core import metric_names as metric
-from dapo_core.ablation import apply_variant, split_sweep_overrides
-from dapo_core.config import Config, ConfigError
+from dapo_core.comparison import (
+    PREFERENCE_METHODS,
+    check_methods,
+    method_configs,
+    split_methods_overrides,
+)
+from dapo_core.config import Config
 from dapo_core.config_loader import resolve
 from dapo_core.errors import TrainingInterrupted
 from flows.ablate import children_view
@@ -62,9 +67,6 @@ from tasks.rundir import RunDir
 from tasks.signals import deferred_signals
 from tasks.training.task import train_task
 
-RL_METHODS = {"ppo_rm": "ppo", "grpo": "grpo", "dapo": "dapo"}  # method -> variant
-METHODS = ("ppo_rm", "dpo", "grpo", "dapo")
-PREFERENCE_METHODS = {"ppo_rm", "dpo"}
 PPO_RM_KL = ["algo.kl.name=k1", "algo.kl.where=reward", "algo.kl.beta=0.3"]
 """InstructGPT's per-token KL penalty in the reward (Ouyang et al. 2022), for ppo_rm unless the
 config sets a KL: without it, PPO against this task's reward model trades accuracy for the
@@ -72,29 +74,6 @@ learned reward; at beta 0.1 one seed in five still collapsed, at 0.3 none did
 (docs/guide/preferences.md)."""
 MINE_PROMPTS, MINE_PER_GROUP = 800, 4  # `dapo pairs mine`'s defaults
 VIEW_METRICS = [metric.AVG_AT_K, metric.ACC_MEAN, metric.REWARD_MEAN, metric.GRAD_NORM]
-
-
-def check_methods(methods: list[str] | None) -> list[str]:
-    """The methods asked for, in the order given, each once; a one-line error for others."""
-    names = list(dict.fromkeys(methods or METHODS))
-    unknown = [m for m in names if m not in METHODS]
-    if unknown:
-        raise ConfigError(
-            f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}"
-        )
-    return names
-
-
-def split_methods_overrides(overrides: list[str]) -> tuple[list[str], dict[str, list[str]]]:
-    """``-S`` as (for the config every method starts from, each preset's tuning of its own
-    entries), as ``dapo ablate`` reads them: ``-S algo.critic.lr=1e-5`` sets ppo_rm's critic."""
-    return split_sweep_overrides(list(RL_METHODS.values()), overrides)
-
-
-def method_configs(cfg: Config, tuned: dict[str, list[str]], seed: int) -> dict[str, Config]:
-    """Each RL method's config for ``seed`` (``ppo_rm``'s reward model is set once trained)."""
-    seeded = resolve(cfg.to_dict(), overrides=[f"train.seed={seed}"])
-    return {m: apply_variant(seeded, v, tuned[v]) for m, v in RL_METHODS.items()}
 
 
 @flow(name="compare")

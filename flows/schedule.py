@@ -17,8 +17,9 @@ from typing import Any
 from prefect.deployments.runner import EntrypointType, RunnerDeployment
 from prefect.schedules import Cron, validate_cron_string
 
+from dapo_core.ablation import ordered_variants
 from dapo_core.config import ConfigError
-from flows.ablate import ablate_flow, ordered_variants
+from flows.ablate import ablate_flow
 from flows.pipeline import train_flow
 from tasks.rundir import check_run_name
 

@@ -125,7 +125,7 @@ def ablate(
     against the one before, paired over seeds and problems), each switch's own signal, and a
     chart (ours and the paper's numbers in separate panels)."""
     _orchestration_env()
-    from flows.ablate import ablate_flow, comparison_baseline, ordered_variants
+    from dapo_core.ablation import comparison_baseline, ordered_variants
 
     names = ordered_variants(_split(variants))
     baseline = comparison_baseline(names, baseline)
@@ -135,6 +135,8 @@ def ablate(
     for name in names:  # each variant's config, checked before anything starts
         apply_variant(cfg, name, tuned[name])
     _check_eval_set(cfg, eval_set, run_name)
+    from flows.ablate import ablate_flow  # imports Prefect, which makes .prefect/: after the checks
+
     args = {
         **_flow_args(params, config, set_),
         "variants": names,
@@ -197,7 +199,7 @@ def compare(
     advantages) and sample efficiency (held-out avg@k against responses generated and tokens
     trained on), under one MLflow parent run."""
     _orchestration_env()
-    from flows.compare import check_methods, compare_flow, method_configs, split_methods_overrides
+    from dapo_core.comparison import check_methods, method_configs, split_methods_overrides
 
     names = check_methods(_split(methods, "--methods"))
     seed_list = _seeds(seeds)
@@ -206,6 +208,8 @@ def compare(
     for s in seed_list or [cfg.train.seed]:  # every method's config, checked before anything
         method_configs(cfg, tuned, s)
     _check_eval_set(cfg, eval_set, run_name)
+    from flows.compare import compare_flow  # imports Prefect, which makes .prefect/
+
     with _server():
         table = compare_flow(
             **_flow_args(params, config, set_),

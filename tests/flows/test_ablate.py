@@ -13,11 +13,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dapo_core.ablation import ABLATION_LADDER, PAPER_TABLE1_AIME24
+from dapo_core.ablation import (
+    ABLATION_LADDER,
+    PAPER_TABLE1_AIME24,
+    comparison_baseline,
+    ordered_variants,
+)
 from dapo_core.ablation_stats import MECHANISM_SIGNALS
 from dapo_core.config import ConfigError
 from dapo_core.config_loader import resolve
-from flows.ablate import comparison_baseline, ordered_variants
 from tasks.evaluation.ablation import SIGNAL_NAMES, ablation_table, mechanism_table
 from tasks.tracking import store
 
@@ -450,3 +454,19 @@ def test_ablate_flow_compares_algorithms_against_a_baseline(flows_env, flow_cfg,
     assert "train/kl_mean" not in by_variant["dapo"]["metrics"]
     md = store.read_artifact_text(parent["run_id"], "ablation/table.md")
     assert "| grpo_kl |" in md and "| dapo |" in md
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["ablate", "--variants", "nope"], ["compare", "--seeds", "x"]],
+    ids=["ablate", "compare"],
+)
+def test_a_refused_sweep_makes_no_prefect_home(tmp_path, args):
+    """Importing Prefect makes its home: a sweep refused for a typo left an empty .prefect/."""
+    home = tmp_path / "prefect-home"
+    env = {**os.environ, "PREFECT_HOME": str(home)}
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "error:" in done.stdout + done.stderr
+    assert not home.exists()

@@ -52,7 +52,7 @@ def test_one_compare_sweep(compared, flow_cfg, subtests):
 
 
 def _every_method_and_seed_is_trained_evaluated_and_tabled(compared, flow_cfg):
-    from flows.compare import METHODS
+    from dapo_core.comparison import METHODS
 
     _, table = compared
     assert list(table["method"]) == list(METHODS) and (table["runs"] == "2/2").all()
@@ -90,7 +90,7 @@ def _the_methods_that_learn_from_preferences_pay_for_the_mined_responses(compare
 
 
 def _the_runs_nest_under_one_parent_in_mlflow(compared, flow_cfg):
-    from flows.compare import METHODS
+    from dapo_core.comparison import METHODS
 
     _, table = compared
     (parent,) = [r for r in store.search_runs(flow_cfg, "compare") if r["name"] == "compare-test"]

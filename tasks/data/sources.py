@@ -31,7 +31,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from dapo_core.config import Config, ConfigError
 from dapo_core.curation_pass import Curated, curate_records
-from dapo_core.errors import PipelineError
+from dapo_core.errors import PipelineError, first_line
 from dapo_core.problem import Problem
 from dapo_core.records import Malformed
 from dapo_core.synthetic import TASKS as SYNTHETIC_TASKS
@@ -120,8 +120,7 @@ def download_hub_dataset(repo_id: str, alternative: str) -> Path:
             )
         )
     except Exception as e:  # noqa: BLE001 - offline, not found, gated: all mean "not here"
-        first = (str(e).strip().splitlines() or [""])[0]
-        first = first if len(first) <= 300 else first[:300] + "..."
+        first = first_line(e, 300)
         raise SourceUnavailable(
             f"could not download the dataset {repo_id!r} from the Hugging Face Hub. Offline? "
             f"Fetch it where there is network (`hf download {repo_id} --repo-type dataset "

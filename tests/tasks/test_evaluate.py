@@ -148,12 +148,12 @@ def test_empty_eval_set_is_an_error(tiny_cfg):
 def test_an_eval_set_file_without_problems_is_a_user_error(tiny_cfg, tmp_path, text):
     """Refused when the set is read, before a model loads or a run opens: a user error (one
     line from the command, not retried), naming the file."""
-    from dapo_core.config import ConfigError
     from tasks.data.splits import eval_problems
+    from tasks.orchestration import USER_ERRORS
 
     path = tmp_path / "set.jsonl"
     path.write_text(text)
-    with pytest.raises(ConfigError, match=r"eval set '.*set\.jsonl' holds no problem"):
+    with pytest.raises(USER_ERRORS, match=r"set\.jsonl holds no problem \(\d rows"):
         eval_problems(tiny_cfg, str(path))
 
 

@@ -4,6 +4,8 @@ for generation (left padding, a pad token), and the chat prompt the policy is sa
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,9 +166,28 @@ def load_tokenizer(name_or_path: str | Path, **kwargs):
     return tokenizer
 
 
-def save_model_dir(model, tokenizer, out: Path) -> Path:
-    """Save a model and its tokenizer as a Hugging Face directory. Callers write into a staging
-    directory that ``tasks.models.build.ensure_built`` publishes whole."""
-    model.save_pretrained(out)
+def save_model_dir(model, tokenizer, out: Path, state_dict: dict | None = None) -> Path:
+    """Save a model (``state_dict``: its full weights, gathered from ZeRO partitions) and its
+    tokenizer as a Hugging Face directory. Callers write into a staging directory that they
+    publish whole (``tasks.models.build.ensure_built``, checkpoints)."""
+    with without_deepspeed_probe():
+        model.save_pretrained(out, state_dict=state_dict)
     tokenizer.save_pretrained(out)
     return out
+
+
+@contextmanager
+def without_deepspeed_probe() -> Iterator[None]:
+    """``save_pretrained`` unwraps the model with accelerate, which imports DeepSpeed (seconds
+    on a CPU) to ask whether it is a ``DeepSpeedEngine``. No model is one while DeepSpeed is
+    not imported, so then the question is skipped; otherwise it is asked as usual."""
+    other = sys.modules.get("accelerate.utils.other")
+    if "deepspeed" in sys.modules or not hasattr(other, "is_deepspeed_available"):
+        yield
+        return
+    asked = other.is_deepspeed_available
+    other.is_deepspeed_available = lambda: False
+    try:
+        yield
+    finally:
+        other.is_deepspeed_available = asked

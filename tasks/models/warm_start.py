@@ -29,7 +29,13 @@ from tasks.data.splits import splits
 from tasks.data.version import problems_digest
 from tasks.models import loading
 from tasks.models.build import code_digest, ensure_built, library_versions
-from tasks.models.loading import chat_prompt, load_tokenizer, save_model_dir, transformers_quietly
+from tasks.models.loading import (
+    chat_prompt,
+    load_tokenizer,
+    save_model_dir,
+    transformers_quietly,
+    without_deepspeed_probe,
+)
 from tasks.params import repo_path
 
 # The seed of a format warm start, not the RL run's: the seeds of a run share one starting
@@ -135,7 +141,8 @@ def warm_start(
                 progress.update(bar, description=f"warm start val {checks[-1][1]:.3f}")
                 if stop.lands(checks[-1][1]):
                     break
-    model.save_pretrained(model_dir)
+    with without_deepspeed_probe():
+        model.save_pretrained(model_dir)
     return WarmStartResult(losses, checks)
 
 

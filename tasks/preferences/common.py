@@ -13,6 +13,7 @@ from pathlib import Path
 from dapo_core.config import Config
 from dapo_core.errors import PipelineError, first_line
 from tasks.durable import unwritable
+from tasks.models.loading import save_model_dir as save_hf_dir
 from tasks.preferences.pairs import PairTable, read_pairs
 
 
@@ -75,8 +76,7 @@ def save_model_dir(model, tokenizer, record_name: str, record: dict, out_dir: Pa
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.partial")
     try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        save_hf_dir(model, tokenizer, staging)
         (staging / record_name).write_text(json.dumps(record, indent=2))
         if out_dir.exists():  # empty: check_settings refused one with files
             out_dir.rmdir()

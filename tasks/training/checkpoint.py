@@ -30,6 +30,7 @@ from safetensors.torch import load_file, save_file
 from dapo_core.errors import PipelineError
 from dapo_core.sampling import BatchStats
 from tasks.durable import seal_files
+from tasks.models.loading import save_model_dir
 from tasks.rundir import RunDir, checkpoint_step
 from tasks.training.batches import Group
 from tasks.training.distributed import all_gather_objects, barrier
@@ -79,8 +80,7 @@ def _write_checkpoint(trainer: DAPOTrainer, run_dir: RunDir, staged: Path) -> Pa
     state = plain_trainer_state(trainer.state_dict())
     final = run_dir.checkpoints_dir / staged.name.removeprefix(".tmp-")
     if rank == 0:
-        trainer.model.save_pretrained(staged / "model", state_dict=weights)
-        trainer.tokenizer.save_pretrained(staged / "model")
+        save_model_dir(trainer.model, trainer.tokenizer, staged / "model", weights)
         if critic is not None:
             (staged / CRITIC_WEIGHTS).parent.mkdir()
             save_file({k: v.contiguous() for k, v in critic.items()}, staged / CRITIC_WEIGHTS)

@@ -19,7 +19,7 @@ from dapo_core.config import Config
 from dapo_core.errors import PipelineError
 from dapo_core.problem import Problem
 from tasks.data.splits import splits
-from tasks.models.loading import HandedPolicy, load_policy
+from tasks.models.loading import HandedPolicy, load_policy, save_model_dir
 from tasks.models.resolve import resolve_model_path
 from tasks.rollout.factory import make_generator
 from tasks.rundir import ResumePoint, RunDir
@@ -204,8 +204,7 @@ def _save_final(trainer: DAPOTrainer, run_dir: RunDir) -> None:
     """``final/``: the trained model, once all ``train.steps`` are done."""
     weights = trainer.engine.full_state_dict()  # a collective under ZeRO-3: all ranks call it
     if trainer.step >= trainer.cfg.train.steps and trainer.rank == 0:
-        trainer.model.save_pretrained(run_dir.final, state_dict=weights)
-        trainer.tokenizer.save_pretrained(run_dir.final)
+        save_model_dir(trainer.model, trainer.tokenizer, run_dir.final, weights)
     barrier(trainer.world)
 
 

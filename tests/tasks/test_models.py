@@ -650,3 +650,30 @@ def test_flex_step_under_its_skipping_kernel_gives_the_default_steps_logits(tiny
             sdpa, flexed = (dec.step(tokens, pos) for dec in decoders)
             torch.testing.assert_close(flexed, sdpa, rtol=1e-4, atol=1e-4)
     assert decoders[1].block_mask.kv_num_blocks.item() == 39 // 16 + 1
+
+
+def test_saving_a_model_does_not_import_deepspeed(tiny_cfg, tmp_path):
+    """save_pretrained asked accelerate whether the model is a DeepSpeedEngine, and accelerate
+    imported DeepSpeed to answer (seconds per process that saves); unless it is imported
+    already, the answer is no. The saved directory is what save_pretrained writes."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; from pathlib import Path\n"
+        "from tasks.models.loading import load_policy, load_tokenizer, save_model_dir\n"
+        "import accelerate.utils.other as other\n"
+        "asked = other.is_deepspeed_available\n"
+        f"m, tok = load_policy({str(resolve_model_path(tiny_cfg))!r})\n"
+        f"save_model_dir(m, tok, Path({str(tmp_path / 'ours')!r}))\n"
+        "assert 'deepspeed' not in sys.modules and other.is_deepspeed_available is asked\n"
+        f"m.save_pretrained({str(tmp_path / 'theirs')!r}); tok.save_pretrained("
+        f"{str(tmp_path / 'theirs')!r})\n"
+        "assert 'deepspeed' in sys.modules  # what the probe costs without the guard\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    assert sorted(p.name for p in ours.iterdir()) == sorted(p.name for p in theirs.iterdir())
+    for p in ours.iterdir():
+        assert p.read_bytes() == (theirs / p.name).read_bytes(), p.name

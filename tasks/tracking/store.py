@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_core.config import Config
+from dapo_core.errors import first_line
 from tasks.params import REPO_ROOT
 
 KINDS = ("train", "evaluate", "pipeline", "ablate", "reward_model", "dpo", "compare")
@@ -44,15 +45,36 @@ def sqlite_path(uri: str) -> Path | None:
 
 
 def refuse_missing_store(uri: str) -> None:
-    """LookupError for a SQLite store that does not exist, before MLflow opens it: a command
-    that reads runs logged there would create an empty database at a mistyped path (and then
-    find nothing in it)."""
+    """LookupError, before MLflow opens ``uri``, for a SQLite store that does not exist (a
+    command that reads runs would create an empty database at a mistyped path, then find
+    nothing in it) or a tracking server that does not answer (MLflow retries each call for
+    minutes, then reports the run missing)."""
     db = sqlite_path(uri)
     if db is not None and not db.exists():
         raise LookupError(
             f"no MLflow store at {db} (tracking URI {uri}): check the path; the project's runs "
             f"are in sqlite:///{STORE_DIR / 'mlflow.db'} unless tracking.tracking_uri says else"
         )
+    if uri.startswith(("http://", "https://")) and (why := _unanswered(uri)):
+        raise LookupError(
+            f"the MLflow server at {uri} does not answer ({why}): start it, or name a running "
+            "one with --tracking-uri or -S tracking.tracking_uri"
+        )
+
+
+def _unanswered(url: str, timeout_s: float = 5.0) -> str | None:
+    """Why the server at ``url`` cannot be reached, or None once it answers at all (an HTTP
+    error is an answer: a server that has no ``/health`` is still there)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout_s).close()
+    except urllib.error.HTTPError:
+        return None
+    except (urllib.error.URLError, OSError) as e:
+        return first_line(getattr(e, "reason", None) or e, 120)
+    return None
 
 
 def artifact_root(uri: str) -> str | None:

@@ -589,3 +589,24 @@ def test_a_mistyped_sqlite_store_is_refused_and_not_created(tmp_path):
     with pytest.raises(PipelineError, match="no MLflow store at"):
         registry.register("0" * 32, uri=typo)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_tracking_server_that_does_not_answer_is_refused_in_seconds():
+    """`dapo register/reproduce` against a server that is down retried each call for ~4
+    minutes, then said the run was not in the store."""
+    import socket
+    import time
+
+    from dapo_core.errors import PipelineError
+    from tasks.tracking import registry
+    from tasks.tracking.store import read_run
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{s.getsockname()[1]}"
+    t0 = time.monotonic()
+    with pytest.raises(LookupError, match=f"the MLflow server at {down} does not answer \\("):
+        read_run("0" * 32, down)
+    with pytest.raises(PipelineError, match="does not answer .*: start it, or name a running"):
+        registry.register("0" * 32, uri=down)
+    assert time.monotonic() - t0 < 30

@@ -97,11 +97,17 @@ def curate(
     # The source first: a wrong path is reported before any eval set is fetched.
     loaded = open_source(cfg, source) if step != "eval" else None
     manifest: dict[str, Any] = {}
-    if step in ("all", "eval"):
-        manifest = prepare_eval_sets(specs, edir, required, progress)
-    if loaded is None:
-        return CurateSummary(None, edir, None, manifest)
-    report = curate_source(cfg, loaded, out_dir, specs, edir, required, progress)
+    made = [d for d in (out_dir, edir) if not d.exists()]
+    try:
+        if step in ("all", "eval"):
+            manifest = prepare_eval_sets(specs, edir, required, progress)
+        if loaded is None:
+            return CurateSummary(None, edir, None, manifest)
+        report = curate_source(cfg, loaded, out_dir, specs, edir, required, progress)
+    except BaseException:  # stopped or failed: no folder of half the outputs (--out's eval/)
+        for folder in made:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
     return CurateSummary(out_dir, edir, report, manifest)
 
 

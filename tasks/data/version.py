@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import subprocess
+from subprocess import PIPE
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -25,7 +26,9 @@ from typing import Any
 import yaml
 
 from dapo_core.problem import Problem
+from tasks.lifetime import start_helper, stop_helper
 from tasks.params import REPO_ROOT
+from tasks.signals import held_signals
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +83,20 @@ def pairs_digest(pairs: Iterable[tuple[str, str]]) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
-def run_dvc(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """``dvc <args>`` in ``cwd`` with this interpreter's DVC, analytics off; output captured."""
+def run_dvc(args: list[str], cwd: Path, whole: bool = False) -> subprocess.CompletedProcess:
+    """``dvc <args>`` in ``cwd`` with this interpreter's DVC, analytics off; output captured.
+    ``whole``: a change that must not stop halfway (a file and its ``.dvc`` record): DVC runs
+    in a session of its own, out of reach of the terminal's Ctrl-C, which waits for it (a
+    command killed outright takes it along: ``tasks.lifetime``)."""
     env = {"DVC_NO_ANALYTICS": "1", **os.environ}
     cmd = [sys.executable, "-m", "dvc", *args]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
+    if not whole:
+        return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
+    with held_signals():
+        proc = start_helper(cmd, cwd=cwd, stdout=PIPE, stderr=PIPE, text=True, env=env)
+        out, err = proc.communicate()
+        stop_helper(proc)  # gone already: the reaper forgets it
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def dvc_add(path: Path, root: Path = REPO_ROOT) -> str | None:
@@ -95,7 +107,7 @@ def dvc_add(path: Path, root: Path = REPO_ROOT) -> str | None:
     path, root = Path(path).resolve(), Path(root).resolve()
     if not (root / ".dvc").is_dir() or not path.is_relative_to(root):
         return None
-    done = run_dvc(["add", "-q", str(path.relative_to(root))], root)
+    done = run_dvc(["add", "-q", str(path.relative_to(root))], root, whole=True)
     if done.returncode != 0:
         log.warning("dvc add %s failed: %s", path, (done.stderr or done.stdout).strip()[-300:])
         return None

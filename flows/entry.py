@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from flows.signals import until_work_begins
+from flows.signals import run_to_the_end, until_work_begins
 
 until_work_begins()  # at import, which the console script does before main(): from its first ms
 
@@ -23,4 +23,4 @@ def main() -> None:
     warm.start_if_wanted(argv)  # for the next command: this one imports for itself
     from flows.cli import app  # the imports that take seconds
 
-    app()
+    run_to_the_end(app)

@@ -25,6 +25,20 @@ def exit_at_once(signum: int, frame: Any) -> None:
     os._exit(130)
 
 
+def run_to_the_end(app: Any) -> None:
+    """Run the CLI ``app`` (which exits with the command's status); a Ctrl-C or SIGTERM that
+    arrives once the command is over (while the interpreter shuts down: libraries' exit hooks,
+    threads joined) exits at once with that status. It ran the start-up's handler, which
+    said "interrupted before anything had started" and exited 130 after a finished command."""
+    try:
+        app()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda signum, frame: os._exit(code))
+        raise
+
+
 def until_work_begins() -> None:
     """Handle Ctrl-C and SIGTERM with :func:`exit_at_once` (main thread only), and keep the
     garbage collector off: the imports allocate millions of objects, none of them garbage, and

@@ -3,6 +3,8 @@ ignored while a stop cleans up, and the handlers put back afterwards."""
 
 import signal
 
+import pytest
+
 from tasks.signals import deferred_signals, held_signals
 
 
@@ -106,3 +108,23 @@ def test_a_process_that_dapo_spawns_keeps_its_collector(tmp_path):
         [sys.executable, str(script)], capture_output=True, text=True, timeout=180, check=True
     )
     assert out.stdout.split() == ["parent", "False", "child", "True"], out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("status", [0, 2])
+def test_a_signal_after_the_command_ends_exits_with_its_status(status):
+    """Ctrl-C while the interpreter shut down after a finished command ran the start-up's
+    handler: "interrupted before anything had started", exit 130."""
+    import subprocess
+    import sys
+
+    script = (
+        "import atexit, os, signal, sys, time\n"
+        "from flows.signals import run_to_the_end, until_work_begins\n"
+        "until_work_begins()\n"
+        "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(10)))\n"
+        f"run_to_the_end(lambda: sys.exit({status}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == status and "interrupted" not in done.stderr, done.stderr

@@ -73,6 +73,15 @@ AT_LEAST: dict[str, float] = {
         0,
     ),
 }
+NOT_EMPTY = [  # an empty path wrote a run's folder into the current directory
+    "data.source",
+    "data.out_dir",
+    "model.name_or_path",
+    "tiny.path",
+    "train.out_dir",
+    "eval.eval_set",
+    "tracking.experiment_prefix",
+]
 POSITIVE = [
     "model.warm_start_lr",
     "tiny.warm_start_lr",
@@ -96,6 +105,9 @@ def _check_bounds(cfg: Config, where: typing.Callable[[str], str]) -> None:
         value = _value(cfg, key)
         if not value > 0:
             raise ConfigError(f"{where(key)}: {key} must be > 0, got {value}")
+    for key in NOT_EMPTY:
+        if not str(_value(cfg, key)).strip():
+            raise ConfigError(f"{where(key)}: {key} must not be empty")
 
 
 def check_values(cfg: Config, source: str, where: typing.Callable[[str], str]) -> None:

@@ -84,6 +84,8 @@ def test_cross_field_checks(base):
         ("tiny.num_kv_heads=3", "multiple of tiny.num_kv_heads"),
         ("train.seed=-1", "train.seed must be >= 0, got -1"),
         ("synthetic.seed=-2", "synthetic.seed must be >= 0"),
+        ("train.out_dir=", "train.out_dir must not be empty"),
+        ("model.name_or_path= ", "model.name_or_path must not be empty"),
     ],
 )
 def test_counts_sizes_and_rates_are_bounded(base, override, message):
@@ -108,9 +110,9 @@ def test_errors_name_where_the_value_came_from_and_suggest_keys(base, tmp_path):
 
 def test_every_bounded_key_exists(base):
     """The bounds table names real keys (a renamed key would silently escape its check)."""
-    from dapo_core.config_checks import AT_LEAST, POSITIVE
+    from dapo_core.config_checks import AT_LEAST, NOT_EMPTY, POSITIVE
 
-    for key in [*AT_LEAST, *POSITIVE]:
+    for key in [*AT_LEAST, *POSITIVE, *NOT_EMPTY]:
         section, name = key.split(".")
         assert name in base[section], key
 

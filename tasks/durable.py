@@ -38,6 +38,12 @@ def unwritable(folder: Path) -> str | None:
     return None
 
 
+def is_folder_name(name: str) -> bool:
+    """Whether ``name`` names one folder inside another (a run, a model, a shipped checkpoint):
+    not empty, no ``/`` or ``\\``, not ``.``-led (``..``, hidden staging folders)."""
+    return bool(name) and not name.startswith(".") and Path(name).name == name and "\\" not in name
+
+
 def write_synced(path: Path, text: str) -> None:
     with path.open("w") as f:
         f.write(text)

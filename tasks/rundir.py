@@ -45,6 +45,7 @@ from tasks.durable import (
     append_row,
     check_sealed,
     fsync_dir,
+    is_folder_name,
     publish_dir,
     read_rows,
     relative,
@@ -65,7 +66,7 @@ _BEFORE_CONFIG = {LOCK_FILE, ".write-test", REPRODUCED_CONFIG, "untracked", "mlf
 
 def check_run_name(name: str | None) -> None:
     """A run name is one folder under ``train.out_dir`` (``../x``, ``/abs``, ``a/b``: refused)."""
-    if name is not None and (not name or name.startswith(".") or Path(name).name != name):
+    if name is not None and not is_folder_name(name):
         raise PipelineError(
             f"--run-name {name!r}: a run name is one folder under train.out_dir, without '/' "
             "and not starting with '.' (elsewhere: dapo train --run-dir DIR, -S train.out_dir=DIR)"

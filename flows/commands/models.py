@@ -62,9 +62,16 @@ def model_build(
 
     Runs use the shipped checkpoint unless -S tiny.shipped=false; this command is how to see
     whether this machine builds the same one (-S tiny.seed=N for another build seed)."""
+    from dapo_core.config import ConfigError
     from flows.models import build_and_compare
+    from tasks.durable import is_folder_name
 
     cfg = _load(params, config, set_)
+    if ship is not None and not is_folder_name(ship):  # refused before minutes of building
+        raise ConfigError(
+            f"--ship {ship!r}: name one folder of checkpoints/, without '/' and not starting "
+            "with '.'"
+        )
     r = build_and_compare(cfg, ship)
     steps = r.warm_start.get("steps", "?")
     console.print(f"built: {r.path} after {steps} warm-start steps; {r.built.shown()}")

@@ -25,6 +25,7 @@ import torch
 
 from dapo_core.errors import PipelineError
 from tasks.data.version import dvc_add
+from tasks.durable import is_folder_name
 from tasks.models.build import ensure_built
 from tasks.models.loading import load_tokenizer, save_model_dir, transformers_quietly
 from tasks.params import repo_path
@@ -60,7 +61,7 @@ def model_dir(name: str) -> Path:
     """``data/models/<name>``; a name that is not one plain path component (``a/b``, ``..``) is
     refused before anything is made: it would write outside that folder or leave a folder
     behind."""
-    if not name or name.startswith(".") or Path(name).name != name or "\\" in name:
+    if not is_folder_name(name):
         raise FetchFailed(
             f"model name {name!r}: name it with letters, digits, '-', '_' and '.', without '/' "
             "(it becomes the folder data/models/NAME)"

@@ -57,6 +57,19 @@ def test_a_model_name_that_is_not_one_folder_is_refused_before_anything_is_made(
         fetch.model_dir(name)
 
 
+def test_model_build_refuses_a_ship_name_that_is_not_one_folder(tmp_path):
+    """`dapo model build --ship ../../x` built for minutes, then wrote outside checkpoints/."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    out = CliRunner().invoke(
+        app, ["model", "build", "--ship", "../x", "-S", f"tiny.path={tmp_path / 'm'}"]
+    )
+    assert out.exit_code == 2 and "--ship '../x': name one folder of checkpoints/" in out.output
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_plain_model_name_is_a_folder_under_data_models():
     assert fetch.model_dir("my-model_2.q4").parts[-3:] == ("data", "models", "my-model_2.q4")
 

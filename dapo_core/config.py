@@ -102,7 +102,8 @@ class TinyModelConfig:
     digest-checked), when one matches: every clone then starts from the same bytes, whatever its
     CPU. False, or no match: build one into ``path``."""
     vocab_size: int
-    """Byte-level BPE vocabulary size, trained on the synthetic corpus."""
+    """Byte-level BPE vocabulary size, trained on the synthetic corpus (at least 259: the 256
+    bytes and 3 special tokens)."""
     hidden_size: int
     """Transformer width."""
     intermediate_size: int

@@ -85,6 +85,7 @@ def test_cross_field_checks(base):
         ("train.seed=-1", "train.seed must be >= 0, got -1"),
         ("synthetic.seed=-2", "synthetic.seed must be >= 0"),
         ("train.out_dir=", "train.out_dir must not be empty"),
+        ("tiny.vocab_size=1", "tiny.vocab_size must be >= 259, got 1"),
         ("model.name_or_path= ", "model.name_or_path must not be empty"),
     ],
 )

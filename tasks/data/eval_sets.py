@@ -66,6 +66,7 @@ EVAL_NOTES = (
     "how to provide them."
 )
 
+_warned_files: set[str] = set()  # eval-set files whose left-out rows were warned about
 _NAME = re.compile(r"^[\w][\w.-]*$")
 _GENERIC_STEMS = {"test", "train", "data", "validation", "val", "dev"}
 
@@ -381,7 +382,10 @@ def _file_problems(path: Path) -> tuple[str, list[Problem]]:
     except ValueError:  # not a curated file
         name = eval_set_name(str(path))
         rows, entry = prepare_eval_set(name, str(path))
-        if entry["dropped"]:  # an unreadable row is a problem the evaluation silently lacks
+        # An unreadable row is a problem the evaluation silently lacks: said once per file
+        # (a command reads its eval set up front, to refuse a bad one, and again to evaluate).
+        if entry["dropped"] and str(path.resolve()) not in _warned_files:
+            _warned_files.add(str(path.resolve()))
             counts = ", ".join(f"{n} {reason}" for reason, n in entry["dropped"].items())
             log.warning(
                 "eval set %s: %d of %d rows left out (%s)",

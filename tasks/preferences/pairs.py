@@ -204,6 +204,11 @@ def _raw_rows(path: str) -> tuple[list, dict, int]:
     if p.is_dir():
         raise PipelineError(f"{path} is a folder; give a pairs file (.parquet, .jsonl or .json)")
     if not p.exists():
+        if p.with_name(p.name + ".dvc").exists():  # tracked, but not in this checkout
+            raise PipelineError(
+                f"pairs file {path} is tracked by DVC but not here: `dvc pull {path}` fetches "
+                "it (or `dapo pairs mine` mines it again)"
+            )
         if p.suffix in SUFFIXES or "/" not in path or path.startswith((".", "/")):
             raise PipelineError(
                 f"pairs file {path} not found: mine one with `dapo pairs mine`, or give a "

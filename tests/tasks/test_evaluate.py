@@ -269,6 +269,7 @@ def test_rows_an_eval_set_file_leaves_out_are_counted_in_a_warning(tiny_cfg, tmp
     )
     with caplog.at_level(logging.WARNING, logger="tasks.data.eval_sets"):
         _, problems = eval_problems(tiny_cfg, str(path))
+        eval_problems(tiny_cfg, str(path))  # read again to evaluate: not said twice
     assert [p.answer for p in problems] == ["4"]
     (warned,) = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
     assert "2 of 3 rows left out" in warned and "invalid_json" in warned

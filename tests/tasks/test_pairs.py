@@ -133,11 +133,14 @@ def test_malformed_rows_are_set_aside_and_counted(tmp_path):
         ("pairs.csv", "prompt,chosen,rejected\n", ".parquet, .jsonl or .json"),
         ("broken.parquet", "not parquet", "not a readable Parquet file"),
         ("folder.jsonl", "DIR", "is a folder; give a pairs file"),
+        ("pulled.parquet", "DVC", "tracked by DVC but not here: `dvc pull .*pulled.parquet`"),
     ],
 )
 def test_bad_pairs_files_are_one_line_errors(tmp_path, name, content, message):
     path = tmp_path / name
-    if content == "DIR":
+    if content == "DVC":  # its record is in the checkout, its data is not pulled
+        path.with_name(name + ".dvc").write_text("outs:\n- md5: 0\n  path: " + name + "\n")
+    elif content == "DIR":
         path.mkdir()
     elif content is not None:
         path.write_text(content)

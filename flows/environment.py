@@ -1,5 +1,5 @@
 """The environment every ``dapo`` command runs in: defaults set before any library is imported
-(a value already in the environment wins). Telemetry off, as the Makefile exports it; time for
+(a value already in the environment wins). Telemetry and MLflow's download bars off; time for
 an embedded Prefect server to start on a busy machine; a Prefect home of this project's own
 (``.prefect/``: its flow runs, not every clone's in ``~/.prefect``); and CPU kernels pinned so
 that every x86-64 machine with AVX2 computes the same bits (``tasks.determinism``).
@@ -21,6 +21,9 @@ DEFAULTS = {
     "PREFECT_HOME": str(ROOT / ".prefect"),
     "DO_NOT_TRACK": "true",
     "MLFLOW_DISABLE_TELEMETRY": "true",
+    # MLflow's artifact bars (tqdm) around a one-line answer (`dapo reproduce`): the command says
+    # what it does itself
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "DVC_NO_ANALYTICS": "1",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",

@@ -80,7 +80,7 @@ class RunDirBusy(PipelineError):
 # The run directories this process holds: {real path: [lock fd, depth]}. A flock belongs to an
 # open file description, so a second open+flock in the same process would refuse its own holder;
 # the flow, the task and run_training each take the lock, and only the outermost one opens it.
-_held: dict[str, list[int]] = {}
+_held: dict[str, list[Any]] = {}  # [lock fd, depth, the folders the first acquire made]
 _held_guard = threading.Lock()
 
 
@@ -146,13 +146,14 @@ class RunDir:
     def _acquire(self) -> str:
         self.refuse_model_dir()
         try:
+            made = [p for p in (self.path, *self.path.parents) if not p.exists()]
             self.path.mkdir(parents=True, exist_ok=True)
             key = os.path.realpath(self.path)
             with _held_guard:
                 if key in _held:
                     _held[key][1] += 1
                     return key
-                _held[key] = [self._lock(), 1]
+                _held[key] = [self._lock(), 1, made]
             return key
         except OSError as e:
             raise self._unwritable(e) from None
@@ -405,21 +406,25 @@ def _release(key: str) -> None:
         held[1] -= 1
         if held[1] == 0:
             del _held[key]
-            if not _remove_if_unused(Path(key)):
+            if not _remove_if_unused(Path(key), held[2]):
                 os.ftruncate(held[0], 0)  # nobody holds it now; the kernel drops the flock on close
             os.close(held[0])
 
 
-def _remove_if_unused(path: Path) -> bool:
+def _remove_if_unused(path: Path, made: list[Path]) -> bool:
     """Remove the lock of a directory no run was written to (failed or stopped before writing),
-    and the directory if then empty: nothing half-made for a `--resume`, no lock in a folder of
-    someone else's. The lock goes while still held, so no other process takes it meanwhile."""
+    and the directory if then empty, with the empty parents ``made`` for it (``runs/``): nothing
+    half-made for a `--resume`, no lock in a folder of someone else's. The lock goes while still
+    held, so no other process takes it meanwhile."""
     try:
         if RunDir(path).used():
             return False
         (path / LOCK_FILE).unlink()
         if not any(path.iterdir()):
             path.rmdir()
+            with contextlib.suppress(OSError):  # deepest first; one not empty stops it
+                for parent in made[1:]:
+                    parent.rmdir()
     except OSError:  # gone, or written to meanwhile: leave what is there
         return False
     return True

@@ -405,3 +405,17 @@ def test_a_torn_run_config_is_called_json(tmp_path):
     out = CliRunner().invoke(app, ["train", "--resume", str(run)])
     assert out.exit_code == 2
     assert f"{run / 'config.json'} is not valid JSON: " in out.output, out.output
+
+
+def test_a_run_stopped_before_writing_leaves_no_folder_it_made(tmp_path):
+    """Ctrl-C before a first run's first step removed its directory but left the `runs/` made
+    for it; a folder that was there before stays."""
+    with pytest.raises(KeyboardInterrupt), RunDir(tmp_path / "runs" / "a" / "run").writer():
+        raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "runs").mkdir()
+    with RunDir(tmp_path / "runs" / "run").writer():
+        pass
+    assert [p.name for p in tmp_path.iterdir()] == ["runs"] and not any(
+        (tmp_path / "runs").iterdir()
+    )

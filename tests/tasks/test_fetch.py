@@ -253,11 +253,16 @@ def test_ctrl_c_during_dvc_add_waits_for_the_record(tmp_path):
     subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=repo, check=True)
     table = repo / "data" / "pairs.parquet"
     table.write_bytes(b"new table " * 1000)
-    script = (
-        "import os, signal, threading, sys\n"
+    script = (  # the terminal's Ctrl-C to the command's group, as soon as `dvc add` runs
+        "import os, signal, subprocess, sys\n"
         "from pathlib import Path\n"
+        "started = subprocess.Popen.__init__\n"
+        "def start(self, args, *a, **k):\n"
+        "    started(self, args, *a, **k)\n"
+        "    if 'add' in list(args):\n"
+        "        os.killpg(0, signal.SIGINT)\n"
+        "subprocess.Popen.__init__ = start\n"
         "from tasks.data.version import dvc_add\n"
-        "threading.Timer(0.3, os.killpg, (0, signal.SIGINT)).start()  # the terminal's Ctrl-C\n"
         "try:\n"
         f"    dvc_add(Path({str(table)!r}), Path({str(repo)!r}))\n"
         "except KeyboardInterrupt:\n"

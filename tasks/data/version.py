@@ -17,7 +17,6 @@ import hashlib
 import logging
 import os
 import subprocess
-from subprocess import PIPE
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -93,7 +92,7 @@ def run_dvc(args: list[str], cwd: Path, whole: bool = False) -> subprocess.Compl
     if not whole:
         return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
     with held_signals():
-        proc = start_helper(cmd, cwd=cwd, stdout=PIPE, stderr=PIPE, text=True, env=env)
+        proc = start_helper(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         out, err = proc.communicate()
         stop_helper(proc)  # gone already: the reaper forgets it
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

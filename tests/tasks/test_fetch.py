@@ -256,6 +256,8 @@ def test_ctrl_c_during_dvc_add_waits_for_the_record(tmp_path):
     script = (  # the terminal's Ctrl-C to the command's group, as soon as `dvc add` runs
         "import os, signal, subprocess, sys\n"
         "from pathlib import Path\n"
+        # Python's own handler: a test run in a background job inherits Ctrl-C ignored
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "started = subprocess.Popen.__init__\n"
         "def start(self, args, *a, **k):\n"
         "    started(self, args, *a, **k)\n"

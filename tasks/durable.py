@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,19 @@ def is_folder_name(name: str) -> bool:
     """Whether ``name`` names one folder inside another (a run, a model, a shipped checkpoint):
     not empty, no ``/`` or ``\\``, not ``.``-led (``..``, hidden staging folders)."""
     return bool(name) and not name.startswith(".") and Path(name).name == name and "\\" not in name
+
+
+def replace_atomically(path: Path, write: Callable[[Path], Any]) -> None:
+    """``write`` a temporary file beside ``path``, then rename it over ``path``; the temporary
+    file (hidden, this process's own) is removed when the write fails or is interrupted (Ctrl-C
+    left a stray ``.tmp``)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_synced(path: Path, text: str) -> None:

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from dapo_core.curation import apply_template
 from dapo_core.problem import Problem
+from tasks.durable import replace_atomically
 
 TRAIN_SCHEMA = pa.schema(
     [
@@ -51,25 +52,13 @@ REQUIRED = ("id", "problem", "answer")
 def write_parquet(rows: list[dict[str, Any]], schema: pa.Schema, path: Path) -> None:
     """Write ``rows`` to ``path`` atomically (a reader never sees half a file)."""
     table = pa.Table.from_pylist(rows, schema=schema)
-    _replace_atomically(path, lambda tmp: pq.write_table(table, tmp))
+    replace_atomically(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def write_json(data: Any, path: Path) -> None:
     """Write ``data`` as indented JSON to ``path`` atomically."""
     text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
-    _replace_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
-
-
-def _replace_atomically(path: Path, write: Callable[[Path], Any]) -> None:
-    """``write`` a temporary file beside ``path``, then rename it over ``path``; the temporary
-    file is removed when the write fails or is interrupted (Ctrl-C left a stray ``.tmp``)."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    replace_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def rows_to_problems(rows: Iterable[Mapping[str, Any]]) -> list[Problem]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import random
 import time
 from collections import Counter
@@ -35,6 +34,7 @@ from dapo_core.preferences import mine_pairs
 from dapo_core.problem import Problem
 from dapo_core.reward import score
 from tasks.data.version import problems_digest
+from tasks.durable import replace_atomically
 from tasks.signals import held_signals
 
 COLUMNS = ("prompt", "chosen", "rejected")
@@ -141,12 +141,7 @@ def write_pairs(table: PairTable, path: str | Path) -> Path:
     arrow = pa.Table.from_pylist(table.rows).select(columns)
     meta = {**(arrow.schema.metadata or {}), PROVENANCE_KEY: json.dumps(table.provenance)}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        pq.write_table(arrow.replace_schema_metadata(meta), tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    replace_atomically(path, lambda tmp: pq.write_table(arrow.replace_schema_metadata(meta), tmp))
     return path
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -34,7 +35,21 @@ def unwritable(folder: Path) -> str | None:
         if path.exists():
             if not path.is_dir():
                 return f"{path} is a file"
-            return None if os.access(path, os.W_OK | os.X_OK) else f"{path} is not writable"
+            return _cannot_write_in(path)
+    return None
+
+
+def _cannot_write_in(folder: Path) -> str | None:
+    """Why no file can be made in the existing ``folder``, or None. A file is made and removed:
+    ``os.access`` answers yes to root everywhere, /proc and read-only mounts included."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{folder} is not writable"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".write-test.", dir=folder)
+    except OSError as e:
+        return f"{folder} is not writable ({e.strerror or e})"
+    os.close(fd)
+    os.unlink(probe)
     return None
 
 

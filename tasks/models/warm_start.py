@@ -31,6 +31,7 @@ from tasks.models import loading
 from tasks.models.build import code_digest, ensure_built, library_versions
 from tasks.models.loading import (
     chat_prompt,
+    explained_load_errors,
     load_tokenizer,
     save_model_dir,
     transformers_quietly,
@@ -198,8 +199,10 @@ def ensure_warm_started(cfg: Config, base: str, root: Path | None = None) -> Pat
 
     def build(into: Path) -> None:
         transformers = transformers_quietly()
-        model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-        save_model_dir(model, load_tokenizer(base), into)
+        with explained_load_errors(base):
+            model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+            tokenizer = load_tokenizer(base)
+        save_model_dir(model, tokenizer, into)
         warm_start(into, train, m.warm_start_steps, m.warm_start_lr, m.warm_start_batch, BUILD_SEED)
 
     return ensure_built(out, spec, build, "format warm start")

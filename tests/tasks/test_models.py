@@ -35,6 +35,51 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
         load_policy(str(tmp_path))  # a directory, but not a model
 
 
+@pytest.fixture
+def hub_out_of_reach(monkeypatch, tmp_path):
+    """The hub at a port nothing listens on, an empty cache, not in offline mode; a load that
+    gets as far as transformers fails the test."""
+    import huggingface_hub.constants as hub
+    import transformers
+
+    monkeypatch.setattr(hub, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
+
+    def reached(*args, **kwargs):
+        raise AssertionError("transformers was asked to load a hub id out of reach")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", reached)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", reached)
+    return tmp_path / "hub-cache"
+
+
+def test_a_hub_id_out_of_reach_is_refused_at_once_in_one_line(hub_out_of_reach):
+    """huggingface_hub retried for most of a minute, a warning a try, before failing."""
+    from tasks.models.learned_reward import load_reward_model
+
+    for load in (load_policy, lambda p: load_reward_model(p, "cpu")):
+        with pytest.raises(ModelNotFound) as e:
+            load("some-owner/some-model")
+        said = str(e.value)
+        assert said.startswith("could not reach http://127.0.0.1:9 to download 'some-owner/some")
+        assert said.endswith("offline, use a local model directory or -S model.name_or_path=tiny")
+        assert "\n" not in said
+
+
+def test_a_cached_hub_id_is_loaded_without_asking_the_hub(hub_out_of_reach):
+    """Its files are in the cache: the load goes on (to transformers, here the fixture's
+    failure), with no probe of the hub to wait for."""
+    snapshot = hub_out_of_reach / "models--some-owner--some-model" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    refs = hub_out_of_reach / "models--some-owner--some-model" / "refs"
+    refs.mkdir()
+    (refs / "main").write_text("abc")
+    with pytest.raises(AssertionError, match="transformers was asked"):
+        load_policy("some-owner/some-model")
+
+
 @pytest.mark.parametrize(
     ("damage", "said"),
     [

@@ -29,6 +29,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from dapo_core.errors import PipelineError
+from tasks.durable import replace_atomically
 from tasks.lifetime import start_helper, stop_helper, unwatch
 from tasks.orchestration import without_prefect
 from tasks.signals import own_session, release_session
@@ -169,8 +170,8 @@ def start_server(prefect_home: Path, port: int) -> tuple[str, bool]:
             stop_helper(server, SERVER_STOP_GRACE_S)
             raise
     record = _record(prefect_home)
-    record.with_suffix(".tmp").write_text(json.dumps({"url": url, "pid": server.pid}))
-    os.replace(record.with_suffix(".tmp"), record)  # a reader never sees half a record
+    text = json.dumps({"url": url, "pid": server.pid})
+    replace_atomically(record, lambda tmp: tmp.write_text(text))  # never read half-written
     return url, True
 
 

@@ -49,6 +49,7 @@ from tasks.durable import (
     publish_dir,
     read_rows,
     relative,
+    replace_atomically,
     seal_files,
     write_synced,
 )
@@ -365,9 +366,8 @@ class RunDir:
 
     def record_mlflow_run(self, run_id: str, uri: str) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        tmp = self.mlflow_file.with_name(self.mlflow_file.name + ".tmp")  # never torn by a kill
-        tmp.write_text(json.dumps({"run_id": run_id, "tracking_uri": uri}))
-        os.replace(tmp, self.mlflow_file)
+        record = json.dumps({"run_id": run_id, "tracking_uri": uri})
+        replace_atomically(self.mlflow_file, lambda tmp: tmp.write_text(record))  # never torn
 
 
 def checkpoint_step(path: Path) -> int:

@@ -18,13 +18,12 @@ after checking its files against the digest; ``dapo model build`` rebuilds one a
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 from dapo_core.errors import PipelineError
-from tasks.durable import publish_dir
+from tasks.durable import publish_dir, replace_atomically
 from tasks.models.build import BUILD_RECORD, dir_digest, read_record
 from tasks.params import REPO_ROOT
 
@@ -90,9 +89,8 @@ def annotate(path: Path, **fields: Any) -> None:
 
 def _write_record(path: Path, record: dict[str, Any]) -> None:
     """The build record, replaced whole (never read half-written)."""
-    tmp = path / f".{BUILD_RECORD}.tmp"
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path / BUILD_RECORD)
+    text = json.dumps(record, indent=2, sort_keys=True) + "\n"
+    replace_atomically(path / BUILD_RECORD, lambda tmp: tmp.write_text(text))
 
 
 def _shown(path: Path) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dapo_core.config import Config
 from dapo_core.errors import PipelineError, first_line
-from tasks.durable import unwritable
+from tasks.durable import replace_atomically, unwritable
 from tasks.models.loading import save_model_dir as save_hf_dir
 from tasks.preferences.pairs import PairTable, read_pairs
 
@@ -126,9 +126,7 @@ class Resume:
 
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "settings.json").write_text(json.dumps(self.settings))
-        tmp = self.dir / f"state.{os.getpid()}.tmp"
-        torch.save(state, tmp)
-        os.replace(tmp, self.dir / "state.pt")
+        replace_atomically(self.dir / "state.pt", lambda tmp: torch.save(state, tmp))
 
     def run_id(self) -> str | None:
         """The MLflow run the interrupted attempt logged to."""

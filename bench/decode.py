@@ -141,26 +141,44 @@ def step_ms(model, rows: int, prompt: int, new: int, options) -> float:
     return statistics.median(runs) / new
 
 
-def sampling_ms(rows: int, vocab: int, device, dtype, top_p: float = 1.0) -> dict[str, float]:
-    """ms of one sampling call on (rows, vocab) logits, temperature 1, per sampler (below top-p
-    1 the flat sampler is the exact one: left out)."""
+SAMPLER_TIMINGS = (
+    "exact",
+    "flat eager",
+    "flat",
+    "blocked eager",
+    "blocked parts",
+    "blocked whole",
+)
+"""The samplers ``sampling_ms`` can time: the three of ``tasks.rollout.sampling``, eager and as
+CUDA compiles them."""
+
+
+def sampling_ms(
+    rows: int,
+    vocab: int,
+    device,
+    dtype,
+    top_p: float = 1.0,
+    names: tuple[str, ...] = SAMPLER_TIMINGS,
+) -> dict[str, float]:
+    """ms of one sampling call on (rows, vocab) logits, temperature 1, for each sampler of
+    ``names`` (below top-p 1 the flat sampler is the exact one: left out)."""
     logits = torch.randn(rows, vocab, device=device, dtype=dtype)
     u = torch.rand(rows, 1, device=device)
-    fns = {
-        "exact": sample_next,
-        "flat eager": functools.partial(sample_flat, probs_fn=tempered_probs),
-        "flat": sampler_for("flat", device),
-        "blocked eager": sample_blocked,
+    makers = {
+        "exact": lambda: sample_next,
+        "flat eager": lambda: functools.partial(sample_flat, probs_fn=tempered_probs),
+        "flat": lambda: sampler_for("flat", device),
+        "blocked eager": lambda: sample_blocked,
         # the two ways CUDA compiles it (sample_blocked_cuda: whole at top-p 1, parts below)
-        "blocked parts": functools.partial(
+        "blocked parts": lambda: functools.partial(
             sample_blocked,
             masses_fn=sampling._compiled(block_log_masses),
             floor_fn=sampling._compiled(nucleus_floor),
         ),
-        "blocked whole": sampling._compiled(sampling.sample_blocked_whole),
+        "blocked whole": lambda: sampling._compiled(sampling.sample_blocked_whole),
     }
-    if top_p < 1.0:
-        fns = {k: f for k, f in fns.items() if not k.startswith("flat")}
+    fns = {k: makers[k]() for k in names if top_p >= 1.0 or not k.startswith("flat")}
     out = {}
     for name, fn in fns.items():
         call = functools.partial(fn, logits, 1.0, top_p, u)
@@ -335,6 +353,13 @@ def main(argv: list[str] | None = None) -> None:
         "--top-p", nargs="*", type=common.top_p, default=[0.7], help="samplers timed at these too"
     )
     ap.add_argument(
+        "--samplers",
+        nargs="+",
+        choices=[name.replace(" ", "-") for name in SAMPLER_TIMINGS],
+        default=[name.replace(" ", "-") for name in SAMPLER_TIMINGS],
+        help="the samplers timed (each compiled one compiles first: tens of seconds on a CPU)",
+    )
+    ap.add_argument(
         "--first-calls",
         action="store_true",
         help="only the compilation and capture each variant pays at each batch size (run each "
@@ -375,7 +400,8 @@ def main(argv: list[str] | None = None) -> None:
             ratio = f"{ms / base:.2f}x" if base else "-"
             print(f"{rows:>5} {v:>16} {ms:8.3f} {ratio:>8} {rows * 1000 / ms:9.0f}")
         for top_p in dict.fromkeys((1.0, *a.top_p)):  # top-p 1 once
-            sampling = {r: sampling_ms(r, vocab, device, dtype, top_p) for r in a.batches}
+            names = tuple(name.replace("-", " ") for name in a.samplers)
+            sampling = {r: sampling_ms(r, vocab, device, dtype, top_p, names) for r in a.batches}
             head = f"sampling ms, top-p {top_p}:"
             print(f"{'B':>5} {head:>27} " + " ".join(f"{k:>13}" for k in sampling[a.batches[0]]))
             for r, ms in sampling.items():

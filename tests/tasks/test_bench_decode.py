@@ -68,13 +68,27 @@ def test_floors_count_the_bytes_each_part_must_move(tiny_cfg):
 
 def test_each_variant_decodes_on_cpu(capsys):
     """Off CUDA every variant runs its fixed-shape step eagerly; the table has a row for each
-    batch and variant, and the lean one is the baseline of its batch."""
-    main(["--model", "tiny", "--batches", "2", "--prompt", "8", "--new", "9"])
+    batch and variant, and the lean one is the baseline of its batch. The samplers asked for
+    are timed at each top-p, the flat one at top-p 1 only (the compiled samplers' compilation,
+    most of this test's time when it timed them, is tested in test_token_sampling.py)."""
+    samplers = ["exact", "flat-eager", "blocked-eager"]
+    main(
+        ["--model", "tiny", "--batches", "2", "--prompt", "8", "--new", "9"]
+        + ["--samplers", *samplers, "--top-p", "0.7"]
+    )
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.strip().startswith("2 ")]
     variants = [r[1] for r in rows if not r[1][0].isdigit()]  # the sampler rows: numbers
     assert variants == list(VARIANTS)
     assert rows[0][3] == "1.00x"
+    heads = [line for line in out.splitlines() if "sampling ms, top-p" in line]
+    assert [h.split()[1:] for h in heads] == [
+        ["sampling", "ms,", "top-p", "1.0:", "exact", "flat", "eager", "blocked", "eager"],
+        ["sampling", "ms,", "top-p", "0.7:", "exact", "blocked", "eager"],
+    ]
+    timed = [r[1:] for r in rows if r[1][0].isdigit()]
+    assert [len(t) for t in timed] == [3, 2]
+    assert all(float(ms) > 0 for t in timed for ms in t)
 
 
 def test_first_calls_go_down_the_batch_sizes_compaction_takes(capsys):

@@ -366,7 +366,8 @@ class TrackingConfig:
     """MLflow tracking: where runs go and what they log."""
 
     tracking_uri: str
-    """MLflow URI; empty = sqlite store in mlflow/ at the repo root. MLFLOW_TRACKING_URI wins."""
+    """MLflow URI (a path, sqlite:///, http(s)://, postgresql://, ...); empty =
+    MLFLOW_TRACKING_URI, else the sqlite store in mlflow/ at the repo root."""
     experiment_prefix: str
     """Experiments are named <prefix>-<flow kind> (one per flow kind)."""
     log_samples: int

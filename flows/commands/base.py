@@ -136,10 +136,12 @@ def _load(
     variant: str | None = None,
 ):
     from tasks.params import load_params
+    from tasks.tracking.store import refuse_unknown_store
 
     base, tuned = split_overrides(variant, overrides or ())
     cfg = load_params(params, config or (), base)
     cfg = apply_variant(cfg, variant, tuned) if variant else cfg
+    refuse_unknown_store(cfg)
     _working()  # every command loads its config once its imports are done, before any work
     return cfg
 

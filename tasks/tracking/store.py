@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dapo_core.config import Config
+from dapo_core.config import Config, ConfigError
 from dapo_core.errors import first_line
 from tasks.params import REPO_ROOT
 
@@ -35,6 +35,33 @@ def tracking_uri(cfg: Config | None = None) -> str:
     if cfg is not None and cfg.tracking.tracking_uri:
         return cfg.tracking.tracking_uri
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{STORE_DIR / 'mlflow.db'}"
+
+
+# The schemes MLflow has a tracking store for without a plugin (a database's "+driver" aside)
+BUILT_IN_SCHEMES = frozenset(
+    {"", "file", "sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "uc"}
+    | {"databricks-uc"}
+)
+
+
+def refuse_unknown_store(cfg: Config) -> None:
+    """ConfigError, before any work, for a tracking URI whose scheme no MLflow store (built in or
+    a plugin's) takes: MLflow found out when the run began, and the run went on untracked."""
+    uri = tracking_uri(cfg)
+    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+    if scheme in BUILT_IN_SCHEMES:
+        return
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+    try:  # the registry holds the plugins' schemes too
+        _tracking_store_registry.get_store_builder(uri)
+    except Exception:  # noqa: BLE001 - MLflow's refusal, of one exception class or another
+        where = "tracking.tracking_uri" if cfg.tracking.tracking_uri else "MLFLOW_TRACKING_URI"
+        raise ConfigError(
+            f"{where} {uri}: MLflow has no tracking store for {scheme}:// (a path, sqlite:///, "
+            "http(s)://, postgresql://, mysql://, mssql://, databricks, or a plugin's scheme); "
+            f"set {where} to one"
+        ) from None
 
 
 def sqlite_path(uri: str) -> Path | None:

@@ -195,6 +195,7 @@ RUN_NAME = "a run name is one folder under train.out_dir"
         (["compare", "--methods", ","], "--methods is empty"),
         (["compare", "--no-curate", "--run-name", "a/b"], RUN_NAME),
         (["pipeline", "--no-curate", "--run-name", "/tmp/abs"], RUN_NAME),
+        (["train", "-S", "tracking.tracking_uri=ftp://h/x"], "no tracking store for ftp://"),
     ],
     ids=[
         "pipeline",
@@ -216,6 +217,7 @@ RUN_NAME = "a run name is one folder under train.out_dir"
         "no method",
         "nested run name",
         "absolute run name",
+        "a tracking URI MLflow has no store for",
     ],
 )
 def test_bad_arguments_are_refused_before_any_work(

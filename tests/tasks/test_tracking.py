@@ -610,3 +610,29 @@ def test_a_tracking_server_that_does_not_answer_is_refused_in_seconds():
     with pytest.raises(PipelineError, match="does not answer .*: start it, or name a running"):
         registry.register("0" * 32, uri=down)
     assert time.monotonic() - t0 < 30
+
+
+def test_a_tracking_uri_of_a_scheme_no_store_takes_is_refused_a_plugin_s_is_not(
+    tiny_cfg, monkeypatch
+):
+    """ftp:// was found out when the run began (and the run went on untracked); a scheme an
+    installed plugin registers is MLflow's to open."""
+    from dataclasses import replace
+
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+    from dapo_core.config import ConfigError
+    from tasks.tracking.store import refuse_unknown_store
+
+    def with_uri(uri):
+        return replace(tiny_cfg, tracking=replace(tiny_cfg.tracking, tracking_uri=uri))
+
+    for uri in ("sqlite:///x.db", "/a/path", "file:///a/path", "postgresql+psycopg2://u@h/d"):
+        refuse_unknown_store(with_uri(uri))
+    with pytest.raises(ConfigError, match=r"^tracking.tracking_uri ftp://h/x: MLflow has no"):
+        refuse_unknown_store(with_uri("ftp://h/x"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "ftp://h/x")
+    with pytest.raises(ConfigError, match=r"set MLFLOW_TRACKING_URI to one$"):
+        refuse_unknown_store(with_uri(""))
+    monkeypatch.setitem(_tracking_store_registry._registry, "myplugin", lambda **kw: None)
+    refuse_unknown_store(with_uri("myplugin://somewhere"))

@@ -227,10 +227,14 @@ def evaluate(
         table.add_row(k, how)
     Console().print(table)
     if out:
+        from tasks.durable import replace_atomically
+
         out.mkdir(parents=True, exist_ok=True)
-        report = {**result.metrics, **result.scoring}
-        (out / "metrics.json").write_text(json.dumps(report, indent=2))
-        result.per_problem.to_csv(out / "per_problem.csv", index=False)
+        report = json.dumps({**result.metrics, **result.scoring}, indent=2)
+        replace_atomically(out / "metrics.json", lambda tmp: tmp.write_text(report))
+        replace_atomically(
+            out / "per_problem.csv", lambda tmp: result.per_problem.to_csv(tmp, index=False)
+        )
         console.print(f"wrote {out / 'metrics.json'} and {out / 'per_problem.csv'}{run_note}")
     elif run_note:
         console.print(run_note.lstrip("; "))

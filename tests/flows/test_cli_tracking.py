@@ -1,5 +1,6 @@
 """`dapo train` and `dapo evaluate` log to MLflow like the flows do (and not with --no-track)."""
 
+import json
 import re
 
 import pytest
@@ -272,6 +273,25 @@ def test_an_interrupted_evaluate_ends_its_run_and_says_how_to_start_over(
     experiments = [e.experiment_id for e in client.search_experiments()]
     new = [r for r in client.search_runs(experiments) if r.info.run_id not in before]
     assert [r.info.status for r in new] == ["KILLED"]
+
+
+def test_evaluate_out_writes_the_metrics_and_one_row_per_problem(flow_params, tmp_path):
+    """``--out``: metrics.json holds what the table printed, per_problem.csv a row for each
+    problem, and nothing else is left in the folder (each written whole, then renamed)."""
+    import pandas as pd
+
+    folder = tmp_path / "results" / "eval"
+    out = CliRunner().invoke(
+        app, ["evaluate", "--params", flow_params, "--out", str(folder), "--no-track"]
+    )
+    assert out.exit_code == 0, out.output
+    assert sorted(p.name for p in folder.iterdir()) == ["metrics.json", "per_problem.csv"]
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert 0.0 <= metrics["eval/avg_at_k"] <= 1.0
+    assert f"{metrics['eval/avg_at_k']:.4f}" in out.output
+    per_problem = pd.read_csv(folder / "per_problem.csv")
+    assert per_problem["problem_id"].is_unique and len(per_problem) > 0
+    assert per_problem["accuracy"].mean() == pytest.approx(metrics["eval/avg_at_k"])
 
 
 def test_a_multi_rank_launch_without_a_run_dir_is_refused(flow_params, tmp_path, monkeypatch):

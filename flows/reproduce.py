@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from dapo_core import metric_names as metric
@@ -125,7 +126,9 @@ def reproduce_run(
     try:
         info = read_run(run_id, uri)
     except LookupError as e:
-        raise PipelineError(f"{e}. Pass --tracking-uri if the run is in another store.") from None
+        raise PipelineError(
+            f"{str(e).rstrip('.')}. Pass --tracking-uri if the run is in another store."
+        ) from None
     _refuse_unreproducible(run_id, info["tags"])
     cfg = from_dict(info["config"], source=f"run {run_id} config")  # validates the logged config
     mismatches, notes = reproduce_checks(info)
@@ -144,6 +147,7 @@ def reproduce_run(
     from tasks.rundir import REPRODUCED_CONFIG
 
     root = run_dir_for(cfg, name)
+    _refuse_other_contents(root, info["config"])
     root.mkdir(parents=True, exist_ok=True)
     config_path = root / REPRODUCED_CONFIG
     config_path.write_text(json.dumps(info["config"], indent=2))
@@ -176,6 +180,27 @@ def reproduce_run(
             **common, run_name=name, eval_set=tags.get("eval.set"), tags=mark
         )
     return out
+
+
+def _refuse_other_contents(root: Path, config: dict[str, Any]) -> None:
+    """A PipelineError for a ``--run-name`` folder that holds anything but this run's
+    reproduction (which it continues): another run there was overwritten in part (its
+    config.json, a FINISHED MLflow run that trained nothing), or a folder of other files was
+    filled with a run."""
+    from tasks.rundir import REPRODUCED_CONFIG
+
+    if not root.exists() or (root.is_dir() and not any(root.iterdir())):
+        return
+    try:
+        same = json.loads((root / REPRODUCED_CONFIG).read_text()) == config
+    except (OSError, ValueError):
+        same = False
+    if not same:
+        what = "another run" if (root / "config.json").exists() else "files not a run's"
+        raise PipelineError(
+            f"{root} holds {what}: pick another --run-name (a reproduction continues only in "
+            "the folder it began in)"
+        )
 
 
 # the commands whose runs are not re-run here, and how to make them again

@@ -148,7 +148,10 @@ def reproduce(
     run_id: Annotated[str, typer.Argument(help="The MLflow run id to re-run.")],
     tracking_uri: Annotated[
         str | None,
-        typer.Option(help="Store holding the run (default: MLFLOW_TRACKING_URI or ./mlflow)."),
+        typer.Option(
+            help="Store holding the run, an MLflow tracking URI (default: "
+            "MLFLOW_TRACKING_URI, else sqlite:///<repo>/mlflow/mlflow.db)."
+        ),
     ] = None,
     run_name: RunNameOpt = None,
     check_only: Annotated[

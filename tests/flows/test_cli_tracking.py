@@ -6,6 +6,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
+from dapo_core.errors import PipelineError
 from flows.cli import app
 from mlflow import MlflowClient
 from tasks.params import REPO_ROOT as ROOT
@@ -340,6 +341,43 @@ def test_reproduce_reruns_a_comparisons_rl_method_as_a_pipeline(flow_cfg, monkey
     monkeypatch.setattr(pipeline, "pipeline_flow", lambda **kw: ran.append(kw) or {"ok": 1})
     out = reproduce_run("0123abcd", progress=False)
     assert out["result"] == {"ok": 1} and ran[0]["tags"] == {"reproduces": "0123abcd"}
+
+
+def test_reproduce_into_a_folder_of_something_else_is_refused_its_own_continues(
+    flow_cfg, monkeypatch, tmp_path
+):
+    """--run-name of another run's folder rewrote its config.json and logged a FINISHED run
+    that trained nothing; a folder of other files was filled with a run. Both are refused,
+    untouched; the folder of this run's own stopped reproduction is continued."""
+    import json
+
+    from dapo_core.config_loader import resolve
+    from flows import pipeline
+    from flows.reproduce import reproduce_run
+    from tasks.tracking import store
+
+    cfg = resolve(flow_cfg.to_dict(), overrides=[f"train.out_dir={tmp_path}"])
+    info = {"tags": {}, "config": cfg.to_dict(), "params": {}, "metrics": {}}
+    monkeypatch.setattr(store, "read_run", lambda run_id, uri=None: info)
+    ran = []
+    monkeypatch.setattr(pipeline, "pipeline_flow", lambda **kw: ran.append(kw) or {"ok": 1})
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text('{"train": {"steps": 40}}')
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "x.txt").write_text("hi")
+    for name, said in (("other", "holds another run"), ("notes", "holds files not a run's")):
+        before = sorted((p.name, p.read_bytes()) for p in (tmp_path / name).iterdir())
+        with pytest.raises(PipelineError, match=f"{said}: pick another --run-name"):
+            reproduce_run("0123abcd", run_name=name, progress=False)
+        assert sorted((p.name, p.read_bytes()) for p in (tmp_path / name).iterdir()) == before
+    assert ran == []
+    own = tmp_path / "again"
+    own.mkdir()
+    (own / "logged_config.json").write_text(json.dumps(cfg.to_dict()))
+    (own / "config.json").write_text("{}")  # its stopped training
+    assert reproduce_run("0123abcd", run_name="again", progress=False)["result"] == {"ok": 1}
+    assert reproduce_run("0123abcd", run_name="new", progress=False)["result"] == {"ok": 1}
+    assert [kw["run_name"] for kw in ran] == ["again", "new"]
 
 
 def test_a_stopped_reproduction_is_continued_by_reproduce_not_pipeline(tmp_path):

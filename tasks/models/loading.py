@@ -121,10 +121,32 @@ def explained_load_errors(name_or_path: str):
     from safetensors import SafetensorError
 
     refuse_unreachable_hub(name_or_path)
+    refuse_incomplete_dir(name_or_path)
     try:
         yield
     except (OSError, ValueError, SafetensorError) as e:
         raise ModelNotFound(_unloadable(name_or_path, e)) from None
+
+
+# A Hugging Face model directory's tokenizer: one of these, whatever its kind
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def refuse_incomplete_dir(name_or_path: str) -> None:
+    """A ModelNotFound that says what to pass for a run directory given as a model (its own
+    config.json was read as a model's) or a model directory without its tokenizer (it loaded,
+    and sampling failed with a traceback)."""
+    path = Path(name_or_path).expanduser()
+    if not _looks_local(name_or_path) or not path.is_dir():
+        return
+    if (path / "final").is_dir() or (path / "checkpoints").is_dir():
+        policy = path / "final" if (path / "final").is_dir() else path / "checkpoints"
+        raise ModelNotFound(f"{path} is a training run's directory; its policy is in {policy}")
+    if not any((path / name).exists() for name in TOKENIZER_FILES):
+        raise ModelNotFound(
+            f"model directory {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): "
+            "copy, fetch or build it again"
+        )
 
 
 HUB_PROBE_S = 5.0  # seconds to wait for the hub's answer to one request

@@ -104,6 +104,28 @@ def test_a_damaged_model_directory_is_one_line_saying_what_to_do(tiny_cfg, tmp_p
         assert "truncated or corrupt; copy, fetch or build it again" in str(e.value)
 
 
+def test_a_model_directory_without_its_tokenizer_or_a_run_directory_is_one_line(tiny_cfg, tmp_path):
+    """Without tokenizer files a model loaded and sampling failed with a traceback; a run's
+    directory had its run config read as a model's."""
+    import shutil
+
+    from tasks.models.learned_reward import load_reward_model
+
+    model = tmp_path / "m"
+    shutil.copytree(resolve_model_path(tiny_cfg), model)
+    for f in model.glob("tokenizer*"):
+        f.unlink()
+    run = tmp_path / "run"
+    shutil.copytree(resolve_model_path(tiny_cfg), run / "final")
+    (run / "config.json").write_text(json.dumps(tiny_cfg.to_dict()))
+    for load in (load_policy, lambda p: load_reward_model(p, "cpu")):
+        with pytest.raises(ModelNotFound, match="has no tokenizer .*copy, fetch or build it"):
+            load(str(model))
+        with pytest.raises(ModelNotFound) as e:
+            load(str(run))
+        assert str(e.value) == f"{run} is a training run's directory; its policy is in {run}/final"
+
+
 def test_a_model_this_transformers_does_not_know_is_not_called_corrupt(tiny_cfg, tmp_path):
     import json
     import shutil

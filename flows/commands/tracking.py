@@ -40,12 +40,26 @@ def ui(
     _orchestration_env()
     import shlex
 
-    from tasks.tracking.store import mlflow_env, sqlite_path, tracking_uri, ui_command
+    from tasks.tracking.store import (
+        STORE_DIR,
+        mlflow_env,
+        refuse_missing_store,
+        sqlite_path,
+        tracking_uri,
+        ui_command,
+    )
     from tasks.tracking.ui_host import exec_host
 
     cfg = _load(params, config, set_)
     uri = tracking_uri(cfg)
+    if uri.startswith(("http://", "https://")):  # `mlflow ui` serves a database, not a server
+        raise PipelineError(f"{uri} is an MLflow server: its UI is at that address already")
     db = sqlite_path(uri)
+    if db != STORE_DIR / "mlflow.db":  # the project's own store is made on first use
+        try:
+            refuse_missing_store(uri)  # a mistyped path: no new empty store made and served
+        except LookupError as e:
+            raise PipelineError(str(e)) from None
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
     cmd = ui_command(uri, port, host)

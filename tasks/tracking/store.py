@@ -45,10 +45,19 @@ BUILT_IN_SCHEMES = frozenset(
 
 
 def refuse_unknown_store(cfg: Config) -> None:
-    """ConfigError, before any work, for a tracking URI whose scheme no MLflow store (built in or
-    a plugin's) takes: MLflow found out when the run began, and the run went on untracked."""
+    """ConfigError, before any work, for a tracking URI MLflow will not open: a scheme no store
+    takes (built in or a plugin's), or a folder store (a path, ``file:``), which MLflow 3 opens
+    only with ``MLFLOW_ALLOW_FILE_STORE=true``. MLflow found out when the run began, and the run
+    went on untracked."""
     uri = tracking_uri(cfg)
+    where = "tracking.tracking_uri" if cfg.tracking.tracking_uri else "MLFLOW_TRACKING_URI"
     scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+    folder = scheme == "file" or not (scheme or uri.startswith(("databricks", "uc")))
+    if folder and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
+        raise ConfigError(
+            f"{where} {uri}: MLflow 3 opens a folder store only with MLFLOW_ALLOW_FILE_STORE=true; "
+            f"set {where} to a database such as sqlite:///PATH/mlflow.db"
+        )
     if scheme in BUILT_IN_SCHEMES:
         return
     from mlflow.tracking._tracking_service.utils import _tracking_store_registry
@@ -56,9 +65,8 @@ def refuse_unknown_store(cfg: Config) -> None:
     try:  # the registry holds the plugins' schemes too
         _tracking_store_registry.get_store_builder(uri)
     except Exception:  # noqa: BLE001 - MLflow's refusal, of one exception class or another
-        where = "tracking.tracking_uri" if cfg.tracking.tracking_uri else "MLFLOW_TRACKING_URI"
         raise ConfigError(
-            f"{where} {uri}: MLflow has no tracking store for {scheme}:// (a path, sqlite:///, "
+            f"{where} {uri}: MLflow has no tracking store for {scheme}:// (sqlite:///, "
             "http(s)://, postgresql://, mysql://, mssql://, databricks, or a plugin's scheme); "
             f"set {where} to one"
         ) from None

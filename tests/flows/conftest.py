@@ -72,9 +72,11 @@ def prefect_harness(tmp_path_factory, empty_stores):
 
 
 @pytest.fixture(scope="session")
-def mlflow_uri(tmp_path_factory):
-    """A temp SQLite tracking store for the session (MLFLOW_TRACKING_URI points at it)."""
+def mlflow_uri(tmp_path_factory, empty_stores):
+    """A temp SQLite tracking store for the session (MLFLOW_TRACKING_URI points at it), there
+    from the start, as a store that has runs is (a copy of the migrated empty one)."""
     db = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    shutil.copyfile(empty_stores / "mlflow.db", db)
     uri = f"sqlite:///{db}"
     old = os.environ.get("MLFLOW_TRACKING_URI")
     os.environ["MLFLOW_TRACKING_URI"] = uri

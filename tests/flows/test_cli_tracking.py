@@ -173,6 +173,7 @@ def test_help_lists_each_command_in_whole_sentences():
 
 EVAL_SET = "unknown eval set 'bogus'"
 RUN_NAME = "a run name is one folder under train.out_dir"
+UI_DB = "sqlite:///TMP/new/mlflow.db"  # not made, nor served
 
 
 @pytest.mark.parametrize(
@@ -198,6 +199,8 @@ RUN_NAME = "a run name is one folder under train.out_dir"
         (["compare", "--no-curate", "--run-name", "a/b"], RUN_NAME),
         (["pipeline", "--no-curate", "--run-name", "/tmp/abs"], RUN_NAME),
         (["train", "-S", "tracking.tracking_uri=ftp://h/x"], "no tracking store for ftp://"),
+        (["ui", "--print-only", "-S", f"tracking.tracking_uri={UI_DB}"], "no MLflow store at"),
+        (["ui", "-S", "tracking.tracking_uri=http://127.0.0.1:1"], "is an MLflow server"),
     ],
     ids=[
         "pipeline",
@@ -220,6 +223,8 @@ RUN_NAME = "a run name is one folder under train.out_dir"
         "nested run name",
         "absolute run name",
         "a tracking URI MLflow has no store for",
+        "a UI on a store that is not there",
+        "a UI on a tracking server",
     ],
 )
 def test_bad_arguments_are_refused_before_any_work(
@@ -243,7 +248,7 @@ def test_bad_arguments_are_refused_before_any_work(
 
     afile = tmp_path / "afile"
     afile.write_text("")
-    args = [a.replace("FILE", str(afile)) for a in args]
+    args = [a.replace("FILE", str(afile)).replace("TMP", str(tmp_path)) for a in args]
     before = runs()
     out = CliRunner().invoke(app, [*args, "--params", flow_params])
     assert out.exit_code == 2, out.output

@@ -615,8 +615,9 @@ def test_a_tracking_server_that_does_not_answer_is_refused_in_seconds():
 def test_a_tracking_uri_of_a_scheme_no_store_takes_is_refused_a_plugin_s_is_not(
     tiny_cfg, monkeypatch
 ):
-    """ftp:// was found out when the run began (and the run went on untracked); a scheme an
-    installed plugin registers is MLflow's to open."""
+    """ftp://, or a folder store MLflow 3 refuses unless opted in, was found out when the run
+    began (and the run went on untracked); a scheme an installed plugin registers is MLflow's
+    to open."""
     from dataclasses import replace
 
     from mlflow.tracking._tracking_service.utils import _tracking_store_registry
@@ -627,8 +628,14 @@ def test_a_tracking_uri_of_a_scheme_no_store_takes_is_refused_a_plugin_s_is_not(
     def with_uri(uri):
         return replace(tiny_cfg, tracking=replace(tiny_cfg.tracking, tracking_uri=uri))
 
-    for uri in ("sqlite:///x.db", "/a/path", "file:///a/path", "postgresql+psycopg2://u@h/d"):
+    for uri in ("sqlite:///x.db", "http://h:5000", "databricks", "postgresql+psycopg2://u@h/d"):
         refuse_unknown_store(with_uri(uri))
+    for uri in ("/a/path", "file:///a/path", "mlruns"):  # MLflow 3's folder store: opted in
+        with pytest.raises(ConfigError, match="only with MLFLOW_ALLOW_FILE_STORE=true; set"):
+            refuse_unknown_store(with_uri(uri))
+        monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+        refuse_unknown_store(with_uri(uri))
+        monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
     with pytest.raises(ConfigError, match=r"^tracking.tracking_uri ftp://h/x: MLflow has no"):
         refuse_unknown_store(with_uri("ftp://h/x"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "ftp://h/x")

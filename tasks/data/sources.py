@@ -43,7 +43,7 @@ DATA_SUFFIXES = (".parquet", ".jsonl")
 # soft_wrap: a message is one line (the terminal wraps it), so logs and tests see it whole.
 console = Console(stderr=True, soft_wrap=True)
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 class SourceUnavailable(PipelineError):
@@ -100,7 +100,7 @@ def resolve_source(spec: str, alternative: str = "data.source") -> Source:
     if path is not None:
         return Source("file", spec, path)
     hub = spec.removeprefix("hf://datasets/")
-    if _HUB_ID.match(hub) and not hub.endswith(DATA_SUFFIXES):
+    if HUB_ID.match(hub) and not hub.endswith(DATA_SUFFIXES):
         return Source("hub", hub)
     raise FileNotFoundError(
         f"{spec} does not exist (looked under {REPO_ROOT} and the current directory). A source "

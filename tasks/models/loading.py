@@ -149,34 +149,25 @@ def refuse_incomplete_dir(name_or_path: str) -> None:
         )
 
 
-HUB_PROBE_S = 5.0  # seconds to wait for the hub's answer to one request
-
-
 def refuse_unreachable_hub(name_or_path: str) -> None:
     """A hub id whose files are not in the local cache while the hub cannot be reached is
-    refused at once, in one line: huggingface_hub retried each request with back-off for most
-    of a minute, a warning per try, before the same failure. One request, no retries; any
-    HTTP answer counts as reachable (a gated or missing repository is then explained by the
-    load itself)."""
+    refused at once, in one line (``tasks.hub``)."""
     if _looks_local(name_or_path):
         return
-    from huggingface_hub import constants, try_to_load_from_cache
-    from huggingface_hub.utils import get_session
+    from huggingface_hub import try_to_load_from_cache
+
+    from tasks import hub
 
     try:
         cached = isinstance(try_to_load_from_cache(name_or_path, "config.json"), str)
     except ValueError:  # not a valid repository id: the load says so
         return
-    if cached or constants.HF_HUB_OFFLINE:  # offline mode fails at once by itself
+    if cached or hub.offline_mode() or not (why := hub.unreachable(hub.endpoint())):
         return
-    try:
-        get_session().head(constants.ENDPOINT, timeout=HUB_PROBE_S)
-    except Exception as e:  # the HTTP client's transport errors: no DNS, refused, timed out
-        raise ModelNotFound(
-            f"could not reach {constants.ENDPOINT} to download {name_or_path!r} "
-            f"({first_line(e)}); offline, use a local model directory or "
-            "-S model.name_or_path=tiny"
-        ) from None
+    raise ModelNotFound(
+        f"could not reach {hub.endpoint()} to download {name_or_path!r} ({why}); offline, use a "
+        "local model directory or -S model.name_or_path=tiny"
+    )
 
 
 def _unloadable(name_or_path: str, error: Exception) -> str:

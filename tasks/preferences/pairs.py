@@ -33,6 +33,7 @@ from dapo_core.errors import PipelineError
 from dapo_core.preferences import mine_pairs
 from dapo_core.problem import Problem
 from dapo_core.reward import score
+from tasks.data.sources import HUB_ID
 from tasks.data.version import problems_digest
 from tasks.durable import replace_atomically
 from tasks.signals import held_signals
@@ -204,12 +205,13 @@ def _raw_rows(path: str) -> tuple[list, dict, int]:
                 f"pairs file {path} is tracked by DVC but not here: `dvc pull {path}` fetches "
                 "it (or `dapo pairs mine` mines it again)"
             )
-        if p.suffix in SUFFIXES or "/" not in path or path.startswith((".", "/")):
+        hub_id = path.removeprefix("hf://datasets/")
+        if p.suffix in SUFFIXES or not HUB_ID.match(hub_id):  # a local path, mistyped
             raise PipelineError(
                 f"pairs file {path} not found: mine one with `dapo pairs mine`, or give a "
                 ".parquet/.jsonl file with prompt, chosen and rejected columns"
             )
-        return _hub_rows(path), {"source": path}, 0
+        return _hub_rows(hub_id), {"source": path}, 0
     if p.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -256,6 +258,14 @@ def _json_rows(p: Path) -> tuple[list, dict, int]:
 
 
 def _hub_rows(name: str) -> list[dict]:
+    from tasks import hub
+
+    if not hub.offline_mode() and (why := hub.unreachable(hub.endpoint())):
+        raise PipelineError(
+            f"pairs dataset {name}: the hub at {hub.endpoint()} cannot be reached ({why}); "
+            "download it where there is network (HF_HUB_OFFLINE=1 reads a cached copy), or "
+            "give a local .parquet/.jsonl file"
+        )
     try:
         from datasets import load_dataset
 

@@ -148,6 +148,31 @@ def test_bad_pairs_files_are_one_line_errors(tmp_path, name, content, message):
         P.read_pairs(str(path))
 
 
+def test_a_mistyped_local_path_is_not_found_a_hub_id_out_of_reach_is_one_line(
+    tmp_path, monkeypatch
+):
+    """data/pairs/pairs (no suffix) was taken for a hub id and "could not be loaded from the
+    hub"; a hub id with the hub out of reach retried for half a minute, a warning a try."""
+    import datasets
+    import huggingface_hub.constants as hub
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PipelineError, match="pairs file data/pairs/pairs not found"):
+        P.read_pairs("data/pairs/pairs")
+    monkeypatch.setattr(hub, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
+
+    def asked(*args, **kwargs):
+        raise AssertionError("datasets was asked for a hub id out of reach")
+
+    monkeypatch.setattr(datasets, "load_dataset", asked)
+    with pytest.raises(PipelineError) as e:
+        P.read_pairs("some-owner/some-pairs")
+    said = str(e.value)
+    assert said.startswith("pairs dataset some-owner/some-pairs: the hub at http://127.0.0.1:9")
+    assert "HF_HUB_OFFLINE=1 reads a cached copy" in said and "\n" not in said
+
+
 def test_pairs_show_says_what_is_wrong_in_one_line(tmp_path):
     from flows.cli import app
 

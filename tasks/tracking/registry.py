@@ -102,11 +102,18 @@ def logged_model_of(ref: str, uri: str | None = None) -> str:
 def _no_policy_advice(tags: dict[str, str]) -> str:
     """What to do about a run that logged no policy, by what made it."""
     if tags.get("dapo.flow") == "dpo" and tags.get("dpo.out_dir"):
-        out = tags["dpo.out_dir"]
-        return (
-            f"its DPO policy is the directory {out}: `dapo evaluate --model {out}` logs it as a "
-            "model, then register that evaluation's run"
-        )
+        out = Path(tags["dpo.out_dir"])
+        then = "logs it as a model, then register that evaluation's run"
+        if out.exists():
+            return f"its DPO policy is the directory {out}: `dapo evaluate --model {out}` {then}"
+        rounds = out.parent  # an iterative DPO round's: <parent>/.<out>.rounds/round<r>
+        if rounds.name.startswith(".") and rounds.name.endswith(".rounds"):
+            final = rounds.parent / rounds.name[1 : -len(".rounds")]
+            return (
+                f"its policy was an iterative DPO round's ({out}), not kept once the rounds "
+                f"ended; the last round's policy is {final}: `dapo evaluate --model {final}` {then}"
+            )
+        return f"its DPO policy was the directory {out}, which is no longer there"
     if tags.get("dapo.flow") == "reward_model":
         return "it trained a reward model, which scores responses: register a policy's run"
     return (

@@ -192,3 +192,21 @@ def test_the_nightly_promotion_rule_promotes_only_a_better_validation_score(
     registry.register(run("by-hand", None), "picked", uri=uri)
     kept = registry.promote_if_better(run("scored", 0.99), "picked", uri=uri)
     assert kept.registered is None and "has no val/avg_at_k to beat" in kept.describe("p", "c")
+
+
+def test_a_dpo_run_s_advice_names_a_policy_that_is_there(tmp_path):
+    """An iterative DPO round's directory is gone once the rounds end: the advice named it all
+    the same; it now names the last round's policy (the command's --out)."""
+    from tasks.tracking.registry import _no_policy_advice
+
+    out = tmp_path / "dpo-policy"
+    out.mkdir()
+    said = _no_policy_advice({"dapo.flow": "dpo", "dpo.out_dir": str(out)})
+    assert said.startswith(f"its DPO policy is the directory {out}: `dapo evaluate --model {out}`")
+    round_dir = tmp_path / ".dpo-policy.rounds" / "round2"
+    said = _no_policy_advice({"dapo.flow": "dpo", "dpo.out_dir": str(round_dir)})
+    assert f"not kept once the rounds ended; the last round's policy is {out}:" in said
+    assert f"`dapo evaluate --model {out}`" in said
+    gone = tmp_path / "moved"
+    said = _no_policy_advice({"dapo.flow": "dpo", "dpo.out_dir": str(gone)})
+    assert said == f"its DPO policy was the directory {gone}, which is no longer there"

@@ -78,10 +78,10 @@ class RunDirBusy(PipelineError):
     """Another live process writes this run directory."""
 
 
-# The run directories this process holds: {real path: [lock fd, depth]}. A flock belongs to an
-# open file description, so a second open+flock in the same process would refuse its own holder;
-# the flow, the task and run_training each take the lock, and only the outermost one opens it.
-_held: dict[str, list[Any]] = {}  # [lock fd, depth, the folders the first acquire made]
+# The run directories this process holds: {real path: [lock fd, depth, the folders the first
+# acquire made, RunDir.written() then (None: the lock was there)]}. The flow, the task and
+# run_training each take the lock, only the outermost opening it (a flock is per open file).
+_held: dict[str, list[Any]] = {}
 _held_guard = threading.Lock()
 
 
@@ -109,10 +109,7 @@ class RunDir:
     def __str__(self) -> str:
         return str(self.path)
 
-    @property
-    def name(self) -> str:
-        return self.path.name
-
+    name = property(lambda self: self.path.name)
     config_file = property(lambda self: self.path / "config.json")
     metrics_file = property(lambda self: self.path / "metrics.jsonl")
     validation_file = property(lambda self: self.path / "validation.jsonl")
@@ -154,7 +151,8 @@ class RunDir:
                 if key in _held:
                     _held[key][1] += 1
                     return key
-                _held[key] = [self._lock(), 1, made]
+                before = None if self.lock_file.exists() else self.written()
+                _held[key] = [self._lock(), 1, made, before]
             return key
         except OSError as e:
             raise self._unwritable(e) from None
@@ -194,8 +192,12 @@ class RunDir:
     # -- starting an attempt -------------------------------------------------------------------
 
     def used(self) -> bool:
-        """True once a run has written here (its config, a metric or a checkpoint)."""
-        return any(p.exists() for p in (self.config_file, self.metrics_file, self.checkpoints_dir))
+        return bool(self.written())
+
+    def written(self) -> list[int]:
+        """The modification times of what a run wrote here (config, metrics, checkpoints)."""
+        run = (self.config_file, self.metrics_file, self.checkpoints_dir)
+        return [p.stat().st_mtime_ns for p in run if p.exists()]
 
     def resume_point(self) -> ResumePoint:
         """The latest checkpoint whose files are intact; each later one is named in a warning."""
@@ -298,7 +300,7 @@ class RunDir:
 
     def staging_checkpoint(self, step: int) -> Path:
         """The temporary directory a checkpoint is written into before :meth:`commit_checkpoint`."""
-        return self.checkpoints_dir / f".tmp-{CHECKPOINT_PREFIX}{step:06d}"
+        return self.checkpoints_dir / f".tmp-{_ckpt_name(step)}"
 
     def commit_checkpoint(self, step: int, keep: int, sealed: dict | None = None) -> Path:
         """Publish the staged checkpoint and keep the last ``keep``.
@@ -354,8 +356,7 @@ class RunDir:
         return record
 
     def untracked(self) -> bool:
-        """True when the run's last attempt chose not to log to MLflow (``--no-track``): a
-        resume keeps that choice unless told otherwise."""
+        """The last attempt did not log to MLflow (``--no-track``): a resume keeps to that."""
         return self.untracked_file.exists()
 
     def record_tracking(self, track: bool) -> None:
@@ -406,18 +407,18 @@ def _release(key: str) -> None:
         held[1] -= 1
         if held[1] == 0:
             del _held[key]
-            if not _remove_if_unused(Path(key), held[2]):
+            if not _remove_if_unused(Path(key), held[2], held[3]):
                 os.ftruncate(held[0], 0)  # nobody holds it now; the kernel drops the flock on close
             os.close(held[0])
 
 
-def _remove_if_unused(path: Path, made: list[Path]) -> bool:
-    """Remove the lock of a directory no run was written to (failed or stopped before writing),
-    and the directory if then empty, with the empty parents ``made`` for it (``runs/``): nothing
-    half-made for a `--resume`, no lock in a folder of someone else's. The lock goes while still
-    held, so no other process takes it meanwhile."""
+def _remove_if_unused(path: Path, made: list[Path], before: list[int] | None) -> bool:
+    """Remove the lock of a directory no run wrote to (its files as ``before`` the lock was made:
+    failed, stopped or refused first), and the directory if then empty, with the empty parents
+    ``made`` for it (``runs/``): no lock in a folder of someone else's. The lock goes while
+    still held, so no other process takes it meanwhile."""
     try:
-        if RunDir(path).used():
+        if (written := RunDir(path).written()) and written != before:
             return False
         (path / LOCK_FILE).unlink()
         if not any(path.iterdir()):

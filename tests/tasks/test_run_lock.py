@@ -311,6 +311,15 @@ def test_a_folder_of_someone_else_s_keeps_no_lock_and_a_model_is_no_run_dir(tmp_
     with pytest.raises(RuntimeError), RunDir(other).writer():
         raise RuntimeError("refused")
     assert [p.name for p in other.iterdir()] == ["notes.txt"]
+    torn = tmp_path / "torn"  # a run's config.json, unreadable: refused, as it was left
+    torn.mkdir()
+    (torn / "config.json").write_text("{bad")
+    with pytest.raises(RuntimeError), RunDir(torn).writer():
+        raise RuntimeError("refused")
+    assert [p.name for p in torn.iterdir()] == ["config.json"]
+    with RunDir(torn).writer():  # a run that writes keeps its lock
+        (torn / "config.json").write_text("{}")
+    assert sorted(p.name for p in torn.iterdir()) == [".lock", "config.json"]
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text('{"model_type": "llama"}')

@@ -117,11 +117,23 @@ def schedule_specs(
 
 
 def _check_cron(expr: str, option: str) -> None:
+    """A cron expression Prefect takes and that fires (31 February parses, and never does)."""
+    import datetime
+
+    # what Prefect's scheduler computes the runs with
+    from prefect._vendor.croniter import CroniterBadDateError, croniter
+
     try:
         validate_cron_string(expr)
     except ValueError:
         raise ConfigError(
             f"{option} {expr!r} is not a cron expression (e.g. '0 2 * * *')"
+        ) from None
+    try:
+        croniter(expr, datetime.datetime.now(datetime.timezone.utc)).get_next(datetime.datetime)
+    except CroniterBadDateError:
+        raise ConfigError(
+            f"{option} {expr!r} never fires (a date no month has); give one that does"
         ) from None
 
 

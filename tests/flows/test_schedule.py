@@ -1,6 +1,7 @@
 """Cron deployments: built without a server, registered against the test harness, never served."""
 
 import logging
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -28,6 +29,9 @@ def test_default_schedules_nightly_train_and_weekly_ablate():
     build_deployments([promoting])  # the train flow takes the parameter
     with pytest.raises(ConfigError, match="not a cron expression"):
         schedule_specs(train_cron="every night")
+    for never in ("0 2 31 2 *", "0 2 30 2 *"):  # they parse, and no month has the date
+        with pytest.raises(ConfigError, match=re.escape(f"--ablate-cron '{never}' never fires")):
+            schedule_specs(ablate_cron=never)
     for steps in (0, -5):  # scheduled as "train 0 steps" or "-5 steps" each night
         with pytest.raises(ConfigError, match=f"--nightly-steps must be >= 1, got {steps}"):
             schedule_specs(nightly_steps=steps)

@@ -125,10 +125,12 @@ def test_a_run_without_a_policy_or_a_deleted_directory_is_refused(logged, tiny_c
     t.end()
     with pytest.raises(PipelineError, match="logged no policy.*dapo train --resume"):
         registry.register(t.run_id, uri=uri)
+    policy = tmp_path / "dpo"
+    policy.mkdir()
     dpo = Tracker(tiny_cfg, "dpo", uri=uri)
-    dpo.start_run("dpo", {"dapo.flow": "dpo", "dpo.out_dir": "out/dpo"}, log_config=False)
+    dpo.start_run("dpo", {"dapo.flow": "dpo", "dpo.out_dir": str(policy)}, log_config=False)
     dpo.end()
-    with pytest.raises(PipelineError, match="DPO policy is the directory out/dpo: `dapo evaluate"):
+    with pytest.raises(PipelineError, match=f"DPO policy is the directory {policy}: `dapo eval"):
         registry.register(dpo.run_id, uri=uri)
     registry.register(run_id, uri=uri)
     (final / "config.json").unlink()

@@ -26,6 +26,11 @@ def offline_mode() -> bool:
     return bool(constants.HF_HUB_OFFLINE)
 
 
+def out_of_reach() -> str | None:
+    """Why the hub cannot be reached now, or None (also in offline mode: nothing is asked)."""
+    return None if offline_mode() else unreachable(endpoint())
+
+
 @functools.cache
 def unreachable(address: str) -> str | None:
     """Why the hub at ``address`` cannot be reached (no DNS, refused, timed out), or None once it

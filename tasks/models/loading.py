@@ -162,7 +162,7 @@ def refuse_unreachable_hub(name_or_path: str) -> None:
         cached = isinstance(try_to_load_from_cache(name_or_path, "config.json"), str)
     except ValueError:  # not a valid repository id: the load says so
         return
-    if cached or hub.offline_mode() or not (why := hub.unreachable(hub.endpoint())):
+    if cached or not (why := hub.out_of_reach()):
         return
     raise ModelNotFound(
         f"could not reach {hub.endpoint()} to download {name_or_path!r} ({why}); offline, use a "

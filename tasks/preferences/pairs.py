@@ -260,7 +260,7 @@ def _json_rows(p: Path) -> tuple[list, dict, int]:
 def _hub_rows(name: str) -> list[dict]:
     from tasks import hub
 
-    if not hub.offline_mode() and (why := hub.unreachable(hub.endpoint())):
+    if why := hub.out_of_reach():
         raise PipelineError(
             f"pairs dataset {name}: the hub at {hub.endpoint()} cannot be reached ({why}); "
             "download it where there is network (HF_HUB_OFFLINE=1 reads a cached copy), or "

@@ -210,13 +210,18 @@ def descendants(roots: list[int]) -> list[int]:
     return found
 
 
+def children(parent: int) -> list[int]:
+    """The live processes whose parent is ``parent``."""
+    return [pid for pid, ppid, _ in _processes() if ppid == parent]
+
+
 def _signal(pids: list[int], sig: int, group: bool = False) -> None:
     for pid in pids:
         with contextlib.suppress(OSError):  # gone already
             (os.killpg if group else os.kill)(pid, sig)
 
 
-def _alive(pids: list[int], group: bool = False) -> list[int]:
+def alive(pids: list[int], group: bool = False) -> list[int]:
     """Those of ``pids`` (or of the groups they lead) that still run."""
     if Path("/proc/self/stat").exists():
         running = {pgrp if group else pid for pid, _, pgrp in _processes()}
@@ -237,12 +242,12 @@ def _stop(pids: list[int], grace_s: float, group: bool = False) -> None:
     """SIGTERM, then SIGKILL for what is still there after ``grace_s``."""
     _signal(pids, signal.SIGTERM, group)
     deadline = time.monotonic() + grace_s
-    while _alive(pids, group) and time.monotonic() < deadline:
+    while alive(pids, group) and time.monotonic() < deadline:
         time.sleep(0.1)
-    _signal(_alive(pids, group), signal.SIGKILL, group)
+    _signal(alive(pids, group), signal.SIGKILL, group)
 
 
-def _is_reaper(pid: int) -> bool:
+def is_reaper(pid: int) -> bool:
     """Whether ``pid`` is a reaper (of a process a helper started: a sweep's flow run)."""
     try:
         args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -255,9 +260,9 @@ def reap(helpers: dict[int, str], speaking: list[subprocess.Popen] = ()) -> None
     """Stop the helpers still running as recorded (pid -> start time) and what descends from
     them: the descendants first, then (once the last words ``speaking`` are said) the helpers'
     groups. A descendant's own reaper is left to end with its command and say its words."""
-    alive = [pid for pid, start in helpers.items() if start == "-" or start_time(pid) == start]
-    if alive:
-        leaves = [p for p in descendants(alive) if p not in alive and not _is_reaper(p)]
+    running = [pid for pid, start in helpers.items() if start == "-" or start_time(pid) == start]
+    if running:
+        leaves = [p for p in descendants(running) if p not in running and not is_reaper(p)]
         _stop(leaves, LEAF_GRACE_S)
     deadline = time.monotonic() + LAST_WORDS_TIMEOUT_S  # for all of them together
     for words in speaking:
@@ -265,8 +270,8 @@ def reap(helpers: dict[int, str], speaking: list[subprocess.Popen] = ()) -> None
             words.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             words.kill()
-    if alive:
-        _stop(alive, GROUP_GRACE_S, group=True)
+    if running:
+        _stop(running, GROUP_GRACE_S, group=True)
 
 
 def say(words: dict[str, list[str]]) -> list[subprocess.Popen]:

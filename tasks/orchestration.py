@@ -53,10 +53,16 @@ def retry_unless_user_error(task: Any, task_run: Any, state: Any) -> bool:
 class _NoTracebackForUserErrors(logging.Filter):
     """Prefect logs a failed task or flow with its traceback; for an error the user can act on
     (a bad config, an unwritable directory) the message is the whole story, and the command
-    prints it once more as its last line."""
+    prints it once more as its last line. A stopped run is no error at all: its line is its
+    flow run's CANCELLED state, and Prefect's engine, running a deployment's flow run (a
+    schedule's, a worker's), would log it again as "exited with unexpected exception" with its
+    call stack."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], USER_ERRORS):
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, TrainingInterrupted):
+            return False
+        if isinstance(exc, USER_ERRORS):
             record.exc_info, record.exc_text = None, None
         return True
 
@@ -279,6 +285,7 @@ def crashed_when_killed(fn: F) -> F:
 
     @functools.wraps(fn)  # type: ignore[arg-type]
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        quiet_user_error_tracebacks()  # a worker's or a schedule's flow-run process too
         with crashed_if_killed():
             return fn(*args, **kwargs)  # type: ignore[operator]
 
@@ -323,6 +330,7 @@ def cancelled_when_interrupted(fn: F) -> F:
 
     @functools.wraps(fn)  # type: ignore[arg-type]
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        quiet_user_error_tracebacks()  # a worker's or a schedule's flow-run process too
         try:
             # Prefect installed its SIGTERM handler for the flow run
             with watched_signals(), crashed_if_killed():

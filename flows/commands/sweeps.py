@@ -328,8 +328,11 @@ def schedule(
     )
     _working()
     # serving returns only when stopped: Ctrl-C, or SIGTERM (Prefect's runner exits 0 on it)
+    cut_off: list[str] = []
     with temporary_settings(updates={PREFECT_API_URL: url}), contextlib.suppress(SystemExit):
-        serve_deployments(build_deployments(specs))
+        cut_off = serve_deployments(build_deployments(specs))
+    for line in cut_off:
+        console.print(line, markup=False, highlight=False)
     console.print(
         "[bold yellow]interrupted:[/] stopped serving; the schedules are paused until "
         "`dapo schedule` serves them again"

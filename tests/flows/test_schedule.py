@@ -123,3 +123,141 @@ def test_the_nightly_train_promotes_a_completed_tracked_run_only(monkeypatch, ca
     assert offered == [("r2", "nightly-x")]
     assert "not yet" in caplog.text and "not tracked" in caplog.text
     assert "kept nightly-x@champion" in caplog.text
+
+
+def test_asyncios_cancelled_callbacks_are_not_logged_as_errors():
+    """Stopping the runner on Python 3.11 logged a cancelled connection task as an error with
+    two call stacks; a cancelled task is how a stop goes, so that record is dropped alone."""
+    import asyncio
+
+    from flows.schedule import _DropCancelled
+
+    def record(exc: BaseException) -> logging.LogRecord:
+        return logging.LogRecord("asyncio", logging.ERROR, "", 0, "Exception in callback", (),
+                                 (type(exc), exc, None))  # fmt: skip
+
+    assert not _DropCancelled().filter(record(asyncio.CancelledError()))
+    assert _DropCancelled().filter(record(RuntimeError("a real one")))
+    plain = logging.LogRecord("asyncio", logging.ERROR, "", 0, "no exception", (), None)
+    assert _DropCancelled().filter(plain)
+
+
+SERVING = """
+import signal, subprocess, sys, time
+def terminate(*_):  # the command's SIGTERM handler (flows.commands.base._terminate)
+    raise KeyboardInterrupt
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job's is ignored
+signal.signal(signal.SIGTERM, terminate)
+from flows.schedule import _handling, _runs_first
+# a scheduled flow run: it takes a while to stop cleanly
+run = subprocess.Popen([sys.executable, "-c", '''
+import signal, sys, time
+def stop(signum, frame):
+    time.sleep(1.5)  # ends its MLflow run, says where it stopped
+    sys.exit(signum)
+signal.signal(signal.SIGINT, stop)
+signal.signal(signal.SIGTERM, stop)
+print("run ready", flush=True)
+time.sleep(60)
+'''], stdout=subprocess.PIPE, text=True)
+run.stdout.readline()
+stopped = []
+try:
+    with _handling(signal.SIGINT, _runs_first(signal.getsignal(signal.SIGINT), stopped)):
+        # what serve_deployments does for SIGTERM, through the runner's handle_sigterm
+        signal.signal(signal.SIGTERM, _runs_first(signal.getsignal(signal.SIGTERM), stopped))
+        print("serving", flush=True)
+        time.sleep(60)
+except KeyboardInterrupt:
+    print("runner stopped; the run had exited with", run.poll(), "stops", len(stopped))
+"""
+
+
+@pytest.mark.parametrize("how, with_run", [("ctrl-c", True), ("ctrl-c", False), ("sigterm", True)])
+def test_a_stop_lets_a_scheduled_run_stop_itself_before_the_runner_stops(how, with_run):
+    """Prefect's runner, stopped, SIGKILLs its flow-run processes: a nightly run cut off so
+    ended CRASHED "killed outright", without its line on where it stopped. The runner now stops
+    only once the run has stopped itself; with no run at work it stops at once. A terminal's
+    Ctrl-C reaches the run itself; a SIGTERM to the command alone (``kill PID``) is passed on."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = SERVING if with_run else SERVING.replace("run.stdout.readline()", "run.kill()")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        assert proc.stdout.readline() == "serving\n"
+        sent = time.monotonic()
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)  # what a terminal does
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    if not with_run:
+        assert "the run had exited with -9 stops 1" in out, out  # no wait for a run
+        return
+    code = signal.SIGINT if how == "ctrl-c" else signal.SIGTERM
+    # the signal again from the waiting thread (2 stops), once the run had stopped itself
+    assert f"the run had exited with {int(code)} stops 2" in out, out
+    assert took >= 1.5
+
+
+@pytest.mark.slow
+def test_the_runner_takes_our_sigterm_handler_and_says_which_runs_were_cut_off(prefect_harness):
+    """``serve_deployments`` gives the runner our SIGTERM handler through ``handle_sigterm``,
+    which ``Runner.start`` installs; and after a stop, ``cut_off_runs`` names the runs of the
+    deployments that were at work when it came, with the line each ended with."""
+    import asyncio
+    import datetime
+    import signal
+
+    from prefect import get_client
+    from prefect.runner import Runner
+    from prefect.states import Cancelled, Completed, Running
+
+    from flows.schedule import cut_off_runs
+
+    def ours(signum, frame):
+        pass
+
+    before = signal.getsignal(signal.SIGTERM)
+    runner = Runner(pause_on_shutdown=False)
+    runner.handle_sigterm = ours
+    try:
+        asyncio.run(runner.start(run_once=True, webserver=False))
+        assert signal.getsignal(signal.SIGTERM) is ours
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+    def now():
+        return datetime.datetime.now(datetime.timezone.utc)
+
+    (nightly,) = build_deployments(schedule_specs(ablate_cron=""))
+    deployment = nightly.apply()
+    began = now()
+    with get_client(sync_client=True) as client:
+
+        def run(*states):  # fmt: skip
+            flow_run = client.create_flow_run_from_deployment(deployment)
+            for state in states:
+                client.set_flow_run_state(flow_run.id, state, force=True)
+            return flow_run.name
+
+        run(Running(), Cancelled(message="cancelled from the UI, before the stop"))
+        stopped = now()
+        cut = run(Running(), Cancelled(message="stopped after step 8 of 40; Continue with: x"))
+        working = run(Running())
+        run(Running(), Completed())
+    lines = cut_off_runs([nightly.name], began, stopped)
+    assert sorted(lines) == sorted([
+        f"the scheduled run {cut!r} was cut off (cancelled): stopped after step 8 of 40; "
+        "Continue with: x",
+        f"the scheduled run {working!r} was cut off (running): it left no line on where it stopped",
+    ])  # fmt: skip
+    assert cut_off_runs([nightly.name], began, None) == []  # no stop, nothing cut off

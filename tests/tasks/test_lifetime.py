@@ -231,7 +231,7 @@ def test_a_reaper_below_a_helper_is_left_to_say_its_words(tmp_path):
 
     def leaf_and_its_reaper() -> list[int]:
         below = lifetime.descendants([helper])
-        return below if len(below) == 2 and sum(map(lifetime._is_reaper, below)) == 1 else []
+        return below if len(below) == 2 and sum(map(lifetime.is_reaper, below)) == 1 else []
 
     # a hang guard: once seen a moment after "leaf ready" on a loaded machine, not at once
     assert _wait_for(leaf_and_its_reaper, 30), lifetime.descendants([helper])

@@ -96,3 +96,27 @@ def test_a_wrapped_flow_validates_parameters_annotated_in_its_own_module():
             {"where": "/tmp", "n": "2"}
         )
         assert checked == {"where": Path("/tmp"), "n": 2}
+
+
+def test_prefect_logs_a_stop_as_no_error_and_a_users_error_without_its_call_stack():
+    """A deployment's flow run (a schedule's, a worker's) that stops returns CANCELLED, and
+    Prefect's engine then logged "exited with unexpected exception" with the call stack of
+    the TrainingInterrupted its state carries: that record is dropped. A user's error keeps
+    its line and loses its call stack; any other error keeps both."""
+    import logging
+    import sys
+
+    from tasks.orchestration import _NoTracebackForUserErrors
+
+    kept = []
+    for exc in (TrainingInterrupted("stopped after step 3"), ConfigError("bad"),
+                RuntimeError("bug")):  # fmt: skip
+        try:
+            raise exc
+        except Exception:
+            record = logging.LogRecord("prefect.flow_runs", logging.ERROR, "", 0,
+                                       "Engine execution exited with unexpected exception",
+                                       (), sys.exc_info())  # fmt: skip
+        if _NoTracebackForUserErrors().filter(record):
+            kept.append((type(exc).__name__, record.exc_info is not None))
+    assert kept == [("ConfigError", False), ("RuntimeError", True)]

@@ -7,12 +7,13 @@ short by a kill or a full disk) does not spoil. Shared by checkpoints and run re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,23 @@ def replace_atomically(path: Path, write: Callable[[Path], Any]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def parents_made_for(path: Path) -> Iterator[None]:
+    """``path``'s missing parent folders made for the block and, after it, those of them still
+    empty removed: a build or a fetch that failed or was stopped leaves no empty ``data/models``
+    behind."""
+    made = [p for p in path.parents if not p.exists()]  # nearest first
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    finally:
+        for folder in made:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (what the block made is there), or gone: its parents stay
+                break
 
 
 def write_synced(path: Path, text: str) -> None:

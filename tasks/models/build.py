@@ -34,7 +34,7 @@ from types import ModuleType
 from typing import Any
 
 from dapo_core.errors import PipelineError
-from tasks.durable import fsync_dir, publish_dir
+from tasks.durable import fsync_dir, parents_made_for, publish_dir
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +122,8 @@ def ensure_built(out: Path, spec: dict[str, Any], build: Callable[[Path], Any], 
 def build_lock(out: Path, what: str) -> Iterator[None]:
     """Hold the build lock of ``out``; say who holds it while waiting for it. The holder removes
     the lock file as it lets go, so a failed build leaves no stray file beside the models."""
-    out.parent.mkdir(parents=True, exist_ok=True)
     lock = out.with_name(f".{out.name}.lock")
-    with _locked(lock, what, out) as f:
+    with parents_made_for(out), _locked(lock, what, out) as f:
         f.seek(0)
         f.truncate()
         f.write(f"pid {os.getpid()}")

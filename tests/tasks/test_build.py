@@ -81,6 +81,10 @@ def test_a_failed_build_leaves_nothing_and_the_old_build_stays(tmp_path):
         ensure_built(out, {"v": 2}, broken, "test model")
     assert is_built(out, {"v": 1})  # the complete build is untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == ["builds.txt", "model"]
+    # the first build into a folder not made yet (data/models/NAME): none is left made
+    with pytest.raises(KeyboardInterrupt):
+        ensure_built(tmp_path / "data" / "models" / "m", {"v": 1}, broken, "test model")
+    assert not (tmp_path / "data").exists()
 
 
 def test_a_waiter_whose_lock_file_was_removed_waits_on_the_new_one(tmp_path):

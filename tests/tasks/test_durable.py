@@ -70,3 +70,19 @@ def test_replace_atomically_keeps_the_old_file_and_no_temporary_when_the_write_f
 )
 def test_folder_names(name, ok):
     assert is_folder_name(name) is ok
+
+
+def test_parents_made_for_a_path_are_removed_when_nothing_was_put_in_them(tmp_path):
+    from tasks.durable import parents_made_for
+
+    with pytest.raises(KeyboardInterrupt), parents_made_for(tmp_path / "a" / "b" / "out"):
+        assert (tmp_path / "a" / "b").is_dir()
+        raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+    with parents_made_for(tmp_path / "a" / "b" / "out"):
+        (tmp_path / "a" / "b" / "out").mkdir()
+    assert (tmp_path / "a" / "b" / "out").is_dir()  # kept, with its parents
+    (tmp_path / "c").mkdir()
+    with parents_made_for(tmp_path / "c" / "d" / "out"):
+        (tmp_path / "c" / "keep").write_text("x")  # a folder there before is not made for it
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["keep"]

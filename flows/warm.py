@@ -113,6 +113,11 @@ def socket_path() -> Path:
     return _socket_dir() / f"{_checkout()}-{context_key()[:8]}.sock"
 
 
+def lock_path(socket: Path) -> Path:
+    """The lock a warm process holds on ``socket`` for its whole life (file kept)."""
+    return socket.with_suffix(".lock")
+
+
 def _socket_dir() -> Path:
     return _warm_root() / f"dapo-warm-{os.getuid()}"
 
@@ -393,8 +398,27 @@ def start_ready(timeout: float = 120.0) -> tuple[int | None, dict[str, Any] | No
         return pid, found
     finally:
         if pid is not None and found is None:
-            with contextlib.suppress(OSError):
-                os.killpg(pid, signal.SIGKILL)  # its own session; nothing served yet
+            _end_unready(pid)
+
+
+def _end_unready(pid: int) -> None:
+    """End the warm process ``pid`` this process started, which has served nothing yet, and
+    remove the socket it may have bound (a later ``warm status`` found a socket file with
+    nobody behind it): unless another warm process has bound it since, which holds the lock."""
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)  # its own session
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)  # gone, its lock released
+    import fcntl
+
+    path = socket_path()
+    with contextlib.suppress(OSError):
+        lock = os.open(lock_path(path), os.O_RDWR)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            path.unlink(missing_ok=True)
+        finally:
+            os.close(lock)
 
 
 def _ask(message: dict[str, Any], timeout: float, path: Path | None = None) -> dict | None:

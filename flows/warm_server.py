@@ -33,6 +33,7 @@ from flows.warm import (
     _send,
     context_key,
     fingerprint,
+    lock_path,
     socket_path,
 )
 from tasks.lifetime import die_with_parent
@@ -60,7 +61,7 @@ class Server:
         life: two started at once cannot both bind)."""
         if not _private_dir():
             return False
-        self.lock = os.open(self.path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        self.lock = os.open(lock_path(self.path), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

@@ -346,6 +346,10 @@ def test_a_warm_start_that_ends_before_ready_ends_the_process_it_started(
         return started[-1]
 
     def wait(timeout=120.0):
+        deadline = time.monotonic() + 30
+        while not warm.socket_path().exists():  # bound: it binds before it imports
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         if waiting == "interrupted":
             raise KeyboardInterrupt
         return None
@@ -355,6 +359,27 @@ def test_a_warm_start_that_ends_before_ready_ends_the_process_it_started(
     out = CliRunner().invoke(app, ["warm", "start"])
     assert out.exit_code == (130 if waiting == "interrupted" else 2), out.output
     assert started[0] is not None and _wait_gone(started[0], 15)
+    assert not warm.socket_path().exists()  # no socket file with nobody behind it
+
+
+def test_ending_an_unready_warm_process_keeps_a_socket_another_one_holds(warm_dir):
+    """The socket file goes with the process that bound it, not when a newer warm process
+    (which holds the lock) has bound it since."""
+    import fcntl
+
+    path = warm.socket_path()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.write_text("")  # stands for the socket
+    gone = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    holder = os.open(warm.lock_path(path), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        warm._end_unready(gone.pid)
+        assert path.exists()
+    finally:
+        os.close(holder)
+    warm._end_unready(gone.pid)  # nobody holds it: removed
+    assert not path.exists()
 
 
 @pytest.mark.slow

@@ -92,17 +92,6 @@ def load_policy(
     transformers = transformers_quietly()
     AutoModelForCausalLM = transformers.AutoModelForCausalLM
 
-    local = Path(name_or_path)
-    if _looks_local(name_or_path) and not local.exists():
-        raise ModelNotFound(
-            f"no such model directory: {name_or_path}; pass a Hugging Face model directory, a hub "
-            "id (e.g. Qwen/Qwen2.5-7B), or -S model.name_or_path=tiny for the embedded model"
-        )
-    if _looks_local(name_or_path) and not (local / "config.json").exists():
-        raise ModelNotFound(
-            f"model path {name_or_path} has no config.json; pass a Hugging Face model directory, "
-            "a hub id (e.g. Qwen/Qwen2.5-7B), or -S model.name_or_path=tiny for the embedded model"
-        )
     with explained_load_errors(name_or_path):
         tokenizer = load_tokenizer(name_or_path)
         model = AutoModelForCausalLM.from_pretrained(
@@ -133,20 +122,30 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 
 def refuse_incomplete_dir(name_or_path: str) -> None:
-    """A ModelNotFound that says what to pass for a run directory given as a model (its own
-    config.json was read as a model's) or a model directory without its tokenizer (it loaded,
-    and sampling failed with a traceback)."""
-    path = Path(name_or_path).expanduser()
-    if not _looks_local(name_or_path) or not path.is_dir():
+    """A ModelNotFound that says what to pass for a local path that is not a model directory:
+    missing; a training run's directory (its own config.json was read as a model's); without a
+    config.json; or without its tokenizer (it loaded, and sampling failed with a traceback)."""
+    if not _looks_local(name_or_path):
         return
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        raise ModelNotFound(f"no such model directory: {name_or_path}; {_PASS}")
     if (path / "final").is_dir() or (path / "checkpoints").is_dir():
         policy = path / "final" if (path / "final").is_dir() else path / "checkpoints"
         raise ModelNotFound(f"{path} is a training run's directory; its policy is in {policy}")
+    if not (path / "config.json").is_file():
+        raise ModelNotFound(f"model path {name_or_path} has no config.json; {_PASS}")
     if not any((path / name).exists() for name in TOKENIZER_FILES):
         raise ModelNotFound(
             f"model directory {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): "
             "copy, fetch or build it again"
         )
+
+
+_PASS = (
+    "pass a Hugging Face model directory, a hub id (e.g. Qwen/Qwen2.5-7B), or "
+    "-S model.name_or_path=tiny for the embedded model"
+)
 
 
 def refuse_unreachable_hub(name_or_path: str) -> None:

@@ -26,13 +26,22 @@ def test_tokenizer_round_trip_through_from_pretrained(tiny_cfg, tmp_path):
     assert chat_prompt(tok, "hi").endswith("assistant\n")
 
 
-def test_missing_model_path_is_a_clear_error(tmp_path):
+@pytest.mark.parametrize("loader", ["policy", "reward model"])
+def test_missing_model_path_is_a_clear_error(tmp_path, loader):
+    """The same one line whether the policy or a reward model is loaded (the reward model's
+    loader went on to transformers and gave its long message)."""
+    from tasks.models.learned_reward import load_reward_model
+
+    load = load_policy if loader == "policy" else (lambda p: load_reward_model(p, "cpu"))
     with pytest.raises(ModelNotFound, match="no such model directory"):
-        load_policy(str(tmp_path / "nope"))
+        load(str(tmp_path / "nope"))
     with pytest.raises(ModelNotFound, match="no such model directory"):
-        load_policy("runs/no-such-run/final")  # relative, deeper than a hub id's owner/name
+        load("runs/no-such-run/final")  # relative, deeper than a hub id's owner/name
+    with pytest.raises(ModelNotFound, match="no config.json; pass a Hugging Face model dir"):
+        load(str(tmp_path))  # a directory, but not a model
+    (tmp_path / "weights.safetensors").write_bytes(b"")
     with pytest.raises(ModelNotFound, match="no config.json"):
-        load_policy(str(tmp_path))  # a directory, but not a model
+        load(str(tmp_path / "weights.safetensors"))  # a file
 
 
 @pytest.fixture

@@ -56,6 +56,12 @@ def model_build(
             help="Release the build as checkpoints/NAME (maintainers: see checkpoints/README.md)."
         ),
     ] = None,
+    replace: Annotated[
+        bool,
+        typer.Option(
+            "--replace", help="With --ship: replace the checkpoint that ships under NAME."
+        ),
+    ] = False,
 ) -> None:
     """Build the embedded model on this machine (into tiny.path), score it before any RL, and
     compare it with the checkpoint the project ships for the same settings.
@@ -65,12 +71,20 @@ def model_build(
     from dapo_core.config import ConfigError
     from flows.models import build_and_compare
     from tasks.durable import is_folder_name
+    from tasks.models.shipped import SHIPPED_ROOT
 
     cfg = _load(params, config, set_)
-    if ship is not None and not is_folder_name(ship):  # refused before minutes of building
+    # refused before minutes of building
+    if ship is not None and not is_folder_name(ship):
         raise ConfigError(
             f"--ship {ship!r}: name one folder of checkpoints/, without '/' and not starting "
             "with '.'"
+        )
+    if ship is not None and (SHIPPED_ROOT / ship).exists() and not replace:
+        raise ConfigError(
+            f"checkpoints/{ship} ships already, and every run with its settings starts from it: "
+            "add --replace to release this build in its place (checkpoints/README.md, "
+            "'Re-shipping')"
         )
     r = build_and_compare(cfg, ship)
     steps = r.warm_start.get("steps", "?")

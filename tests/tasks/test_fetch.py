@@ -70,6 +70,28 @@ def test_model_build_refuses_a_ship_name_that_is_not_one_folder(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_model_build_replaces_a_shipped_checkpoint_only_when_told(tmp_path):
+    """`--ship tiny-arith` rewrote the committed release every run starts from, unasked."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from tasks.models.shipped import SHIPPED_ROOT
+
+    def files():
+        shipped = SHIPPED_ROOT / "tiny-arith"
+        return sorted((p.name, p.stat().st_mtime_ns) for p in shipped.iterdir())
+
+    before = files()
+    assert before
+    out = CliRunner().invoke(
+        app, ["model", "build", "--ship", "tiny-arith", "-S", f"tiny.path={tmp_path / 'm'}"]
+    )
+    assert out.exit_code == 2, out.output
+    assert "checkpoints/tiny-arith ships already" in out.output and "--replace" in out.output
+    assert list(tmp_path.iterdir()) == []  # refused before building
+    assert files() == before
+
+
 def test_a_plain_model_name_is_a_folder_under_data_models():
     assert fetch.model_dir("my-model_2.q4").parts[-3:] == ("data", "models", "my-model_2.q4")
 

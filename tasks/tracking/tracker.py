@@ -409,6 +409,10 @@ class Tracker(ArtifactLog):
             return
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
+        # its four INFO lines a run (started, stopped, no GPU to sample) only interleave the
+        # command's own output; warnings still show
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
+
         def start() -> Any:
             monitor = SystemMetricsMonitor(
                 self.run_id, sampling_interval=interval_s, tracking_uri=self.uri

@@ -138,7 +138,7 @@ def test_a_run_without_a_policy_or_a_deleted_directory_is_refused(logged, tiny_c
         registry.model_path("models:/dapo-policy@champion", uri)
 
 
-def test_system_metrics_sample_into_the_run_until_it_ends(tiny_cfg, fresh_mlflow_uri):
+def test_system_metrics_sample_into_the_run_until_it_ends(tiny_cfg, fresh_mlflow_uri, capfd):
     t = Tracker(tiny_cfg, "train", uri=fresh_mlflow_uri)
     t.start_run("sys", log_config=False)
     t.start_system_metrics(0.2)
@@ -150,6 +150,8 @@ def test_system_metrics_sample_into_the_run_until_it_ends(tiny_cfg, fresh_mlflow
     names = set(client.get_run(t.run_id).data.metrics)
     assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= names
     assert t._system_metrics is None  # stopped with the run
+    # MLflow's INFO lines on starting and stopping the monitor are not printed in a command
+    assert "system metrics" not in capfd.readouterr().err.lower()
 
 
 def test_system_metrics_are_off_at_zero(tiny_cfg, fresh_mlflow_uri):

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from rich import get_console
 from rich.progress import Progress
 
 from dapo_core import metric_names as metric
@@ -87,7 +88,8 @@ def evaluate_policy(
         raise ValueError("the evaluation set is empty")
     e = cfg.eval
     n = e.n_samples
-    with Progress(transient=True, disable=not progress) as bar:
+    # a bar that erases itself shows nothing where output is not a terminal but a blank line
+    with Progress(transient=True, disable=not (progress and get_console().is_terminal)) as bar:
         task = bar.add_task(f"evaluate ({n} samples/problem)", total=len(problems))
 
         def advance(done: int) -> None:

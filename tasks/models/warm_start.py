@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich import get_console
 from rich.progress import Progress
 
 from dapo_core import synthetic
@@ -125,7 +126,8 @@ def warm_start(
     torch.manual_seed(seed)
     losses: list[float] = []
     checks: list[tuple[int, float]] = []
-    with Progress(transient=True) as progress:
+    # a bar that erases itself shows nothing where output is not a terminal but a blank line
+    with Progress(transient=True, disable=not get_console().is_terminal) as progress:
         bar = progress.add_task("warm start (supervised)", total=steps)
         for step in range(1, steps + 1):
             model.train()

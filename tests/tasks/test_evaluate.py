@@ -125,6 +125,17 @@ def test_garbage_model_scores_zero_and_is_counted(tiny_cfg):
     assert r.metrics["eval/unparseable_frac"] == 1.0
 
 
+def test_the_progress_bar_leaves_no_blank_line_where_output_is_not_a_terminal(tiny_cfg, capfd):
+    """The bar erases itself when done; where output is a file or a CI log it could not be
+    drawn, and it left a blank line between the log lines."""
+    from tasks.models.loading import load_policy
+
+    _, tok = load_policy(resolve_model_path(tiny_cfg))
+    capfd.readouterr()
+    evaluate_policy(GarbageGenerator(), tok, _problems(), _cfg(tiny_cfg, 4), progress=True)
+    assert capfd.readouterr().out == ""
+
+
 def test_deterministic_for_a_seed(tiny_cfg):
     cfg = _cfg(tiny_cfg, 4)
     model, tok = load_policy(resolve_model_path(tiny_cfg))

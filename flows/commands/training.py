@@ -221,8 +221,8 @@ def evaluate(
     )
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for k, v in result.metrics.items():
-        table.add_row(k, f"{v:.4f}")
+    for k, v in result.metrics.items():  # counts (problems, samples) as whole numbers
+        table.add_row(k, f"{v:.0f}" if k in ("eval/num_problems", "eval/n_samples") else f"{v:.4f}")
     for k, how in result.scoring.items():  # how answers were read and judged
         table.add_row(k, how)
     Console().print(table)

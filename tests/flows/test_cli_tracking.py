@@ -47,6 +47,7 @@ def test_cli_train_and_evaluate_are_tracked(flows_env, flow_cfg, flow_params, tm
     champion = ["--model", "models:/dapo-policy@champion"]
     ev = runner.invoke(app, ["evaluate", "--params", flow_params, *champion])
     assert ev.exit_code == 0, ev.output
+    assert re.search(r"eval/n_samples\s*│\s*2 │", ev.output), ev.output  # a count, not 2.0000
     eval_runs = {r["run_id"]: r for r in search_runs(flow_cfg, "evaluate", uri=mlflow_uri)}
     evaluated = eval_runs[_run_id(ev.output)]
     assert "eval/avg_at_k" in evaluated["metrics"]

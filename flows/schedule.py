@@ -30,6 +30,7 @@ from dapo_core.config import ConfigError
 from flows.ablate import ablate_flow
 from flows.pipeline import train_flow
 from tasks.lifetime import alive, children, is_reaper
+from tasks.orchestration import RUNS_END_WITH
 from tasks.rundir import check_run_name
 
 NIGHTLY_TRAIN_CRON = "0 2 * * *"  # 02:00 every day
@@ -202,6 +203,7 @@ def serve_deployments(deployments: list[RunnerDeployment]) -> list[str]:
     # Runner.start() makes its handle_sigterm SIGTERM's handler; it stops the runner at once
     runner.handle_sigterm = _runs_first(signal.getsignal(signal.SIGTERM), stopped)
     with (
+        _environment(RUNS_END_WITH, str(os.getpid())),  # the runs end with this process
         _handling(signal.SIGINT, _runs_first(signal.getsignal(signal.SIGINT), stopped)),
         _cancelled_callbacks_quiet(),
         contextlib.suppress(KeyboardInterrupt),
@@ -262,6 +264,20 @@ def _handling(signum: int, handler: Any) -> Iterator[None]:
         yield
     finally:
         signal.signal(signum, previous)
+
+
+@contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    """``os.environ[name]`` is ``value`` during the block (what processes started in it get)."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def flow_run_processes() -> list[int]:

@@ -19,6 +19,7 @@ import contextlib
 import contextvars
 import functools
 import logging
+import os
 import re
 import sys
 import time
@@ -65,6 +66,26 @@ class _NoTracebackForUserErrors(logging.Filter):
         if isinstance(exc, USER_ERRORS):
             record.exc_info, record.exc_text = None, None
         return True
+
+
+RUNS_END_WITH = "DAPO_RUNS_END_WITH"
+"""Set by a command that runs flow runs in processes of its own (``dapo schedule``), to its pid:
+those processes end with it, however it ends (:func:`in_a_flow_run_process`)."""
+
+
+def in_a_flow_run_process() -> None:
+    """What a flow's function sets up first, for when it runs in a process Prefect started for
+    it (a schedule's runner, a worker): Prefect's logs of a stop or a user's error without call
+    stacks; and, under a command that set ``RUNS_END_WITH`` to its pid, SIGTERM from the kernel
+    when that command ends. A command killed outright (SIGKILL) left its scheduled run training,
+    re-parented to init; SIGTERM stops it as Ctrl-C would (flow run CANCELLED, MLflow run KILLED).
+    A worker's flow runs are stopped by the reaper that watches the worker (``tasks.lifetime``)."""
+    quiet_user_error_tracebacks()
+    owner = os.environ.get(RUNS_END_WITH, "")
+    if owner.isdigit() and int(owner) == os.getppid():
+        from tasks.lifetime import die_with_parent
+
+        die_with_parent(int(owner))
 
 
 def quiet_user_error_tracebacks() -> None:
@@ -285,7 +306,7 @@ def crashed_when_killed(fn: F) -> F:
 
     @functools.wraps(fn)  # type: ignore[arg-type]
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        quiet_user_error_tracebacks()  # a worker's or a schedule's flow-run process too
+        in_a_flow_run_process()
         with crashed_if_killed():
             return fn(*args, **kwargs)  # type: ignore[operator]
 
@@ -330,7 +351,7 @@ def cancelled_when_interrupted(fn: F) -> F:
 
     @functools.wraps(fn)  # type: ignore[arg-type]
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        quiet_user_error_tracebacks()  # a worker's or a schedule's flow-run process too
+        in_a_flow_run_process()
         try:
             # Prefect installed its SIGTERM handler for the flow run
             with watched_signals(), crashed_if_killed():

@@ -1,6 +1,7 @@
 """Stages and flows without a Prefect server (``tasks.orchestration.without_prefect``): the
 same retry policy and the same interrupt outcome as under Prefect, and no Prefect call."""
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,49 @@ def test_prefect_logs_a_stop_as_no_error_and_a_users_error_without_its_call_stac
         if _NoTracebackForUserErrors().filter(record):
             kept.append((type(exc).__name__, record.exc_info is not None))
     assert kept == [("ConfigError", False), ("RuntimeError", True)]
+
+
+COMMAND = """
+import os, subprocess, sys, time
+env = {**os.environ, "DAPO_RUNS_END_WITH": sys.argv[1] or str(os.getpid())}
+run = subprocess.Popen([sys.executable, "-c", '''
+import signal, sys, time
+from tasks.orchestration import in_a_flow_run_process
+def stopped(*_):
+    print("stopped", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stopped)
+in_a_flow_run_process()
+print("ready", flush=True)
+time.sleep(60)
+'''], env=env, stdout=sys.stdout)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("owner", ["this command", "another process"])
+def test_a_flow_run_process_ends_with_the_command_that_started_it_even_killed(owner):
+    """`dapo schedule` killed outright (SIGKILL) left its scheduled run training, re-parented to
+    init. A flow-run process whose parent set ``RUNS_END_WITH`` to its own pid gets SIGTERM
+    when that parent ends; under anyone else's pid nothing is armed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    other = "" if owner == "this command" else "1"
+    command = subprocess.Popen([sys.executable, "-c", COMMAND, other], stdout=subprocess.PIPE,
+                               text=True, start_new_session=True)  # fmt: skip
+    try:
+        assert command.stdout.readline() == "ready\n"
+        command.kill()
+        command.wait()
+        if owner == "this command":
+            assert command.stdout.readline() == "stopped\n"  # SIGTERM came, it stopped
+        else:
+            time.sleep(1)
+            os.killpg(command.pid, 0)  # the run is still there: nothing armed
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(command.pid, signal.SIGKILL)

@@ -161,8 +161,15 @@ def _check_timezone(name: str) -> None:
 
 def build_deployments(specs: list[ScheduleSpec]) -> list[RunnerDeployment]:
     """``RunnerDeployment`` objects for the specs (loaded by module path, not file path, so a
-    scheduled run finds the flows from any working directory)."""
+    scheduled run finds the flows from any working directory). One run of each at a time: a
+    night's train that fires while the last one still trains (the same run directory, which
+    refused it with an error) is cancelled by the server, and so is a second weekly sweep."""
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+
     flows = {"train": train_flow, "ablate": ablate_flow}
+    one_at_a_time = ConcurrencyLimitConfig(
+        limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW
+    )
     return [
         flows[s.flow].to_deployment(
             name=s.name,
@@ -171,6 +178,7 @@ def build_deployments(specs: list[ScheduleSpec]) -> list[RunnerDeployment]:
             description=s.description,
             tags=["dapo", s.flow],
             entrypoint_type=EntrypointType.MODULE_PATH,
+            concurrency_limit=one_at_a_time,
         )
         for s in specs
     ]

@@ -51,6 +51,9 @@ def test_deployments_carry_the_cron_and_a_module_entrypoint():
     assert nightly.entrypoint == "flows.pipeline.train_flow"  # importable from any cwd
     assert by_name["dapo-weekly-ablate"].entrypoint == "flows.ablate.ablate_flow"
     assert nightly.parameters["progress"] is False
+    for deployment in deployments:  # a run that fires while the last one works is cancelled
+        assert deployment.concurrency_limit == 1
+        assert deployment.concurrency_options.collision_strategy.value == "CANCEL_NEW"
 
 
 @pytest.mark.slow
@@ -67,6 +70,9 @@ def test_deployments_register_with_the_prefect_api(prefect_harness):
     assert [s.schedule.cron for s in nightly.schedules] == ["0 3 * * *"]
     assert nightly.parameters["max_steps"] == 7 and nightly.parameters["run_name"] == "nightly"
     assert [s.schedule.cron for s in weekly.schedules] == ["0 4 * * 0"]
+    for deployment in (nightly, weekly):  # one run at a time, on the server
+        assert deployment.global_concurrency_limit.limit == 1
+        assert deployment.concurrency_options.collision_strategy.value == "CANCEL_NEW"
 
 
 def test_cli_schedule_dry_run_prints_the_deployments():

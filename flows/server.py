@@ -162,8 +162,6 @@ def start_server(prefect_home: Path, port: int) -> tuple[str, bool]:
     env["PREFECT__SERVER_FINAL"] = "1"
     with ExitStack() as stack:  # closes this process's handle on the log, not the server
         server = spawn(api_server_command(port), env, logs / "server.log", stack)
-        release_session(server.pid)  # meant to outlive this command
-        unwatch(server.pid)
         try:
             wait_until_healthy(url, server, logs / "server.log")
         except BaseException:
@@ -172,6 +170,11 @@ def start_server(prefect_home: Path, port: int) -> tuple[str, bool]:
     record = _record(prefect_home)
     text = json.dumps({"url": url, "pid": server.pid})
     replace_atomically(record, lambda tmp: tmp.write_text(text))  # never read half-written
+    # Meant to outlive this command from here on, where `dapo server stop` finds it: until now a
+    # command killed outright (SIGKILL) has its reaper stop it, rather than leave one running
+    # that no record names.
+    release_session(server.pid)
+    unwatch(server.pid)
     return url, True
 
 

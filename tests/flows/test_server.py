@@ -154,3 +154,45 @@ def test_stop_with_a_stale_record_signals_nothing(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+@pytest.mark.slow
+def test_a_server_start_killed_before_the_server_answers_leaves_no_server(tmp_path):
+    """`dapo server start` SIGKILLed during start-up left a server no record named: `server
+    status` and `server stop` said none ran, and `server start` found its port in use. Until the
+    record is written the server is the command's helper, which its reaper stops."""
+    import signal
+    import time
+
+    from tasks.lifetime import alive, descendants
+
+    home = tmp_path / "prefect"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(PREFECT_HOME=str(home), DO_NOT_TRACK="true")
+    command = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "server", "start", "--port", str(srv.free_port())],
+        cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline, servers = time.monotonic() + 120, []
+    while not servers:  # the server process started, not answering yet
+        assert time.monotonic() < deadline and command.poll() is None
+        servers = [p for p in descendants([command.pid]) if b"uvicorn" in _cmdline(p)]
+        time.sleep(0.05)
+    command.send_signal(signal.SIGKILL)
+    command.wait()
+    deadline = time.monotonic() + 60
+    try:
+        while alive(servers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not alive(servers)
+        assert srv.running_server(home) is None
+    finally:
+        for pid in alive(servers):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return b""

@@ -226,9 +226,9 @@ class RunDir:
     def refuse_unless(self, resume: bool) -> None:
         """A used directory is continued only on request, and a new run starts in a folder that
         holds nothing a run does not put there first (every rank checks, before any writes)."""
-        if resume:
-            return
         if self.config_file.exists():
+            if resume:  # a compare's or a sweep's folder holds no config.json: refused below
+                return
             raise FileExistsError(
                 f"{self.path} already holds a run: continue it with --resume {self.path}, "
                 "or pick another --run-dir"

@@ -22,6 +22,11 @@ def check_settings(command: str, out_dir: Path, checks: list[tuple[str, object, 
     setting (name, value, whether it is in range) out of range."""
     if why := unwritable(out_dir):
         raise PipelineError(f"--out {out_dir}: {why}; name a directory to write")
+    if (out_dir / "config.json").is_file():  # a finished one (a stop after its save included)
+        raise PipelineError(
+            f"{out_dir} already holds a trained model: use it, or choose another --out (or "
+            "remove it to train again)"
+        )
     if out_dir.exists() and any(out_dir.iterdir()):
         raise PipelineError(f"{out_dir} already holds files: choose another --out, or remove it")
     for name, value, ok in checks:

@@ -40,6 +40,7 @@ from tasks.preferences.common import (
     save_model_dir,
     start_tracking,
 )
+from tasks.signals import held_signals
 from tasks.training.batches import Sample
 from tasks.training.forward import PolicyForward
 
@@ -180,9 +181,10 @@ def train_dpo(
         record |= {k: settings[k] for k in ("beta", "nll_weight", "epochs", "lr", "seed")}
         record |= {"train_pairs": len(train), "heldout_pairs": len(held)}
         record |= {k: evaluation[f"dpo/{k}"] for k in ("heldout_accuracy", "heldout_loss")}
-        save_model_dir(model, tokenizer, RECORD, record, out_dir)
+        with held_signals():  # the model in place and its resume state gone, together
+            save_model_dir(model, tokenizer, RECORD, record, out_dir)
+            resume.done()
         tracker.set_tags({"dpo.out_dir": str(out_dir)})
-    resume.done()
     return DPOResult(
         out_dir,
         record["heldout_accuracy"],

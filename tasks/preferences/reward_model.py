@@ -35,6 +35,7 @@ from tasks.preferences.common import (
     save_model_dir,
     start_tracking,
 )
+from tasks.signals import held_signals
 
 
 @dataclasses.dataclass
@@ -157,11 +158,12 @@ def train_reward_model(
         record |= {"train_pairs": len(train), "heldout_pairs": len(held)}
         record |= {k: evaluation[f"rm/{k}"] for k in ("heldout_accuracy", "heldout_loss")}
         record |= {"heldout_ece": ece, "epochs": epochs, "lr": lr, "seed": seed}
-        save_model_dir(model, tokenizer, RECORD, record, out_dir)
+        with held_signals():  # the model in place and its resume state gone, together
+            save_model_dir(model, tokenizer, RECORD, record, out_dir)
+            resume.done()
         tracker.log_figure(_calibration_figure(bins, ece), "calibration.png")
         tracker.log_table([dataclasses.asdict(b) for b in bins], "calibration.json")
         tracker.set_tags({"rm.out_dir": str(out_dir)})
-    resume.done()
     return RewardModelResult(
         out_dir,
         record["heldout_accuracy"],

@@ -394,7 +394,9 @@ def test_a_stopped_reproduction_is_continued_by_reproduce_not_pipeline(tmp_path)
     rd = RunDir(tmp_path / "reproduce-0123abcd")
     said = resume_hint("pipeline", rd, {"reproduces": "0123abcd"})
     assert said == "dapo reproduce 0123abcd --run-name reproduce-0123abcd"
-    assert resume_hint("pipeline", rd) == "dapo pipeline --run-name reproduce-0123abcd"
+    assert resume_hint("pipeline", rd) == (
+        "dapo pipeline --run-name reproduce-0123abcd with the same -c and -S"
+    )
 
 
 def test_a_stopped_model_check_says_to_start_again_not_resume_its_scratch(monkeypatch):

@@ -239,3 +239,29 @@ def test_curate_runs_dvc_stages_and_reports_the_data_version(flow_cfg, tmp_path)
     assert out["data_version"] == "a1d0c6e83f027327d8461063f4ac58a6"  # md5 of "42"
     again = curate_task.fn(real, root=str(tmp_path))  # DVC skips the unchanged stage
     assert again["data_version"] == out["data_version"]
+
+
+def test_a_run_continues_only_with_the_settings_it_began_with(flow_cfg, tmp_path):
+    """`dapo pipeline --run-name NAME` without the first command's -S went on under
+    params.yaml's settings and rewrote the run's config.json (a torn one too): refused now in
+    one line, naming what differs; the same settings continue."""
+    from dapo_core.errors import PipelineError
+    from tasks.orchestration import without_prefect
+    from tasks.training.task import train_task
+
+    def settings(*overrides):
+        return resolve(flow_cfg.to_dict(), overrides=["train.steps=2", *overrides])
+
+    run = tmp_path / "rA"
+    kw = {"kind": "pipeline", "progress": False, "track": False}
+    with without_prefect():
+        train_task(settings(), str(run), **kw)
+        began = (run / "config.json").read_text()
+        changed = r"began with other settings \(train.lr 0.01 -> 0.0001, train.steps 2 -> 5\)"
+        with pytest.raises(PipelineError, match=changed):
+            train_task(settings("train.steps=5", "train.lr=1e-4"), str(run), **kw)
+        assert (run / "config.json").read_text() == began
+        assert train_task(settings(), str(run), **kw).steps == 2  # the same: it continues
+        (run / "config.json").write_text(began[:40])  # a write cut short
+        with pytest.raises(PipelineError, match="config.json is not valid JSON"):
+            train_task(settings(), str(run), **kw)

@@ -170,6 +170,10 @@ def test_refuses_a_directory_with_files_and_too_few_pairs(cfg, tmp_path):
     with pytest.raises(PipelineError, match="already holds files"):
         RM.train_reward_model(cfg, one, full, track=False)
     assert (full / "x").read_text() == "keep me"
+    # a trained model there (a run stopped right after saving it included): it is said so
+    (full / "config.json").write_text("{}")
+    with pytest.raises(PipelineError, match="already holds a trained model: use it, or choose"):
+        RM.train_reward_model(cfg, one, full, track=False)
     with pytest.raises(PipelineError, match="too few"):
         RM.train_reward_model(cfg, one, tmp_path / "rm", track=False)
 

@@ -334,6 +334,14 @@ def test_a_folder_of_someone_else_s_keeps_no_lock_and_a_model_is_no_run_dir(tmp_
     (project / "checkpoints" / "tiny").mkdir(parents=True)
     with pytest.raises(FileExistsError, match="holds files not a run's \\(checkpoints\\): pick"):
         RunDir(project).refuse_unless(resume=False)
+    # continued by name (`dapo pipeline --run-name c0`), a comparison's or a sweep's folder,
+    # which holds no config.json, was trained into too
+    comparison = tmp_path / "c0"
+    comparison.mkdir()
+    (comparison / "comparison.csv").write_text("method,avg@k")
+    with pytest.raises(FileExistsError, match="holds files not a run's \\(comparison.csv\\)"):
+        RunDir(comparison).refuse_unless(resume=True)
+    RunDir(tmp_path / "new").refuse_unless(resume=True)  # a first attempt: nothing there yet
 
 
 def test_a_new_run_starts_only_in_a_folder_holding_nothing_else(tmp_path):

@@ -327,6 +327,7 @@ def store(empty_stores, tmp_path):
 
 @pytest.mark.slow
 def test_real_store_round_trip(tiny_cfg, store, tmp_path, monkeypatch):
+    from dapo_core.errors import PipelineError
     from tasks.tracking.plots import eval_curve
 
     monkeypatch.chdir(tmp_path)
@@ -344,6 +345,11 @@ def test_real_store_round_trip(tiny_cfg, store, tmp_path, monkeypatch):
     t.end()
     # a retry finds the same run through the run directory and continues its metrics
     again = Tracker(cfg, "ablate", uri=store)
+    # another kind of run under the same name (`dapo pipeline --run-name` of a sweep's folder)
+    # is refused: it logged itself into the sweep's run
+    with pytest.raises(PipelineError, match="holds a run of MLflow experiment dapo-ablate, not "
+                       "dapo-pipeline: pick another --run-name"):  # fmt: skip
+        Tracker(cfg, "pipeline", uri=store).start_or_resume(run_dir, "other")
     assert again.start_or_resume(run_dir, "child") == child_id
     assert [s for s, _ in tracking_store.metric_history(child_id, "train/loss", store)] == [1, 2, 3]
     again.end()

@@ -241,9 +241,15 @@ def curated_dir(cfg: Config) -> Path:
     ``data.source`` wrote; else a one-line error saying to curate (training on the data of
     another source, or half of an interrupted curation, would go unnoticed)."""
     out_dir = repo_path(cfg.data.out_dir)
+    # a source that is not there is said first: curating it would fail the same way
+    resolve_source(cfg.data.source, "set data.source (-S data.source=...) to one that is")
+    # `dapo curate` alone curates params.yaml's source: the one asked for takes the same options
+    redo = (
+        f"run `dapo curate` with the same -c and -S to curate {cfg.data.source} into {out_dir} "
+        "(or `dvc repro`, for params.yaml's settings)"
+    )
     if not (out_dir / TRAIN_FILE).exists():
-        return out_dir  # reading it says how to build it
-    redo = f"run `dapo curate` (or `dvc repro`) to curate {cfg.data.source} into {out_dir}"
+        raise FileNotFoundError(f"{out_dir / TRAIN_FILE} does not exist; {redo}")
     try:
         report = json.loads((out_dir / REPORT_FILE).read_text(encoding="utf-8"))
         made_from = (report["source_kind"], report["source"], report["source_sha256"])

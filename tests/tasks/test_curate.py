@@ -678,6 +678,23 @@ def test_training_refuses_curated_data_without_its_report(curated_from, tmp_path
         splits(cfg)
 
 
+def test_training_on_a_source_never_curated_says_how_to_curate_that_one(curated_from, tmp_path):
+    """`-S data.source=/nonexistent.parquet` said to run `dapo curate`, which curated
+    params.yaml's source, after which the same advice came again."""
+    from tasks.data.splits import splits
+
+    curated_from(FIXTURES / "plain_malformed.jsonl")
+    missing = cfg_with("data.source=/nonexistent.parquet", "data.out_dir=data/curated")
+    with pytest.raises(FileNotFoundError, match="/nonexistent.parquet does not exist .*set "
+                       "data.source \\(-S data.source=...\\) to one that is"):  # fmt: skip
+        splits(missing)
+    elsewhere = cfg_with(f"data.source={FIXTURES / 'plain_malformed.jsonl'}",
+                         "data.out_dir=data/other")  # fmt: skip
+    advice = "other/train.parquet does not exist; run `dapo curate` with the same -c and -S to "
+    with pytest.raises(FileNotFoundError, match=advice + "curate .*plain_malformed.jsonl"):
+        splits(elsewhere)
+
+
 def test_an_eval_set_with_no_readable_row_is_not_ready(tmp_path):
     """A file with other columns was marked 'ready' with 0 problems; given on the command line,
     its failure left an empty eval folder behind."""

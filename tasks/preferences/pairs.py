@@ -29,13 +29,14 @@ from pathlib import Path
 import torch
 
 from dapo_core.config import Config
-from dapo_core.errors import PipelineError
+from dapo_core.errors import PipelineError, TrainingInterrupted
 from dapo_core.preferences import mine_pairs
 from dapo_core.problem import Problem
 from dapo_core.reward import score
 from tasks.data.sources import HUB_ID
 from tasks.data.version import problems_digest
 from tasks.durable import replace_atomically
+from tasks.orchestration import interrupts
 from tasks.signals import held_signals
 
 COLUMNS = ("prompt", "chosen", "rejected")
@@ -349,7 +350,17 @@ def mine_to_file(
     model_record = {"model": {"path": str(path), "digest": model_dir_digest(path)}}
     train = splits(cfg).train
     table = mine(cfg, generate, train, prompts, per_group, seed, model_record, on_batch)
-    with held_signals():  # the table and its DVC record change together: Ctrl-C waits
-        written = write_pairs(table, out)
-        md5 = dvc_add(written) if dvc else None
+    done: list[Path] = []
+    try:
+        with held_signals():  # the table and its DVC record change together: Ctrl-C waits
+            written = write_pairs(table, out)
+            md5 = dvc_add(written) if dvc else None
+            done.append(written)
+    except BaseException as e:
+        if done and isinstance(e, interrupts()):  # held until the write was over: it is whole
+            raise TrainingInterrupted(
+                f"stopped once {done[0]} was written{' and tracked by DVC' if dvc else ''}: it "
+                "is complete, nothing to run again"
+            ) from None
+        raise
     return table, written, md5

@@ -215,3 +215,37 @@ def test_pairs_mine_replaces_pairs_it_mined(tmp_path):
     P.write_pairs(table, tmp_path / "p.parquet")
     assert P.PROVENANCE_KEY in P._parquet_metadata(tmp_path / "p.parquet")
     P._check_out(tmp_path / "p.parquet")  # no error: a re-mine replaces its own table
+
+
+@pytest.mark.parametrize("when", ["during the write", "while sampling"])
+def test_a_ctrl_c_held_for_the_write_says_the_table_is_complete(tiny_cfg, tmp_path, monkeypatch,
+                                                                when):  # fmt: skip
+    """A Ctrl-C during the table's write (and its `dvc add`) waits for it, then stopped the
+    command saying "run the same command to start again", though the table was whole."""
+    import os
+    import signal
+
+    from dapo_core.errors import TrainingInterrupted
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job's is ignored
+    write = P.write_pairs
+
+    def interrupted_write(table, out):
+        os.kill(os.getpid(), signal.SIGINT)  # held: the write goes on
+        return write(table, out)
+
+    def interrupted_mining(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    mined = P.PairTable([{"prompt": "x", "chosen": "a", "rejected": "b"}], {})
+    monkeypatch.setattr(P, "mine", lambda *a, **k: mined)
+    if when == "during the write":
+        monkeypatch.setattr(P, "write_pairs", interrupted_write)
+        with pytest.raises(TrainingInterrupted, match="p.parquet was written: it is complete"):
+            P.mine_to_file(tiny_cfg, tmp_path / "p.parquet", prompts=4, dvc=False)
+        assert P.read_pairs(str(tmp_path / "p.parquet")).rows
+    else:
+        monkeypatch.setattr(P, "mine", interrupted_mining)
+        with pytest.raises(KeyboardInterrupt):
+            P.mine_to_file(tiny_cfg, tmp_path / "p.parquet", prompts=4, dvc=False)
+        assert not (tmp_path / "p.parquet").exists()

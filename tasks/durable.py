@@ -8,6 +8,7 @@ short by a kill or a full disk) does not spoil. Shared by checkpoints and run re
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -47,8 +48,9 @@ def _cannot_write_in(folder: Path) -> str | None:
         return f"{folder} is not writable"
     try:
         fd, probe = tempfile.mkstemp(prefix=".write-test.", dir=folder)
-    except OSError as e:
-        return f"{folder} is not writable ({e.strerror or e})"
+    except OSError as e:  # /proc answers "no such file" for any new name
+        why = "no files can be made in it" if e.errno == errno.ENOENT else (e.strerror or e)
+        return f"{folder} is not writable ({why})"
     os.close(fd)
     os.unlink(probe)
     return None

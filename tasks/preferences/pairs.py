@@ -198,6 +198,8 @@ def _defect(row: dict, held: set[str]) -> str | None:
 def _raw_rows(path: str) -> tuple[list, dict, int]:
     """(rows, provenance, unreadable lines) of a file, or of a hub dataset's train split."""
     p = Path(path)
+    if not path.strip():  # Path("") is the current folder
+        raise PipelineError("no pairs file named; give one (.parquet, .jsonl or .json)")
     if p.is_dir():
         raise PipelineError(f"{path} is a folder; give a pairs file (.parquet, .jsonl or .json)")
     if not p.exists():

@@ -249,3 +249,9 @@ def test_a_ctrl_c_held_for_the_write_says_the_table_is_complete(tiny_cfg, tmp_pa
         with pytest.raises(KeyboardInterrupt):
             P.mine_to_file(tiny_cfg, tmp_path / "p.parquet", prompts=4, dvc=False)
         assert not (tmp_path / "p.parquet").exists()
+
+
+def test_an_empty_pairs_name_is_said_so(tmp_path):
+    """`--pairs ""` was read as the current folder: "error:  is a folder"."""
+    with pytest.raises(PipelineError, match="^no pairs file named; give one"):
+        P.read_pairs("")

@@ -249,7 +249,7 @@ def stopped_message(
     if cancelled is not None:
         where += f"; {describe(cancelled)}"
     elif isinstance(cause, TrainingInterrupted):  # in process: the child says where it stopped
-        where += f"; {cause}"
+        where += f"; {str(cause).split('. Continue with:')[0]}"  # its advice is the sweep's, below
     return f"{where}; to resume, run the same command with --run-name {name}"
 
 

@@ -470,3 +470,20 @@ def test_a_refused_sweep_makes_no_prefect_home(tmp_path, args):
     )
     assert done.returncode == 2 and "error:" in done.stdout + done.stderr
     assert not home.exists()
+
+
+def test_a_stopped_sweep_gives_one_way_to_resume():
+    """In process, the child's own advice ("Continue with: dapo ablate with the same
+    --run-name") came before the sweep's, which says the same."""
+    from dapo_core.errors import TrainingInterrupted
+    from flows.ablate import stopped_message
+
+    child = TrainingInterrupted(
+        "stopped after step 3 of 8; last checkpoint: step 2 (x). Continue with: dapo ablate "
+        "with the same --run-name (finished variants are kept); steps after 2 are redone"
+    )
+    said = stopped_message("b1", 1, 2, None, child)
+    assert said == (
+        "sweep b1 stopped with 1 of 2 runs finished; stopped after step 3 of 8; last checkpoint: "
+        "step 2 (x); to resume, run the same command with --run-name b1"
+    )

@@ -14,6 +14,7 @@ from dapo_core.config import Config
 from dapo_core.errors import PipelineError, first_line
 from tasks.durable import replace_atomically, unwritable
 from tasks.models.loading import save_model_dir as save_hf_dir
+from tasks.orchestration import run_logger
 from tasks.preferences.pairs import PairTable, read_pairs
 
 
@@ -66,6 +67,8 @@ def read_split(
     s = splits(cfg)
     held_prompts = [p.prompt for p in s.val] + [p.prompt for p in s.read_test()]
     table = read_pairs(pairs_path, held_out=held_prompts)
+    if table.quarantined:  # a torn line, a pair with an empty side: said, not dropped unseen
+        run_logger().warning("pairs: %s: %s", pairs_path, table.summary())
     train, held = split_by_prompt(table.rows, heldout, seed)
     if not train or not held:
         raise PipelineError(

@@ -189,3 +189,20 @@ def test_a_diverged_training_stops_with_one_line_and_writes_no_model(cfg, pairs_
     with pytest.raises(PipelineError, match="training diverged at step .*Lower --lr"):
         RM.train_reward_model(cfg, pairs_file, tmp_path / "rm", track=False, lr=1e10)
     assert not (tmp_path / "rm" / "model.safetensors").exists()
+
+
+def test_pairs_set_aside_are_said_when_training_reads_them(tiny_cfg, tmp_path, caplog):
+    """A pairs JSONL with a torn line lost that line without a word (`dapo evaluate` reports
+    its own such rows)."""
+    import json
+    import logging
+
+    from tasks.preferences.common import read_split
+
+    path = tmp_path / "pairs.jsonl"
+    lines = [json.dumps(r) for r in _rows(40)] + ['{"prompt": "Compute 99 + 1.", "cho']
+    path.write_text("\n".join(lines) + "\n")
+    with caplog.at_level(logging.WARNING, logger="dapo"):
+        table, train, held = read_split(tiny_cfg, str(path), 0.25, seed=0)
+    assert len(train) + len(held) == 40
+    assert "40 pairs; 1 rows set aside (1 lines that are not JSON objects)" in caplog.text

@@ -241,14 +241,13 @@ def curated_dir(cfg: Config) -> Path:
     ``data.source`` wrote; else a one-line error saying to curate (training on the data of
     another source, or half of an interrupted curation, would go unnoticed)."""
     out_dir = repo_path(cfg.data.out_dir)
-    # a source that is not there is said first: curating it would fail the same way
-    resolve_source(cfg.data.source, "set data.source (-S data.source=...) to one that is")
     # `dapo curate` alone curates params.yaml's source: the one asked for takes the same options
     redo = (
         f"run `dapo curate` with the same -c and -S to curate {cfg.data.source} into {out_dir} "
         "(or `dvc repro`, for params.yaml's settings)"
     )
     if not (out_dir / TRAIN_FILE).exists():
+        _refuse_missing_source(cfg)
         raise FileNotFoundError(f"{out_dir / TRAIN_FILE} does not exist; {redo}")
     try:
         report = json.loads((out_dir / REPORT_FILE).read_text(encoding="utf-8"))
@@ -259,8 +258,15 @@ def curated_dir(cfg: Config) -> Path:
             f"{redo}"
         ) from None
     if (why := _other_source(made_from, cfg.data.source)) is not None:
+        _refuse_missing_source(cfg)
         raise PipelineError(f"{out_dir} was curated from {why}; {redo}")
     return out_dir
+
+
+def _refuse_missing_source(cfg: Config) -> None:
+    """Where the data must be curated again: a source that is not there is said first (the
+    curation would fail on it). Data curated from a source since removed is still read."""
+    resolve_source(cfg.data.source, "set data.source (-S data.source=...) to one that is")
 
 
 def _other_source(made_from: tuple[str, str, str | None], spec: str) -> str | None:

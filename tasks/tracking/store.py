@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_core.config import Config, ConfigError
-from dapo_core.errors import first_line
+from dapo_core.errors import PipelineError, first_line
 from tasks.params import REPO_ROOT
 
 KINDS = ("train", "evaluate", "pipeline", "ablate", "reward_model", "dpo", "compare")
@@ -341,3 +341,18 @@ def mlflow_env() -> dict[str, str]:
         "DO_NOT_TRACK": "true",
         "MLFLOW_DISABLE_TELEMETRY": "true",
     }
+
+
+def refuse_another_kind(client: Any, folder: Path, run_id: str, experiment: str) -> None:
+    """A folder whose MLflow run is in another experiment than ``experiment`` holds another
+    kind of run (a comparison's, a sweep's, a pipeline's): ``--run-name`` of one there logged
+    this run into that one and mixed their files. A PipelineError that says to pick another."""
+    try:
+        theirs = client.get_experiment(client.get_run(run_id).info.experiment_id).name
+    except Exception:  # noqa: BLE001 - gone, or unreachable: resuming it says so
+        return
+    if theirs != experiment:
+        raise PipelineError(
+            f"{folder} holds a run of MLflow experiment {theirs}, not {experiment}: pick another "
+            "--run-name (or --run-dir), or continue it with the command that began it"
+        )

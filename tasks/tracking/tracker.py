@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from dapo_core.config import Config
-from dapo_core.errors import PipelineError
 from tasks import lifetime
 from tasks.params import REPO_ROOT
 from tasks.rundir import RunDir
@@ -37,6 +36,7 @@ from tasks.tracking.store import (
     artifact_root,
     experiment_name,
     flatten_config,
+    refuse_another_kind,
     sqlite_path,
     tracking_uri,
 )
@@ -213,8 +213,8 @@ class Tracker(ArtifactLog):
         """The run recorded in ``run_dir`` (a retry or a continued training), else a new one
         that is then recorded there, so that every attempt of a task logs to the same run."""
         saved = run_dir.mlflow_run()
-        if saved and saved.get("tracking_uri") == self.uri:
-            self._refuse_another_kind(run_dir, saved["run_id"])
+        if saved and saved.get("tracking_uri") == self.uri:  # another kind's folder: refused
+            refuse_another_kind(self.client, run_dir.path, saved["run_id"], self.experiment)
         if saved and saved.get("tracking_uri") == self.uri and self.resume_run(saved["run_id"]):
             if tags:
                 self.set_tags(tags)
@@ -222,21 +222,6 @@ class Tracker(ArtifactLog):
         if self.start_run(run_name, tags, parent_run_id) is not None:
             run_dir.record_mlflow_run(self.run_id, self.uri)
         return self.run_id
-
-    def _refuse_another_kind(self, run_dir: RunDir, run_id: str) -> None:
-        """A folder whose MLflow run is in another experiment holds another kind of run (a
-        comparison's, a sweep's, a pipeline's): ``--run-name`` of one there logged this run into
-        that one and mixed their files. A PipelineError that says to pick another name."""
-        try:
-            theirs = self.client.get_experiment(self.client.get_run(run_id).info.experiment_id)
-        except Exception:  # noqa: BLE001 - gone, or unreachable: resume_run says so
-            return
-        if theirs.name != self.experiment:
-            raise PipelineError(
-                f"{run_dir.path} holds a run of MLflow experiment {theirs.name}, not "
-                f"{self.experiment}: pick another --run-name (or --run-dir), or continue it with "
-                "the command that began it"
-            )
 
     def end(self, status: str = "FINISHED") -> None:
         """Flush buffered metrics and set the run's final status (FINISHED, FAILED, KILLED)."""

@@ -227,7 +227,8 @@ def test_a_ctrl_c_held_for_the_write_says_the_table_is_complete(tiny_cfg, tmp_pa
 
     from dapo_core.errors import TrainingInterrupted
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job's is ignored
+    # Python's handler: a background job's is ignored (put back after, as the suite checks)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     write = P.write_pairs
 
     def interrupted_write(table, out):
@@ -239,16 +240,19 @@ def test_a_ctrl_c_held_for_the_write_says_the_table_is_complete(tiny_cfg, tmp_pa
 
     mined = P.PairTable([{"prompt": "x", "chosen": "a", "rejected": "b"}], {})
     monkeypatch.setattr(P, "mine", lambda *a, **k: mined)
-    if when == "during the write":
-        monkeypatch.setattr(P, "write_pairs", interrupted_write)
-        with pytest.raises(TrainingInterrupted, match="p.parquet was written: it is complete"):
-            P.mine_to_file(tiny_cfg, tmp_path / "p.parquet", prompts=4, dvc=False)
-        assert P.read_pairs(str(tmp_path / "p.parquet")).rows
-    else:
-        monkeypatch.setattr(P, "mine", interrupted_mining)
-        with pytest.raises(KeyboardInterrupt):
-            P.mine_to_file(tiny_cfg, tmp_path / "p.parquet", prompts=4, dvc=False)
-        assert not (tmp_path / "p.parquet").exists()
+    try:
+        if when == "during the write":
+            monkeypatch.setattr(P, "write_pairs", interrupted_write)
+            with pytest.raises(TrainingInterrupted, match="p.parquet was written: it is complete"):
+                P.mine_to_file(tiny_cfg, tmp_path / "p.parquet", prompts=4, dvc=False)
+            assert P.read_pairs(str(tmp_path / "p.parquet")).rows
+        else:
+            monkeypatch.setattr(P, "mine", interrupted_mining)
+            with pytest.raises(KeyboardInterrupt):
+                P.mine_to_file(tiny_cfg, tmp_path / "p.parquet", prompts=4, dvc=False)
+            assert not (tmp_path / "p.parquet").exists()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_an_empty_pairs_name_is_said_so(tmp_path):

@@ -208,9 +208,10 @@ def _refuse_other_settings(rd: RunDir, cfg: Config) -> None:
             "continued; start a new one under another name"
         ) from None
     now = flatten_config(cfg)
-    changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
+    # a setting this version added (or dropped) is no difference: runs resume across versions
+    changed = sorted(k for k in before.keys() & now.keys() if before[k] != now[k])
     if changed:
-        shown = ", ".join(f"{k} {before.get(k, '-')} -> {now.get(k, '-')}" for k in changed[:3])
+        shown = ", ".join(f"{k} {before[k]} -> {now[k]}" for k in changed[:3])
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
         raise PipelineError(
             f"{rd} began with other settings ({shown}{more}): continue it with the ones it "

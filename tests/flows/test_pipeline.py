@@ -262,6 +262,10 @@ def test_a_run_continues_only_with_the_settings_it_began_with(flow_cfg, tmp_path
             train_task(settings("train.steps=5", "train.lr=1e-4"), str(run), **kw)
         assert (run / "config.json").read_text() == began
         assert train_task(settings(), str(run), **kw).steps == 2  # the same: it continues
+        older = json.loads(began)
+        del older["train"]["lr"]  # a run of a version before this setting: it continues
+        (run / "config.json").write_text(json.dumps(older))
+        assert train_task(settings(), str(run), **kw).steps == 2
         (run / "config.json").write_text(began[:40])  # a write cut short
         with pytest.raises(PipelineError, match="config.json is not valid JSON"):
             train_task(settings(), str(run), **kw)

@@ -32,6 +32,7 @@ from flows.pipeline import train_flow
 from tasks.lifetime import alive, children, is_reaper
 from tasks.orchestration import RUNS_END_WITH
 from tasks.rundir import check_run_name
+from tasks.signals import replaced_handlers
 
 NIGHTLY_TRAIN_CRON = "0 2 * * *"  # 02:00 every day
 WEEKLY_ABLATE_CRON = "0 4 * * 0"  # 04:00 every Sunday
@@ -208,14 +209,14 @@ def serve_deployments(deployments: list[RunnerDeployment]) -> list[str]:
     runner = Runner(pause_on_shutdown=True)  # what prefect.serve() makes
     for deployment in deployments:
         runner.add_deployment(deployment)
-    # Runner.start() makes its handle_sigterm SIGTERM's handler; it stops the runner at once
-    runner.handle_sigterm = _runs_first(signal.getsignal(signal.SIGTERM), stopped)
     with (
         _environment(RUNS_END_WITH, str(os.getpid())),  # the runs end with this process
-        _handling(signal.SIGINT, _runs_first(signal.getsignal(signal.SIGINT), stopped)),
+        replaced_handlers(lambda previous: _runs_first(previous, stopped)),
         _cancelled_callbacks_quiet(),
         contextlib.suppress(KeyboardInterrupt),
     ):
+        # Runner.start() makes its handle_sigterm SIGTERM's handler (it stops the runner at once)
+        runner.handle_sigterm = signal.getsignal(signal.SIGTERM)
         asyncio.run(runner.start())
     return cut_off_runs([d.name for d in deployments], began, stopped[0] if stopped else None)
 
@@ -259,19 +260,6 @@ def _then_stop(runs: list[int], signum: int, stopped: list) -> None:
         time.sleep(0.2)
     if len(stopped) == 1:
         os.kill(os.getpid(), signum)
-
-
-@contextmanager
-def _handling(signum: int, handler: Any) -> Iterator[None]:
-    """``handler`` for ``signum`` during the block (main thread only), then the one before."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signum, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signum, previous)
 
 
 @contextmanager

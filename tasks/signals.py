@@ -106,7 +106,7 @@ def watched(handler: Any) -> Any:
 
 
 @contextmanager
-def _replaced_handlers(replace: Any) -> Iterator[dict[int, Any]]:
+def replaced_handlers(replace: Any) -> Iterator[dict[int, Any]]:
     """Ctrl-C's and SIGTERM's handlers replaced by ``replace(previous handler)`` for the body,
     then put back; yields the previous ones. Main thread only, where handlers run: elsewhere
     nothing changes and nothing is yielded."""
@@ -127,7 +127,7 @@ def _replaced_handlers(replace: Any) -> Iterator[dict[int, Any]]:
 def watched_signals() -> Iterator[None]:
     """Wrap the installed Ctrl-C and SIGTERM handlers (a flow run's are Prefect's, which raise
     TerminationSignal) with :func:`watched` for the body; main thread only."""
-    with _replaced_handlers(watched):
+    with replaced_handlers(watched):
         yield
 
 
@@ -136,7 +136,7 @@ def deferred_signals() -> Iterator[None]:
     """Ignore Ctrl-C and SIGTERM for the few seconds a stop takes to clean up (a sweep cancelling
     its runs, a run ending its MLflow run KILLED): cut short, it would leave them looking alive.
     A terminal sends Ctrl-C to every process of its group, and a scheduler may repeat SIGTERM."""
-    with _replaced_handlers(lambda _: signal.SIG_IGN):
+    with replaced_handlers(lambda _: signal.SIG_IGN):
         yield
 
 
@@ -159,7 +159,7 @@ def held_signals() -> Iterator[None]:
         return None
 
     try:
-        with _replaced_handlers(lambda _: hold) as replaced:
+        with replaced_handlers(lambda _: hold) as replaced:
             previous.update(replaced)
             yield
     finally:

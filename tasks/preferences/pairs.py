@@ -352,16 +352,16 @@ def mine_to_file(
     model_record = {"model": {"path": str(path), "digest": model_dir_digest(path)}}
     train = splits(cfg).train
     table = mine(cfg, generate, train, prompts, per_group, seed, model_record, on_batch)
-    done: list[Path] = []
+    whole = False
     try:
         with held_signals():  # the table and its DVC record change together: Ctrl-C waits
             written = write_pairs(table, out)
             md5 = dvc_add(written) if dvc else None
-            done.append(written)
+            whole = True
     except BaseException as e:
-        if done and isinstance(e, interrupts()):  # held until the write was over: it is whole
+        if whole and isinstance(e, interrupts()):  # held until the write was over
             raise TrainingInterrupted(
-                f"stopped once {done[0]} was written{' and tracked by DVC' if dvc else ''}: it "
+                f"stopped once {written} was written{' and tracked by DVC' if dvc else ''}: it "
                 "is complete, nothing to run again"
             ) from None
         raise

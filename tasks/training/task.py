@@ -194,14 +194,12 @@ def _refuse_other_settings(rd: RunDir, cfg: Config) -> None:
     --run-name NAME`` without the first command's -S went on under params.yaml's and rewrote
     the run's config.json; a torn config.json was rewritten too. A PipelineError naming what
     differs, before anything is written."""
-    import json
-
     from tasks.tracking.store import flatten_config
 
     if not rd.config_file.exists():
         return
     try:
-        before = flatten_config(json.loads(rd.config_file.read_text()))
+        before = flatten_config(rd.read_config())
     except (OSError, ValueError):
         raise PipelineError(
             f"{rd.config_file} is not valid JSON (a write cut short): the run cannot be "

@@ -154,7 +154,8 @@ def terminate(*_):  # the command's SIGTERM handler (flows.commands.base._termin
     raise KeyboardInterrupt
 signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job's is ignored
 signal.signal(signal.SIGTERM, terminate)
-from flows.schedule import _handling, _runs_first
+from flows.schedule import _runs_first
+from tasks.signals import replaced_handlers
 # a scheduled flow run: it takes a while to stop cleanly
 run = subprocess.Popen([sys.executable, "-c", '''
 import signal, sys, time
@@ -169,9 +170,7 @@ time.sleep(60)
 run.stdout.readline()
 stopped = []
 try:
-    with _handling(signal.SIGINT, _runs_first(signal.getsignal(signal.SIGINT), stopped)):
-        # what serve_deployments does for SIGTERM, through the runner's handle_sigterm
-        signal.signal(signal.SIGTERM, _runs_first(signal.getsignal(signal.SIGTERM), stopped))
+    with replaced_handlers(lambda previous: _runs_first(previous, stopped)):
         print("serving", flush=True)
         time.sleep(60)
 except KeyboardInterrupt:

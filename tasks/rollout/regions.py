@@ -43,14 +43,28 @@ COMPILE_BACKEND = "inductor"  # torch.compile's; the CPU tests trace with a chea
 STATIC_RECOMPILES = 64  # compilations torch may make of one function compiled with fixed sizes
 
 
+# Inductor's own defaults print every product's table of timed candidates and a JSON line of
+# stats to stderr, and log an error for each candidate needing more shared memory than a block
+# may have (skipped anyway): hundreds of lines in a run's output. Settings a torch version
+# lacks are left out (torch.compile refuses unknown ones).
+QUIET_AUTOTUNE = {
+    "autotune_num_choices_displayed": 0,
+    "max_autotune_report_choices_stats": False,
+    "max_autotune_prune_choices_based_on_shared_mem": True,
+}
+
+
 def autotune_options() -> dict:
     """Inductor's settings for ``autotune``: its max-autotune mode without its own CUDA graphs
     (the decoder records its own), choosing by timing even where every ``dapo`` command asks
     Inductor to choose by rule (``TORCHINDUCTOR_DETERMINISTIC``, docs/determinism.md), under
-    which max-autotune keeps cuBLAS for every product."""
-    return torch._inductor.list_mode_options("max-autotune-no-cudagraphs") | {
-        "deterministic": False
-    }
+    which max-autotune keeps cuBLAS for every product; and quietly (``QUIET_AUTOTUNE``)."""
+    quiet = {k: v for k, v in QUIET_AUTOTUNE.items() if hasattr(torch._inductor.config, k)}
+    return (
+        torch._inductor.list_mode_options("max-autotune-no-cudagraphs")
+        | quiet
+        | {"deterministic": False}
+    )
 
 
 @functools.cache

@@ -640,6 +640,10 @@ def test_autotune_asks_inductor_alone_for_max_autotune_by_timing(monkeypatch):
     options = regions.autotune_options()
     assert options["max_autotune"] and options["deterministic"] is False
     assert not options.get("triton.cudagraphs")
+    # quietly: no tables of candidates, no stats lines, no errors for oversized candidates
+    assert options["autotune_num_choices_displayed"] == 0
+    assert options["max_autotune_report_choices_stats"] is False
+    assert options["max_autotune_prune_choices_based_on_shared_mem"] is True
     with torch._inductor.config.patch(options):  # raises on a setting Inductor does not have
         assert torch._inductor.config.max_autotune and not torch._inductor.config.deterministic
     asked = []
@@ -657,6 +661,17 @@ def test_autotune_asks_inductor_alone_for_max_autotune_by_timing(monkeypatch):
         ("inductor", None),
         ("aot_eager", None),
     ]
+
+
+def test_autotune_leaves_out_quieting_settings_this_torch_lacks(monkeypatch):
+    """A torch version without one of the quieting settings still compiles: torch.compile
+    refuses an option Inductor does not have, so that one is left out."""
+    from tasks.rollout import regions
+
+    monkeypatch.setitem(regions.QUIET_AUTOTUNE, "a_setting_no_torch_has", 1)
+    options = regions.autotune_options()
+    assert "a_setting_no_torch_has" not in options
+    assert options["autotune_num_choices_displayed"] == 0
 
 
 def test_the_autotuned_step_compiles_regions_and_attention_with_fixed_sizes_and_autotune(

@@ -12,6 +12,8 @@ Building a validated ``Config`` from nested mappings (merging presets, applying 
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -400,3 +402,21 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def flat_settings(cfg: Config | Mapping[str, Any]) -> dict[str, str]:
+    """``{"algo.loss.eps_high": "0.28", ...}``: every setting by its dotted name, its value as
+    JSON (a string as it is): how MLflow records a run's params, and how a continued run's
+    settings are compared with those it began with."""
+    raw = cfg.to_dict() if isinstance(cfg, Config) else cfg
+    out: dict[str, str] = {}
+
+    def walk(node: Mapping[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, Mapping) and value:
+                walk(value, f"{prefix}{key}.")
+            else:
+                out[f"{prefix}{key}"] = value if isinstance(value, str) else json.dumps(value)
+
+    walk(raw, "")
+    return out

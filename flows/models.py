@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_core import metric_names as metric
-from dapo_core.config import Config
+from dapo_core.config import Config, flat_settings
 from dapo_core.errors import PipelineError, TrainingInterrupted
 from tasks.models import shipped
 from tasks.models.build import library_versions, read_record
@@ -114,9 +114,7 @@ def reference_run(cfg: Config, scratch: Path) -> str:
 
 
 def _same_run(cfg: Config, preset: Config) -> None:
-    from tasks.tracking.store import flatten_config
-
-    now, then = flatten_config(cfg), flatten_config(preset)
+    now, then = flat_settings(cfg), flat_settings(preset)
     changed = sorted(
         k
         for k in now.keys() | then.keys()

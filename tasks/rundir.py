@@ -19,27 +19,23 @@ records them again; exact resume makes the redone steps' values the same anyway.
 whose files no longer match its record (truncated, corrupt) is passed over, with a warning, for
 the one before it.
 
-One writer per directory: :meth:`RunDir.writer` holds an advisory lock (``flock``) on ``.lock``
-for as long as a process writes here, and refuses a second one. The kernel drops the lock when its
-holder dies, however it dies, so a killed run never blocks its own resume.
+One writer per directory: :meth:`RunDir.writer` holds an advisory lock on ``.lock`` for as long
+as a process writes here, and refuses a second one (``tasks/run_lock.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
 import shutil
-import socket
-import sys
-import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dapo_core.config import Config, flat_settings
 from dapo_core.errors import PipelineError
 from tasks.durable import (
     append_row,
@@ -53,13 +49,13 @@ from tasks.durable import (
     seal_files,
     write_synced,
 )
+from tasks.run_lock import LOCK_FILE, acquire, release
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_PREFIX = "step_"
 COMPLETE = "COMPLETE"  # written last into a checkpoint: a directory without it is half-written
 DAMAGED_PREFIX = ".damaged-"  # a checkpoint set aside: never resumed from, never pruned
-LOCK_FILE = ".lock"
 REPRODUCED_CONFIG = "logged_config.json"  # what `dapo reproduce` puts in a run's folder first
 # What a folder may hold before its run writes config.json (a first attempt's early files).
 _BEFORE_CONFIG = {LOCK_FILE, ".write-test", REPRODUCED_CONFIG, "untracked", "mlflow_run.json"}
@@ -72,17 +68,6 @@ def check_run_name(name: str | None) -> None:
             f"--run-name {name!r}: a run name is one folder under train.out_dir, without '/' "
             "and not starting with '.' (elsewhere: dapo train --run-dir DIR, -S train.out_dir=DIR)"
         )
-
-
-class RunDirBusy(PipelineError):
-    """Another live process writes this run directory."""
-
-
-# The run directories this process holds: {real path: [lock fd, depth, the folders the first
-# acquire made, RunDir.written() then (None: the lock was there)]}. The flow, the task and
-# run_training each take the lock, only the outermost opening it (a flock is per open file).
-_held: dict[str, list[Any]] = {}
-_held_guard = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -125,12 +110,16 @@ class RunDir:
     @contextlib.contextmanager
     def writer(self) -> Iterator[None]:
         """Hold this directory as its one writer until the block ends; a directory that another
-        live process holds is refused (:class:`RunDirBusy`). Re-entrant within a process."""
-        key = self._acquire()
+        live process holds is refused (``tasks.run_lock.RunDirBusy``). Re-entrant within a process."""
+        self.refuse_model_dir()
+        try:
+            key = acquire(self)
+        except OSError as e:
+            raise self._unwritable(e) from None
         try:
             yield
         finally:
-            _release(key)
+            release(key)
 
     def refuse_model_dir(self) -> None:
         """A model directory (weights at its top, where no run writes them) is no run's: a
@@ -140,48 +129,6 @@ class RunDir:
                 f"{self.path} is a model directory, not a run directory: pick another "
                 f"--run-dir (to train from this model: -S model.name_or_path={self.path})"
             )
-
-    def _acquire(self) -> str:
-        self.refuse_model_dir()
-        try:
-            made = [p for p in (self.path, *self.path.parents) if not p.exists()]
-            self.path.mkdir(parents=True, exist_ok=True)
-            key = os.path.realpath(self.path)
-            with _held_guard:
-                if key in _held:
-                    _held[key][1] += 1
-                    return key
-                before = None if self.lock_file.exists() else self.written()
-                _held[key] = [self._lock(), 1, made, before]
-            return key
-        except OSError as e:
-            raise self._unwritable(e) from None
-
-    def _lock(self) -> int:
-        """A file descriptor holding the flock, with this process named in the file."""
-        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by exec
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            os.close(fd)
-            raise RunDirBusy(self._busy(holder)) from None
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "command": _command()}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(me).encode(), 0)
-        return fd
-
-    def _busy(self, holder: dict[str, Any]) -> str:
-        pid = holder.get("pid", "unknown")
-        where = (
-            "" if holder.get("host") in (None, socket.gethostname()) else f" on {holder['host']}"
-        )
-        what = f": {holder['command']}" if holder.get("command") else ""
-        return (
-            f"{self.path} is being written by another process (pid {pid}{where}{what}); wait "
-            f"for it to finish, or stop it (kill {pid}) and continue the run with "
-            f"`dapo train --resume {self.path}`; a new run needs another --run-dir"
-        )
 
     def _unwritable(self, e: OSError) -> PipelineError:
         return PipelineError(
@@ -237,6 +184,31 @@ class RunDir:
             raise FileExistsError(
                 f"{self.path} holds files not a run's ({', '.join(foreign[:3])}): pick another "
                 "--run-dir (a new or empty folder)"
+            )
+
+    def refuse_other_settings(self, config: Config) -> None:
+        """A run continues with the settings it began with (exact resume): ``dapo pipeline
+        --run-name NAME`` without the first command's -S went on under params.yaml's and
+        rewrote the run's config.json; a torn config.json was rewritten too. A PipelineError
+        naming what differs, before anything is written."""
+        if not self.config_file.exists():
+            return
+        try:
+            before = flat_settings(self.read_config())
+        except (OSError, ValueError):
+            raise PipelineError(
+                f"{self.config_file} is not valid JSON (a write cut short): the run cannot be "
+                "continued; start a new one under another name"
+            ) from None
+        now = flat_settings(config)
+        # a setting this version added (or dropped) is no difference: runs resume across versions
+        changed = sorted(k for k in before.keys() & now.keys() if before[k] != now[k])
+        if changed:
+            shown = ", ".join(f"{k} {before[k]} -> {now[k]}" for k in changed[:3])
+            more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+            raise PipelineError(
+                f"{self.path} began with other settings ({shown}{more}): continue it with the "
+                "ones it began with (the same -c and -S), or start a new run under another name"
             )
 
     def check_writable(self) -> None:
@@ -398,52 +370,5 @@ def _publish(staged: Path, final: Path) -> None:
     fsync_dir(final.parent.parent)  # the run directory, when checkpoints/ is new
 
 
-# -- the lock ----------------------------------------------------------------------------------
-
-
-def _release(key: str) -> None:
-    with _held_guard:
-        held = _held[key]
-        held[1] -= 1
-        if held[1] == 0:
-            del _held[key]
-            if not _remove_if_unused(Path(key), held[2], held[3]):
-                os.ftruncate(held[0], 0)  # nobody holds it now; the kernel drops the flock on close
-            os.close(held[0])
-
-
-def _remove_if_unused(path: Path, made: list[Path], before: list[int] | None) -> bool:
-    """Remove the lock of a directory no run wrote to (its files as ``before`` the lock was made:
-    failed, stopped or refused first), and the directory if then empty, with the empty parents
-    ``made`` for it (``runs/``): no lock in a folder of someone else's. The lock goes while
-    still held, so no other process takes it meanwhile."""
-    try:
-        if (written := RunDir(path).written()) and written != before:
-            return False
-        (path / LOCK_FILE).unlink()
-        if not any(path.iterdir()):
-            path.rmdir()
-            with contextlib.suppress(OSError):  # deepest first; one not empty stops it
-                for parent in made[1:]:
-                    parent.rmdir()
-    except OSError:  # gone, or written to meanwhile: leave what is there
-        return False
-    return True
-
-
 def _entries(path: Path) -> list[str]:
     return [p.name for p in path.iterdir()] if path.is_dir() else []
-
-
-def _read_holder(fd: int) -> dict[str, Any]:
-    """Who holds the lock, as its holder wrote it (empty while it has not written yet)."""
-    try:
-        return json.loads(os.pread(fd, 4096, 0) or b"{}")
-    except ValueError:
-        return {}
-
-
-def _command() -> str:
-    """This process's command line, short enough for a one-line message."""
-    text = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv else ""
-    return text if len(text) <= 200 else text[:197] + "..."

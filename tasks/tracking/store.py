@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dapo_core.config import Config, ConfigError
+from dapo_core.config import Config, ConfigError, flat_settings
 from dapo_core.errors import PipelineError, first_line
 from tasks.params import REPO_ROOT
 
@@ -126,22 +126,9 @@ def experiment_name(cfg: Config, kind: str) -> str:
 
 
 def flatten_config(cfg: Config | Mapping[str, Any]) -> dict[str, str]:
-    """``{"algo.loss.eps_high": "0.28", ...}``: the resolved config as MLflow params (lists as
-    JSON)."""
-    raw = cfg.to_dict() if isinstance(cfg, Config) else cfg
-    out: dict[str, str] = {}
-
-    def walk(node: Mapping[str, Any], prefix: str) -> None:
-        for key, value in node.items():
-            name = f"{prefix}{key}"
-            if isinstance(value, Mapping) and value:
-                walk(value, name + ".")
-            else:
-                text = value if isinstance(value, str) else json.dumps(value)
-                out[name] = text[:MAX_PARAM_LEN]
-
-    walk(raw, "")
-    return out
+    """The resolved config as MLflow params (``flat_settings``, each value cut to MLflow's
+    longest)."""
+    return {k: v[:MAX_PARAM_LEN] for k, v in flat_settings(cfg).items()}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 
 from dapo_core import metric_names as metric
 from dapo_core.config import Config
-from dapo_core.errors import PipelineError, TrainingInterrupted
+from dapo_core.errors import TrainingInterrupted
 from tasks.data.splits import Splits, splits
 from tasks.data.version import problems_digest
 from tasks.evaluation.evaluate import evaluate_policy
@@ -158,7 +158,7 @@ def _train(
     preflight: PreflightResult | None,
 ) -> TrainSummary:
     rd.refuse_unless(resume)  # before an MLflow run is opened
-    _refuse_other_settings(rd, cfg)
+    rd.refuse_other_settings(cfg)
     rd.check_writable()
     rd.record_tracking(track)
     start = rd.resume_point()
@@ -187,34 +187,6 @@ def _train(
         raise
     tracker.end("FINISHED")
     return _summary(cfg, rd, tracker, result, complete, start.step)
-
-
-def _refuse_other_settings(rd: RunDir, cfg: Config) -> None:
-    """A run continues with the settings it began with (exact resume). ``dapo pipeline
-    --run-name NAME`` without the first command's -S went on under params.yaml's and rewrote
-    the run's config.json; a torn config.json was rewritten too. A PipelineError naming what
-    differs, before anything is written."""
-    from tasks.tracking.store import flatten_config
-
-    if not rd.config_file.exists():
-        return
-    try:
-        before = flatten_config(rd.read_config())
-    except (OSError, ValueError):
-        raise PipelineError(
-            f"{rd.config_file} is not valid JSON (a write cut short): the run cannot be "
-            "continued; start a new one under another name"
-        ) from None
-    now = flatten_config(cfg)
-    # a setting this version added (or dropped) is no difference: runs resume across versions
-    changed = sorted(k for k in before.keys() & now.keys() if before[k] != now[k])
-    if changed:
-        shown = ", ".join(f"{k} {before[k]} -> {now[k]}" for k in changed[:3])
-        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-        raise PipelineError(
-            f"{rd} began with other settings ({shown}{more}): continue it with the ones it "
-            "began with (the same -c and -S), or start a new run under another name"
-        )
 
 
 def _say_where_it_continues(rd: RunDir, start: ResumePoint) -> None:

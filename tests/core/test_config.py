@@ -4,7 +4,7 @@ import pytest
 
 from dapo_core.ablation import ABLATION_LADDER, ABLATION_SWITCHES, apply_variant
 from dapo_core.algorithm import algorithm
-from dapo_core.config import ConfigError
+from dapo_core.config import ConfigError, flat_settings
 from dapo_core.config_loader import from_dict, parse_override, resolve
 from tasks.params import DEFAULT_PARAMS, REPO_ROOT, load_params, read_yaml
 
@@ -382,3 +382,15 @@ def test_a_float_that_is_not_finite_is_refused(base, value):
     """1e400 reads as infinity and would train with an infinite learning rate."""
     with pytest.raises(ConfigError, match=r"'train\.lr' must be float, got"):
         resolve(base, overrides=[f"train.lr={value}"])
+
+
+def test_flat_settings_names_each_leaf_by_its_dotted_path_and_keeps_long_values_whole():
+    raw = {"a": {"b": 1, "c": "x", "d": {}}, "e": [1, 2], "f": None, "g": "y" * 600}
+    assert flat_settings(raw) == {
+        "a.b": "1",
+        "a.c": "x",
+        "a.d": "{}",  # an empty section is a value, not nothing
+        "e": "[1, 2]",
+        "f": "null",
+        "g": "y" * 600,  # compared whole: MLflow's cut is tracking's
+    }

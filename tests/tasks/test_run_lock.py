@@ -21,7 +21,8 @@ from dapo_core.config_loader import resolve
 from dapo_core.errors import PipelineError
 from flows.cli import app
 from tasks.durable import seal_files
-from tasks.rundir import COMPLETE, RunDir, RunDirBusy
+from tasks.run_lock import RunDirBusy
+from tasks.rundir import COMPLETE, RunDir
 from tasks.training import checkpoint
 from tasks.training.batches import Group
 from tasks.training.run import run_training

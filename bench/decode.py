@@ -147,6 +147,8 @@ SAMPLER_TIMINGS = (
     "flat",
     "blocked eager",
     "blocked parts",
+    "blocked parts x4",
+    "blocked parts x16",
     "blocked whole",
 )
 """The samplers ``sampling_ms`` can time: the three of ``tasks.rollout.sampling``, eager and as
@@ -170,15 +172,16 @@ def sampling_ms(
         "flat eager": lambda: functools.partial(sample_flat, probs_fn=tempered_probs),
         "flat": lambda: sampler_for("flat", device),
         "blocked eager": lambda: sample_blocked,
-        # the two ways CUDA compiles it (sample_blocked_cuda: whole at top-p 1, parts below)
-        "blocked parts": lambda: functools.partial(
-            sample_blocked,
-            masses_fn=sampling._compiled(block_log_masses),
-            floor_fn=sampling._compiled(nucleus_floor),
-        ),
+        # the two ways CUDA compiles it (sample_blocked_cuda: whole at top-p 1, parts below);
+        # below top-p 1 also with the nucleus floor's search narrowed 4x or 16x a pass, not 2x
+        "blocked parts": lambda: blocked_parts(sampling.NUCLEUS_BITS_PER_PASS),
+        "blocked parts x4": lambda: blocked_parts(2),
+        "blocked parts x16": lambda: blocked_parts(4),
         "blocked whole": lambda: sampling._compiled(sampling.sample_blocked_whole),
     }
-    fns = {k: makers[k]() for k in names if top_p >= 1.0 or not k.startswith("flat")}
+    # below top-p 1 flat is exact; at top-p 1 there is no floor to search for
+    skip = {"flat eager", "flat"} if top_p < 1.0 else {"blocked parts x4", "blocked parts x16"}
+    fns = {k: makers[k]() for k in names if k not in skip}
     out = {}
     for name, fn in fns.items():
         call = functools.partial(fn, logits, 1.0, top_p, u)
@@ -191,6 +194,17 @@ def sampling_ms(
             print(f"  sampling {name} at B={rows}: failed: {type(e).__name__}: {e}")
             out[name] = float("nan")
     return out
+
+
+def blocked_parts(bits_per_pass: int):
+    """The blocked sampler as CUDA runs it below top-p 1 (block masses and nucleus floor compiled
+    apart), the floor's search settling ``bits_per_pass`` key bits a pass."""
+    floor = functools.partial(nucleus_floor, bits_per_pass=bits_per_pass)
+    return functools.partial(
+        sample_blocked,
+        masses_fn=sampling._compiled(block_log_masses),
+        floor_fn=sampling._compiled(floor),
+    )
 
 
 def replayable(fn, device):

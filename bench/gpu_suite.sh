@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU figure in BENCHMARKS.md ("GPU" section) and the CUDA tests, in one lease: each part's
 # timeouts add up to under 10 minutes, one device command each.
-#   bash bench/gpu_suite.sh [tests|sampling|update|decode|draw|step|nucleus|flex|rollouts|rl_split2k|
-#                            rl_flex|first_calls|autotune|rl_split|rl_step]...
+#   bash bench/gpu_suite.sh [tests|sampling|update|decode|draw|step|nucleus|nucleus_search|flex|
+#                            rollouts|rl_split2k|rl_flex|first_calls|autotune|rl_split|rl_step]...
 # (no argument: the first three)
 # Outputs go to $OUT (or ./gpu-out) as well.
 #
@@ -88,6 +88,12 @@ for part in $parts; do
         run nucleus64 90 $gen --model qwen2.5-0.5b --shapes 8x8x512 --repeats 3
         run nucleus512 90 $gen --model qwen2.5-0.5b --shapes 64x8x512 --repeats 2
         ;;
+    nucleus_search)  # the nucleus floor's search, 2x (bisection, now), 4x or 16x narrower a
+        # pass (nucleus_floor's bits_per_pass: 16, 8 or 4 passes over bf16 logits); the fastest
+        # becomes sampling.NUCLEUS_BITS_PER_PASS
+        run nucleus_search 150 python3 -m bench.decode --variants default --batches 64 200 512 \
+            --top-p 0.7 --samplers exact blocked-parts blocked-parts-x4 blocked-parts-x16
+        ;;
     flex)  # FlexAttention's decoding kernel (one window, unwritten blocks skipped) against SDPA's
         run flex_step 240 python3 -m bench.decode --variants default static-shapes flex flex-static \
             --profile flex
@@ -143,7 +149,8 @@ for part in $parts; do
         run rl_step 170 python3 -m bench.rl_step --model qwen2.5-0.5b --shapes 8x8x512 --rounds 1 \
             --steps 3
         ;;
-    *) echo "unknown part $part: tests, sampling, update, decode, draw, step, nucleus, flex, rollouts," \
+    *) echo "unknown part $part: tests, sampling, update, decode, draw, step, nucleus, nucleus_search," \
+            "flex, rollouts," \
             "rl_split2k, rl_flex, first_calls, autotune, rl_split or rl_step" >&2
        exit 2 ;;
     esac

@@ -17,9 +17,10 @@ Three ways to compute it (``SAMPLERS``), the same distribution:
   sampling is bandwidth-bound at large batches (a (512, 151936) float32 array is 311 MB): ``exact``
   reads and writes such arrays about eight times, ``flat`` three, ``blocked`` reads the bf16
   logits once and writes nothing of that size. Below top-p 1 it takes no sort either: the nucleus
-  is every token whose logit reaches a floor (``nucleus_floor``, a bisection over the logits'
-  bit patterns, one reduction per bit), and the block masses count those tokens only: 18 reads
-  of the bf16 logits (a sort reads and writes its float32 keys and their indices several times).
+  is every token whose logit reaches a floor (``nucleus_floor``, a search over the logits' bit
+  patterns: by bisection, one reduction per bit), and the block masses count those tokens only:
+  18 reads of the bf16 logits (a sort reads and writes its float32 keys and their indices
+  several times).
 At top-p 1, ``flat`` and ``blocked`` locate the same uniform in the same vocabulary-order CDF as
 ``exact``, so they agree on the token but for rounding ties. Below it ``blocked`` keeps the same
 nucleus (and every token tied with its least likely one, where the sort keeps an arbitrary few of
@@ -142,34 +143,50 @@ _POS_INF_KEY = {
 }
 
 
+NUCLEUS_BITS_PER_PASS = 1  # key bits nucleus_floor settles per pass over the logits
+
+
 def nucleus_floor(
-    logits: torch.Tensor, temperature: float, top_p: float, lse: torch.Tensor
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    lse: torch.Tensor,
+    bits_per_pass: int = NUCLEUS_BITS_PER_PASS,
 ) -> torch.Tensor:
     """(B, V) logits, (B, 1) log-normaliser of softmax(logits / T) -> (B, 1) the least logit of
     the top-p nucleus: the highest floor whose tokens (logit >= floor) hold at least ``top_p`` of
     the probability. The sort's nucleus is those tokens, ties at the floor aside.
 
-    A bisection over the keys that order the logits' floats (``_key_of_float``), from -inf's to
-    past +inf's: one masked sum over the vocabulary per bit, the same count whatever the logits,
-    so a CUDA graph can record it. The floor found is one of the row's logits (the mass above a
-    floor only changes at one), or -inf where rounding leaves the whole row's mass under top-p
-    (every token kept, as the sort would)."""
+    A search over the keys that order the logits' floats (``_key_of_float``), from -inf's to
+    past +inf's. Each pass over the vocabulary sums the mass above 2 ** ``bits_per_pass`` - 1
+    evenly spaced floors at once (compiled: one kernel with that many sums) and keeps the stretch
+    of keys where the mass falls below top-p, so the span shrinks that many times a pass: a
+    bisection at 1, four passes instead of sixteen for bf16 at 4. The same count whatever the
+    logits, so a CUDA graph can record it; the floor found is the same at every
+    ``bits_per_pass`` (the mass above a floor only falls as the floor rises). It is one of the
+    row's logits (the mass above a floor only changes at one), or -inf where rounding leaves the
+    whole row's mass under top-p (every token kept, as the sort would)."""
     if logits.dtype not in _POS_INF_KEY:
         raise TypeError(f"nucleus_floor takes bf16, fp16 or fp32 logits, not {logits.dtype}")
     top_p = max(top_p, torch.finfo(torch.float32).tiny)  # top-p 0 keeps the likeliest, as a sort
     bits, pos_inf = torch.finfo(logits.dtype).bits, _POS_INF_KEY[logits.dtype]
-    neg_inf = -pos_inf - 1
-    lo = torch.full_like(lse, neg_inf, dtype=torch.long)  # every token reaches it: mass 1
-    hi = torch.full_like(lo, pos_inf + 1)  # none does: mass 0
-    for _ in range(bits):  # the span halves each time: it is under 2 ** bits keys
-        mid = (lo + hi) // 2
-        floor = _float_of_key(mid, logits.dtype)
+    parts = 1 << bits_per_pass
+    lo = torch.full_like(lse, -pos_inf - 1, dtype=torch.long)  # -inf: every token, mass 1
+    hi = torch.full_like(lo, pos_inf + 1)  # past +inf: no token, mass 0
+    for _ in range(-(-bits // bits_per_pass)):  # the span, under 2 ** bits keys, shrinks by parts
+        span = hi - lo
         # The tempered probabilities recomputed in each pass: compiled, each pass reads the
         # logits once and writes nothing of their size.
         probs = (logits.float() / temperature - lse).exp()
-        mass = torch.where(logits >= floor, probs, 0.0).sum(dim=-1, keepdim=True)
-        holds = mass >= top_p
-        lo, hi = torch.where(holds, mid, lo), torch.where(holds, hi, mid)
+        next_lo, next_hi = lo, hi
+        for j in range(1, parts):  # rising floors, falling masses
+            mid = lo + span * j // parts
+            floor = _float_of_key(mid, logits.dtype)
+            mass = torch.where(logits >= floor, probs, 0.0).sum(dim=-1, keepdim=True)
+            holds = mass >= top_p
+            next_lo = torch.where(holds, mid, next_lo)
+            next_hi = torch.minimum(next_hi, torch.where(holds, hi, mid))
+        lo, hi = next_lo, next_hi
     return _float_of_key(lo, logits.dtype)
 
 

@@ -1,3 +1,4 @@
+import functools
 import logging
 
 import pytest
@@ -124,6 +125,25 @@ def test_nucleus_floor_at_the_edges():
     assert nucleus_floor(logits, 1.0, 1.0 - 1e-9, low).isneginf().all()
     with pytest.raises(TypeError, match="bf16, fp16 or fp32"):
         nucleus_floor(logits.double(), 1.0, 0.7, lse.double())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_nucleus_floor_is_the_same_whatever_the_bits_per_pass(dtype):
+    """Settling several key bits a pass finds the bisection's floor exactly: on random rows
+    (peaked, flat, partly masked, tied), at the edges (top-p 0, a mass that rounds under top-p)
+    and at every pass width, including ones that do not divide the key's bits."""
+    g = torch.Generator().manual_seed(2)
+    scale = torch.tensor([0.3, 1.0, 4.0]).repeat_interleave(20)[:, None]
+    logits = (torch.randn(60, 500, generator=g) * scale).to(dtype)
+    logits[::7, :50] = float("-inf")
+    logits[1::7, :] = logits[1::7, :1]  # a row of one value: every token tied
+    for top_p, temperature, shift in ((0.0, 1.0, 0), (0.7, 0.6, 0), (0.95, 1.3, 0), (1.0, 1, 1e-6)):
+        lse = torch.logsumexp(logits.float() / temperature, dim=-1, keepdim=True) + shift
+        bisection = nucleus_floor(logits, temperature, top_p, lse, bits_per_pass=1)
+        for bits in (2, 3, 4, 5):
+            found = nucleus_floor(logits, temperature, top_p, lse, bits_per_pass=bits)
+            assert torch.equal(found, bisection), (top_p, bits)
+    assert bisection.isneginf().all()  # the last case: every row's mass rounds under top-p
 
 
 def _sorted_nucleus(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
@@ -274,7 +294,13 @@ def test_the_cuda_samplers_functions_compile_once_over_every_batch_size(top_p):
     from dapo_core.compiled_rows import compile_over_rows
 
     g = torch.Generator().manual_seed(0)
-    functions = (sampling.sample_blocked_whole, sampling.nucleus_floor, sampling.block_log_masses)
+    wide_floor = functools.partial(sampling.nucleus_floor, bits_per_pass=4)
+    functions = (
+        sampling.sample_blocked_whole,
+        sampling.nucleus_floor,
+        wide_floor,
+        sampling.block_log_masses,
+    )
     for fn in functions:
         torch._dynamo.reset()
         counter = CompileCounter()
@@ -283,10 +309,10 @@ def test_the_cuda_samplers_functions_compile_once_over_every_batch_size(top_p):
             logits = (torch.randn(rows, 3001, generator=g) * 3).to(torch.bfloat16)
             if fn is sampling.sample_blocked_whole:
                 args = (logits, 0.8, top_p, torch.rand(rows, 1, generator=g))
-            elif fn is sampling.nucleus_floor:
+            elif fn in (sampling.nucleus_floor, wide_floor):
                 args = (logits, 0.8, top_p, torch.zeros(rows, 1))
             else:
                 args = (logits, 0.8, 1024, torch.zeros(rows, 1, dtype=logits.dtype))
             for got, want in zip(compiled(*args), fn(*args), strict=True):
                 assert torch.equal(got, want)
-        assert counter.frame_count == 1, fn.__name__
+        assert counter.frame_count == 1, fn

@@ -110,7 +110,8 @@ class RunDir:
     @contextlib.contextmanager
     def writer(self) -> Iterator[None]:
         """Hold this directory as its one writer until the block ends; a directory that another
-        live process holds is refused (``tasks.run_lock.RunDirBusy``). Re-entrant within a process."""
+        live process holds is refused (``tasks.run_lock.RunDirBusy``). Re-entrant within a
+        process."""
         self.refuse_model_dir()
         try:
             key = acquire(self)
@@ -229,10 +230,11 @@ class RunDir:
         done = max((row["step"] for row in self.read_metrics()), default=0)
         saved = f"step {checkpoint_step(ckpt)} ({ckpt})" if ckpt else "none yet"
         redo = f"; steps after {checkpoint_step(ckpt) if ckpt else 0} are redone" if done else ""
-        return (
-            f"stopped after step {done} of {steps}; last checkpoint: {saved}. "
-            f"Continue with: {resume_hint}{redo}"
-        )
+        where = f"step {done} of {steps}"
+        if done >= steps and not self.final.exists():  # stopped while saving its final model
+            where = f"its last step ({done} of {steps}), before its final model was saved"
+        saved = f"last checkpoint: {saved}"
+        return f"stopped after {where}; {saved}. Continue with: {resume_hint}{redo}"
 
     def write_config(self, config: dict[str, Any]) -> None:
         self.path.mkdir(parents=True, exist_ok=True)

@@ -302,6 +302,21 @@ def test_a_run_directory_holding_only_its_lock_goes_with_it(tmp_path):
     assert "--resume" in wrote.describe_stop(5, "dapo train --resume wrote")
 
 
+def test_a_stop_after_the_last_step_says_the_final_model_was_not_saved(tmp_path):
+    """Stopped while it saved its final model, a run has logged every step: its stop says so
+    rather than a bare "step 4 of 4" that reads as finished."""
+    rd = RunDir(tmp_path / "run")
+    with rd.writer():
+        rd.write_config({"train": {}})
+        for step in (1, 2, 3):
+            rd.append_metrics(step, {"loss": 0.0})
+    assert "stopped after step 3 of 4;" in rd.describe_stop(4, "dapo train --resume run")
+    rd.append_metrics(4, {"loss": 0.0})
+    stop = rd.describe_stop(4, "dapo train --resume run")
+    assert stop.startswith("stopped after its last step (4 of 4), before its final model")
+    assert stop.endswith("dapo train --resume run; steps after 0 are redone")
+
+
 def test_a_folder_of_someone_else_s_keeps_no_lock_and_a_model_is_no_run_dir(tmp_path):
     """A run refused in a folder that holds other files leaves no `.lock` there; a model
     directory (a shipped checkpoint: a lock in it changed its digest, and every run after

@@ -326,7 +326,7 @@ def cut_off_runs(deployments: list[str], began: Any, stopped: Any) -> list[str]:
         return []
     return [
         f"the scheduled run {r.name!r} was cut off ({r.state.name.lower()}): "
-        + (r.state.message or "it left no line on where it stopped")
+        + _as_scheduled(r.state.message or "it left no line on where it stopped")
         for r in runs
         if r.state is not None
         and r.state.type.value in _CUT_OFF
@@ -335,3 +335,11 @@ def cut_off_runs(deployments: list[str], began: Any, stopped: Any) -> list[str]:
 
 
 _CUT_OFF = {"RUNNING", "CANCELLING", "CANCELLED", "CRASHED", "PENDING"}
+
+
+def _as_scheduled(message: str) -> str:
+    """A sweep's stop advises "the same command" (``flows.ablate.stopped_message``): for a
+    scheduled one, that is ``dapo ablate`` under the schedule's settings, not ``dapo schedule``."""
+    return message.replace(
+        "run the same command with", "run dapo ablate with the schedule's -c and -S and"
+    )

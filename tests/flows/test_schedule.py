@@ -226,6 +226,7 @@ def test_the_runner_takes_our_sigterm_handler_and_says_which_runs_were_cut_off(p
     from prefect.runner import Runner
     from prefect.states import Cancelled, Completed, Running
 
+    from flows.ablate import stopped_message
     from flows.schedule import cut_off_runs
 
     def ours(signum, frame):
@@ -259,10 +260,14 @@ def test_the_runner_takes_our_sigterm_handler_and_says_which_runs_were_cut_off(p
         cut = run(Running(), Cancelled(message="stopped after step 8 of 40; Continue with: x"))
         working = run(Running())
         run(Running(), Completed())
+        sweep = run(Running(), Cancelled(message=stopped_message("w1", 1, 2, None, KeyError())))
     lines = cut_off_runs([nightly.name], began, stopped)
     assert sorted(lines) == sorted([
         f"the scheduled run {cut!r} was cut off (cancelled): stopped after step 8 of 40; "
         "Continue with: x",
         f"the scheduled run {working!r} was cut off (running): it left no line on where it stopped",
+        # a sweep's "the same command" is not dapo schedule
+        f"the scheduled run {sweep!r} was cut off (cancelled): sweep w1 stopped with 1 of 2 runs "
+        "finished; to resume, run dapo ablate with the schedule's -c and -S and --run-name w1",
     ])  # fmt: skip
     assert cut_off_runs([nightly.name], began, None) == []  # no stop, nothing cut off

@@ -149,7 +149,7 @@ def ablate(
     runs = len(names) * len(seed_list or [cfg.train.seed])
     n = min(workers or _default_workers(cfg.train.cpu_threads), runs)
     if pool:
-        from flows.schedule import api_url
+        from flows.serve import api_url
 
         if not api_url():
             raise ConfigError(
@@ -284,11 +284,10 @@ def schedule(
     from flows.schedule import (
         NIGHTLY_TRAIN_CRON,
         WEEKLY_ABLATE_CRON,
-        api_url,
         build_deployments,
         schedule_specs,
-        serve_deployments,
     )
+    from flows.serve import api_url, serve_deployments
 
     _load(params, config, set_)
     specs = schedule_specs(

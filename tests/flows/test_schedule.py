@@ -84,12 +84,12 @@ def test_cli_schedule_dry_run_prints_the_deployments():
 
 
 def test_cli_schedule_needs_a_prefect_server(monkeypatch):
-    import flows.schedule
+    import flows.serve
     import flows.server
 
-    monkeypatch.setattr(flows.schedule, "api_url", lambda: None)
+    monkeypatch.setattr(flows.serve, "api_url", lambda: None)
     monkeypatch.setattr(flows.server, "running_server", lambda home: None)
-    monkeypatch.setattr(flows.schedule, "serve_deployments", lambda d: pytest.fail("served"))
+    monkeypatch.setattr(flows.serve, "serve_deployments", lambda d: pytest.fail("served"))
     out = CliRunner().invoke(app, ["schedule"])
     assert out.exit_code == 2
     assert "dapo server start" in out.output and "PREFECT_API_URL" in out.output
@@ -136,7 +136,7 @@ def test_asyncios_cancelled_callbacks_are_not_logged_as_errors():
     two call stacks; a cancelled task is how a stop goes, so that record is dropped alone."""
     import asyncio
 
-    from flows.schedule import _DropCancelled
+    from flows.serve import _DropCancelled
 
     def record(exc: BaseException) -> logging.LogRecord:
         return logging.LogRecord("asyncio", logging.ERROR, "", 0, "Exception in callback", (),
@@ -154,7 +154,7 @@ def terminate(*_):  # the command's SIGTERM handler (flows.commands.base._termin
     raise KeyboardInterrupt
 signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job's is ignored
 signal.signal(signal.SIGTERM, terminate)
-from flows.schedule import _runs_first
+from flows.serve import _runs_first
 from tasks.signals import replaced_handlers
 # a scheduled flow run: it takes a while to stop cleanly
 run = subprocess.Popen([sys.executable, "-c", '''
@@ -227,7 +227,7 @@ def test_the_runner_takes_our_sigterm_handler_and_says_which_runs_were_cut_off(p
     from prefect.states import Cancelled, Completed, Running
 
     from flows.ablate import stopped_message
-    from flows.schedule import cut_off_runs
+    from flows.serve import cut_off_runs
 
     def ours(signum, frame):
         pass

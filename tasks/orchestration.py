@@ -57,11 +57,14 @@ class _NoTracebackForUserErrors(logging.Filter):
     prints it once more as its last line. A stopped run is no error at all: its line is its
     flow run's CANCELLED state, and Prefect's engine, running a deployment's flow run (a
     schedule's, a worker's), would log it again as "exited with unexpected exception" with its
-    call stack."""
+    call stack, and the stopped task as an ERROR: "Finished in state Failed('Task run
+    encountered an exception TrainingInterrupted: ...')"."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, TrainingInterrupted):
+            return False
+        if f"exception {TrainingInterrupted.__name__}:" in record.getMessage():
             return False
         if isinstance(exc, USER_ERRORS):
             record.exc_info, record.exc_text = None, None

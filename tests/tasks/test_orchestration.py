@@ -121,6 +121,13 @@ def test_prefect_logs_a_stop_as_no_error_and_a_users_error_without_its_call_stac
         if _NoTracebackForUserErrors().filter(record):
             kept.append((type(exc).__name__, record.exc_info is not None))
     assert kept == [("ConfigError", False), ("RuntimeError", True)]
+    # the stopped task's own line, an ERROR with the message the flow's CANCELLED line gives
+    stopped = "Finished in state Failed('Task run encountered an exception TrainingInterrupted: x')"
+    failed = "Finished in state Failed('Task run encountered an exception ValueError: x')"
+    quiet = _NoTracebackForUserErrors()
+    for message, shown in ((stopped, False), (failed, True)):
+        record = logging.LogRecord("prefect.task_runs", logging.ERROR, "", 0, message, (), None)
+        assert quiet.filter(record) is shown
 
 
 COMMAND = """

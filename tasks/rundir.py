@@ -229,7 +229,7 @@ class RunDir:
         ckpt = self.latest_checkpoint()
         done = max((row["step"] for row in self.read_metrics()), default=0)
         saved = f"step {checkpoint_step(ckpt)} ({ckpt})" if ckpt else "none yet"
-        redo = f"; steps after {checkpoint_step(ckpt) if ckpt else 0} are redone" if done else ""
+        redo = _redone(checkpoint_step(ckpt) if ckpt else 0, done)
         where = f"step {done} of {steps}"
         if done >= steps and not self.final.exists():  # stopped while saving its final model
             where = f"its last step ({done} of {steps}), before its final model was saved"
@@ -370,6 +370,15 @@ def _publish(staged: Path, final: Path) -> None:
     moved aside first, so a complete one exists at every moment."""
     publish_dir(staged, final, final.with_name(f".old-{final.name}"))
     fsync_dir(final.parent.parent)  # the run directory, when checkpoints/ is new
+
+
+def _redone(saved: int, done: int) -> str:
+    """What a resume does again: the steps after the last checkpoint (none: nothing said)."""
+    if done <= saved:
+        return ""
+    if done == saved + 1:
+        return f"; step {done} is redone"
+    return f"; steps {saved + 1}-{done} are redone"
 
 
 def _entries(path: Path) -> list[str]:

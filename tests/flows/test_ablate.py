@@ -480,7 +480,7 @@ def test_a_stopped_sweep_gives_one_way_to_resume():
 
     child = TrainingInterrupted(
         "stopped after step 3 of 8; last checkpoint: step 2 (x). Continue with: dapo ablate "
-        "with the same --run-name (finished variants are kept); steps after 2 are redone"
+        "with the same --run-name (finished variants are kept); step 3 is redone"
     )
     said = stopped_message("b1", 1, 2, None, child)
     assert said == (

@@ -314,7 +314,18 @@ def test_a_stop_after_the_last_step_says_the_final_model_was_not_saved(tmp_path)
     rd.append_metrics(4, {"loss": 0.0})
     stop = rd.describe_stop(4, "dapo train --resume run")
     assert stop.startswith("stopped after its last step (4 of 4), before its final model")
-    assert stop.endswith("dapo train --resume run; steps after 0 are redone")
+    assert stop.endswith("last checkpoint: none yet. Continue with: dapo train --resume run; "
+                         "steps 1-4 are redone")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("saved", "done", "said"),
+    [(0, 0, ""), (0, 1, "; step 1 is redone"), (2, 2, ""), (2, 5, "; steps 3-5 are redone")],
+)
+def test_a_stop_names_the_steps_a_resume_does_again(saved, done, said):
+    from tasks.rundir import _redone
+
+    assert _redone(saved, done) == said
 
 
 def test_a_folder_of_someone_else_s_keeps_no_lock_and_a_model_is_no_run_dir(tmp_path):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU figure in BENCHMARKS.md ("GPU" section) and the CUDA tests, in one lease: each part's
+# Every GPU figure in docs/benchmarks.md ("GPU" section) and the CUDA tests, in one lease: each part's
 # timeouts add up to under 10 minutes, one device command each.
 #   bash bench/gpu_suite.sh [tests|sampling|update|decode|draw|step|nucleus|nucleus_search|flex|
 #                            rollouts|rl_split2k|rl_flex|first_calls|autotune|rl_split|rl_step]...

@@ -57,7 +57,7 @@ from dapo_core.config import Config
 from dapo_core.config_loader import from_dict, resolve
 from dapo_core.errors import PipelineError, TrainingInterrupted
 from flows.signals import collector_for_work
-from flows.stages import default_run_name, load_config, run_dir_for
+from flows.stages import default_run_name, keep_sweep_settings, load_config, run_dir_for
 from flows.sweep_pool import Stopped, check_pool, describe, on_pool, stop_runs
 from tasks.data.task import curate_task
 from tasks.evaluation.ablation import ablation_table, mechanism_table
@@ -173,6 +173,7 @@ def ablate_flow(
     if curate:
         curate_task(cfg)
     name = run_name or default_run_name("ablate")
+    keep_sweep_settings(cfg, tuned, name)  # before the parent run or its tables are touched
     root = run_dir_for(cfg, name)
     children = [
         Child(v, s, _child_config(cfg, v, s, tuned[v]), str(root / slug(v) / f"seed{s}"))

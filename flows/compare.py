@@ -46,7 +46,7 @@ from dapo_core.config import Config
 from dapo_core.config_loader import resolve
 from dapo_core.errors import TrainingInterrupted
 from flows.ablate import children_view
-from flows.stages import default_run_name, load_config, run_dir_for
+from flows.stages import default_run_name, keep_sweep_settings, load_config, run_dir_for
 from tasks.data.task import curate_task
 from tasks.evaluation.comparison import (
     DPO_KEYS,
@@ -105,6 +105,7 @@ def compare_flow(
     if curate:
         curate_task(cfg)
     name = run_name or default_run_name("compare")
+    keep_sweep_settings(cfg, tuned, name)  # a finished run's record holds for these settings only
     root = run_dir_for(cfg, name)
     parent = Tracker(cfg, "compare")
     parent.start_or_resume(

@@ -53,6 +53,17 @@ def run_dir_for(cfg: Config, run_name: str) -> Path:
     return repo_path(cfg.train.out_dir) / run_name
 
 
+def keep_sweep_settings(
+    cfg: Config, tuned: dict[str, list[str]], run_name: str, record: bool = True
+) -> None:
+    """A sweep (ablate, compare) continued under its --run-name runs with the settings it began
+    with: the config every run starts from and each variant's own tuning
+    (``RunDir.keep_sweep_settings``). ``record=False``: only the check (a command's, before it
+    starts servers and workers)."""
+    settings = {"config": cfg.to_dict(), "tuned": tuned}
+    RunDir(run_dir_for(cfg, run_name)).keep_sweep_settings(settings, record)
+
+
 def train(
     params: str | None = None,
     config: list[str] | None = None,

@@ -56,10 +56,26 @@ def _cannot_write_in(folder: Path) -> str | None:
     return None
 
 
+FOLDER_NAME_RULE = (
+    "one folder name: no '/', no control characters or surrounding spaces, not starting with "
+    "'.' or '-', at most 255 bytes"
+)
+
+
 def is_folder_name(name: str) -> bool:
     """Whether ``name`` names one folder inside another (a run, a model, a shipped checkpoint):
-    not empty, no ``/`` or ``\\``, not ``.``-led (``..``, hidden staging folders)."""
-    return bool(name) and not name.startswith(".") and Path(name).name == name and "\\" not in name
+    not empty, no ``/`` or ``\\``, not ``.``-led (``..``, hidden staging folders), nothing a
+    shell or a listing trips on (a tab, a name of spaces, a leading ``-`` read as an option),
+    and short enough for the file system (a longer one failed with a traceback)."""
+    return (
+        bool(name.strip())
+        and name == name.strip()
+        and not name.startswith((".", "-"))
+        and Path(name).name == name
+        and "\\" not in name
+        and all(ch.isprintable() for ch in name)
+        and len(name.encode()) <= 255
+    )
 
 
 def replace_atomically(path: Path, write: Callable[[Path], Any]) -> None:

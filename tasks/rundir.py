@@ -38,6 +38,7 @@ from typing import Any
 from dapo_core.config import Config, flat_settings
 from dapo_core.errors import PipelineError
 from tasks.durable import (
+    FOLDER_NAME_RULE,
     append_row,
     check_sealed,
     fsync_dir,
@@ -65,8 +66,8 @@ def check_run_name(name: str | None) -> None:
     """A run name is one folder under ``train.out_dir`` (``../x``, ``/abs``, ``a/b``: refused)."""
     if name is not None and not is_folder_name(name):
         raise PipelineError(
-            f"--run-name {name!r}: a run name is one folder under train.out_dir, without '/' "
-            "and not starting with '.' (elsewhere: dapo train --run-dir DIR, -S train.out_dir=DIR)"
+            f"--run-name {name!r}: a run name is {FOLDER_NAME_RULE}, under train.out_dir "
+            "(elsewhere: dapo train --run-dir DIR, -S train.out_dir=DIR)"
         )
 
 
@@ -104,6 +105,7 @@ class RunDir:
     mlflow_file = property(lambda self: self.path / "mlflow_run.json")
     lock_file = property(lambda self: self.path / LOCK_FILE)
     untracked_file = property(lambda self: self.path / "untracked")
+    sweep_settings_file = property(lambda self: self.path / "sweep_settings.json")
 
     # -- the one writer ------------------------------------------------------------------------
 
@@ -192,25 +194,18 @@ class RunDir:
         --run-name NAME`` without the first command's -S went on under params.yaml's and
         rewrote the run's config.json; a torn config.json was rewritten too. A PipelineError
         naming what differs, before anything is written."""
-        if not self.config_file.exists():
-            return
-        try:
-            before = flat_settings(self.read_config())
-        except (OSError, ValueError):
-            raise PipelineError(
-                f"{self.config_file} is not valid JSON (a write cut short): the run cannot be "
-                "continued; start a new one under another name"
-            ) from None
-        now = flat_settings(config)
-        # a setting this version added (or dropped) is no difference: runs resume across versions
-        changed = sorted(k for k in before.keys() & now.keys() if before[k] != now[k])
-        if changed:
-            shown = ", ".join(f"{k} {before[k]} -> {now[k]}" for k in changed[:3])
-            more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-            raise PipelineError(
-                f"{self.path} began with other settings ({shown}{more}): continue it with the "
-                "ones it began with (the same -c and -S), or start a new run under another name"
-            )
+        _refuse_changed(self.config_file, self.path, flat_settings(config))
+
+    def keep_sweep_settings(self, settings: dict[str, Any], record: bool = True) -> None:
+        """The same for a sweep (``dapo ablate``, ``dapo compare``) continued under its
+        --run-name: its first attempt records ``settings`` here, a later one with others is
+        refused before anything starts (a changed -S failed every run, and the finished sweep's
+        table was written over with the failures). ``record=False``: only the check."""
+        _refuse_changed(self.sweep_settings_file, self.path, flat_settings(settings))
+        if record and not self.sweep_settings_file.exists():
+            self.path.mkdir(parents=True, exist_ok=True)
+            text = json.dumps(settings, indent=2)
+            replace_atomically(self.sweep_settings_file, lambda tmp: tmp.write_text(text))
 
     def check_writable(self) -> None:
         """A one-line error now, rather than a traceback after a run has been opened."""
@@ -370,6 +365,29 @@ def _publish(staged: Path, final: Path) -> None:
     moved aside first, so a complete one exists at every moment."""
     publish_dir(staged, final, final.with_name(f".old-{final.name}"))
     fsync_dir(final.parent.parent)  # the run directory, when checkpoints/ is new
+
+
+def _refuse_changed(recorded: Path, path: Path, now: dict[str, str]) -> None:
+    """A PipelineError naming the settings that differ between ``recorded`` (a config.json,
+    absent: nothing to compare) and ``now``."""
+    if not recorded.exists():
+        return
+    try:
+        before = flat_settings(json.loads(recorded.read_text()))
+    except (OSError, ValueError, AttributeError):
+        raise PipelineError(
+            f"{recorded} is not valid JSON (a write cut short): the run cannot be continued; "
+            "start a new one under another name"
+        ) from None
+    # a setting this version added (or dropped) is no difference: runs resume across versions
+    changed = sorted(k for k in before.keys() & now.keys() if before[k] != now[k])
+    if changed:
+        shown = ", ".join(f"{k} {before[k]} -> {now[k]}" for k in changed[:3])
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        raise PipelineError(
+            f"{path} began with other settings ({shown}{more}): continue it with the ones it "
+            "began with (the same -c and -S), or start a new run under another name"
+        )
 
 
 def _redone(saved: int, done: int) -> str:

@@ -70,16 +70,13 @@ def model_build(
     whether this machine builds the same one (-S tiny.seed=N for another build seed)."""
     from dapo_core.config import ConfigError
     from flows.models import build_and_compare
-    from tasks.durable import is_folder_name
+    from tasks.durable import FOLDER_NAME_RULE, is_folder_name
     from tasks.models.shipped import SHIPPED_ROOT
 
     cfg = _load(params, config, set_)
     # refused before minutes of building
     if ship is not None and not is_folder_name(ship):
-        raise ConfigError(
-            f"--ship {ship!r}: name one folder of checkpoints/, without '/' and not starting "
-            "with '.'"
-        )
+        raise ConfigError(f"--ship {ship!r}: name a folder of checkpoints/ ({FOLDER_NAME_RULE})")
     if ship is not None and (SHIPPED_ROOT / ship).exists() and not replace:
         raise ConfigError(
             f"checkpoints/{ship} ships already, and every run with its settings starts from it: "

@@ -136,6 +136,10 @@ def ablate(
         apply_variant(cfg, name, tuned[name])
     _check_eval_set(cfg, eval_set, run_name)
     from flows.ablate import ablate_flow  # imports Prefect, which makes .prefect/: after the checks
+    from flows.stages import keep_sweep_settings
+
+    if run_name:  # a continued sweep: refused now, not after its server and workers start
+        keep_sweep_settings(cfg, tuned, run_name, record=False)
 
     args = {
         **_flow_args(params, config, set_),
@@ -209,7 +213,10 @@ def compare(
         method_configs(cfg, tuned, s)
     _check_eval_set(cfg, eval_set, run_name)
     from flows.compare import compare_flow  # imports Prefect, which makes .prefect/
+    from flows.stages import keep_sweep_settings
 
+    if run_name:  # a continued comparison: refused before its server starts
+        keep_sweep_settings(cfg, tuned, run_name, record=False)
     with _server():
         table = compare_flow(
             **_flow_args(params, config, set_),

@@ -25,7 +25,7 @@ import torch
 
 from dapo_core.errors import PipelineError
 from tasks.data.version import dvc_add
-from tasks.durable import is_folder_name
+from tasks.durable import FOLDER_NAME_RULE, is_folder_name
 from tasks.models.build import ensure_built
 from tasks.models.loading import load_tokenizer, save_model_dir, transformers_quietly
 from tasks.params import repo_path
@@ -63,8 +63,7 @@ def model_dir(name: str) -> Path:
     behind."""
     if not is_folder_name(name):
         raise FetchFailed(
-            f"model name {name!r}: name it with letters, digits, '-', '_' and '.', without '/' "
-            "(it becomes the folder data/models/NAME)"
+            f"model name {name!r}: it becomes the folder data/models/NAME, so {FOLDER_NAME_RULE}"
         )
     return repo_path(MODELS_DIR) / name
 

@@ -472,6 +472,37 @@ def test_a_refused_sweep_makes_no_prefect_home(tmp_path, args):
     assert not home.exists()
 
 
+@pytest.mark.parametrize("command", ["ablate", "compare"])
+def test_a_sweep_continued_with_other_settings_is_refused_before_it_starts(
+    flow_cfg, tmp_path, monkeypatch, command
+):
+    """``--run-name`` of a sweep that began with other -S: one line naming them, exit 2, before
+    a server or a worker starts, and the sweep's record of its settings untouched (a changed
+    -S failed every run of a finished sweep and wrote its table over with the failures)."""
+    from typer.testing import CliRunner
+
+    import flows.commands.sweeps
+    from flows.cli import app
+    from flows.stages import keep_sweep_settings
+
+    cfg = resolve(flow_cfg.to_dict(), overrides=[f"train.out_dir={tmp_path / 'runs'}"])
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps(cfg.to_dict()))
+    variants = ["--variants", "grpo"] if command == "ablate" else ["--methods", "grpo"]
+    began = resolve(cfg.to_dict(), overrides=["train.steps=30"])
+    tuned = {"grpo": []} if command == "ablate" else {v: [] for v in ("ppo", "grpo", "dapo")}
+    keep_sweep_settings(began, tuned, "s1")
+    record = (tmp_path / "runs" / "s1" / "sweep_settings.json").read_text()
+    monkeypatch.setattr(flows.commands.sweeps, "_server", lambda **kw: pytest.fail("started"))
+    out = CliRunner().invoke(
+        app, [command, "--params", str(params), *variants, "--run-name", "s1", "--no-curate"]
+    )
+    assert out.exit_code == 2, out.output
+    assert f"began with other settings (config.train.steps 30 -> {cfg.train.steps})" in out.output
+    assert "(the same -c and -S)" in out.output and "Traceback" not in out.output
+    assert (tmp_path / "runs" / "s1" / "sweep_settings.json").read_text() == record
+
+
 def test_a_stopped_sweep_gives_one_way_to_resume():
     """In process, the child's own advice ("Continue with: dapo ablate with the same
     --run-name") came before the sweep's, which says the same."""

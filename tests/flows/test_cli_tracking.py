@@ -173,7 +173,7 @@ def test_help_lists_each_command_in_whole_sentences():
 
 
 EVAL_SET = "unknown eval set 'bogus'"
-RUN_NAME = "a run name is one folder under train.out_dir"
+RUN_NAME = "a run name is one folder name: no '/'"
 UI_DB = "sqlite:///TMP/new/mlflow.db"  # not made, nor served
 
 
@@ -198,6 +198,8 @@ UI_DB = "sqlite:///TMP/new/mlflow.db"  # not made, nor served
         (["ablate", "--variants", ""], "--variants is empty"),
         (["compare", "--methods", ","], "--methods is empty"),
         (["compare", "--no-curate", "--run-name", "a/b"], RUN_NAME),
+        (["pipeline", "--no-curate", "--run-name", "x" * 300], RUN_NAME),  # was a traceback
+        (["pipeline", "--no-curate", "--run-name", " "], RUN_NAME),
         (["pipeline", "--no-curate", "--run-name", "/tmp/abs"], RUN_NAME),
         (["train", "-S", "tracking.tracking_uri=ftp://h/x"], "no tracking store for ftp://"),
         (["ui", "--print-only", "-S", f"tracking.tracking_uri={UI_DB}"], "no MLflow store at"),
@@ -222,6 +224,8 @@ UI_DB = "sqlite:///TMP/new/mlflow.db"  # not made, nor served
         "no variant",
         "no method",
         "nested run name",
+        "a run name too long for the file system",
+        "a run name of spaces",
         "absolute run name",
         "a tracking URI MLflow has no store for",
         "a UI on a store that is not there",

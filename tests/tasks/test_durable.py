@@ -67,6 +67,15 @@ def test_replace_atomically_keeps_the_old_file_and_no_temporary_when_the_write_f
         ("a/b", False),
         ("a\\b", False),
         ("/abs", False),
+        ("my run", True),
+        (" ", False),
+        (" run", False),
+        ("a\tb", False),
+        ("a\nb", False),
+        ("-x", False),
+        ("x" * 255, True),
+        ("x" * 256, False),
+        ("é" * 128, False),  # 256 bytes
     ],
 )
 def test_folder_names(name, ok):

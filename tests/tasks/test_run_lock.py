@@ -463,3 +463,28 @@ def test_a_run_stopped_before_writing_leaves_no_folder_it_made(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["runs"] and not any(
         (tmp_path / "runs").iterdir()
     )
+
+
+def test_a_sweep_keeps_the_settings_it_began_with(tmp_path):
+    """A sweep's first attempt records its settings; a later one with the same goes on, one with
+    others is refused naming what differs (before it writes anything), a check alone records
+    nothing, and a torn record is refused rather than taken as no record."""
+    from dapo_core.errors import PipelineError
+
+    first = {"config": {"train": {"steps": 30, "lr": 0.001}}, "tuned": {"grpo": []}}
+    sweep = RunDir(tmp_path / "new")
+    sweep.keep_sweep_settings(first, record=False)
+    assert not sweep.path.exists()  # checked only: nothing made
+    sweep.keep_sweep_settings(first)
+    assert json.loads(sweep.sweep_settings_file.read_text()) == first
+    sweep.keep_sweep_settings(first)  # the same settings: it continues
+    sweep.keep_sweep_settings({**first, "tuned": {"grpo": [], "+clip_higher": []}})  # a new rung
+    changed = {"config": {"train": {"steps": 5, "lr": 0.001}}, "tuned": {"grpo": []}}
+    with pytest.raises(
+        PipelineError, match=r"began with other settings \(config.train.steps 30 -> 5\)"
+    ):
+        sweep.keep_sweep_settings(changed)
+    assert json.loads(sweep.sweep_settings_file.read_text()) == first  # left as it was
+    sweep.sweep_settings_file.write_text('{"config": {"tr')
+    with pytest.raises(PipelineError, match="not valid JSON"):
+        sweep.keep_sweep_settings(first)

@@ -103,7 +103,8 @@ def pipeline_flow(
             before, evaluated = _evaluate(cfg, name, trained, eval_set, progress, tags, baseline)
         except TrainingInterrupted as e:
             raise TrainingInterrupted(
-                f"{e}; the training is kept: `dapo pipeline --run-name {name}` evaluates it"
+                f"{e}; the training is kept: `dapo pipeline --run-name {name}` with the same -c "
+                "and -S evaluates it"
             ) from None
         _publish(name, trained, evaluated, before)
         return {"curate": data, "train": trained, "evaluate": evaluated, "baseline": before}

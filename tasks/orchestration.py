@@ -58,7 +58,9 @@ class _NoTracebackForUserErrors(logging.Filter):
     flow run's CANCELLED state, and Prefect's engine, running a deployment's flow run (a
     schedule's, a worker's), would log it again as "exited with unexpected exception" with its
     call stack, and the stopped task as an ERROR: "Finished in state Failed('Task run
-    encountered an exception TrainingInterrupted: ...')"."""
+    encountered an exception TrainingInterrupted: ...')". A user's error is said once, by the
+    flow run ("Encountered exception during execution: ..."): its task's two lines saying the
+    same go (a pipeline printed one error four times)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
@@ -66,9 +68,31 @@ class _NoTracebackForUserErrors(logging.Filter):
             return False
         if f"exception {TrainingInterrupted.__name__}:" in record.getMessage():
             return False
+        if record.name == "prefect.task_runs" and _a_user_errors_line(record, exc):
+            return False
         if isinstance(exc, USER_ERRORS):
             record.exc_info, record.exc_text = None, None
         return True
+
+
+def _a_user_errors_line(record: logging.LogRecord, exc: BaseException | None) -> bool:
+    """A task's "failed with exception" record of a user's error, or its "Finished in state
+    Failed('Task run encountered an exception NAME: ...')" (no exception attached: by name)."""
+    if isinstance(exc, USER_ERRORS):
+        return True
+    message = record.getMessage()
+    return message.startswith("Finished in state Failed(") and any(
+        f"exception {name}:" in message for name in _user_error_names()
+    )
+
+
+def _user_error_names() -> set[str]:
+    names, todo = set(), list(USER_ERRORS)
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    return names
 
 
 RUNS_END_WITH = "DAPO_RUNS_END_WITH"

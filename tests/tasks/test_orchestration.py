@@ -125,8 +125,21 @@ def test_prefect_logs_a_stop_as_no_error_and_a_users_error_without_its_call_stac
     stopped = "Finished in state Failed('Task run encountered an exception TrainingInterrupted: x')"
     failed = "Finished in state Failed('Task run encountered an exception ValueError: x')"
     quiet = _NoTracebackForUserErrors()
-    for message, shown in ((stopped, False), (failed, True)):
+    # a user's error (ModelNotFound is a FileNotFoundError): the flow's line says it; the
+    # task's two lines go
+    from tasks.models.loading import ModelNotFound
+
+    name = ModelNotFound.__name__
+    user = f"Finished in state Failed('Task run encountered an exception {name}: x')"
+    for message, shown in ((stopped, False), (failed, True), (user, False)):
         record = logging.LogRecord("prefect.task_runs", logging.ERROR, "", 0, message, (), None)
+        assert quiet.filter(record) is shown
+    for logger, shown in (("prefect.task_runs", False), ("prefect.flow_runs", True)):
+        try:
+            raise ConfigError("bad")
+        except ConfigError:
+            record = logging.LogRecord(logger, logging.ERROR, "", 0, "failed with exception",
+                                       (), sys.exc_info())  # fmt: skip
         assert quiet.filter(record) is shown
 
 

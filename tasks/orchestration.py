@@ -70,9 +70,14 @@ class _NoTracebackForUserErrors(logging.Filter):
             return False
         if record.name == "prefect.task_runs" and _a_user_errors_line(record, exc):
             return False
+        if record.name == "prefect.task_runs" and INTERRUPTED_TASK in record.getMessage():
+            return False  # a task cut by Ctrl-C, "Crash detected!": the stop is said once, below
         if isinstance(exc, USER_ERRORS):
             record.exc_info, record.exc_text = None, None
         return True
+
+
+INTERRUPTED_TASK = "aborted by an interrupt signal"  # Prefect's words for a task Ctrl-C cut
 
 
 def _a_user_errors_line(record: logging.LogRecord, exc: BaseException | None) -> bool:

@@ -131,7 +131,8 @@ def test_prefect_logs_a_stop_as_no_error_and_a_users_error_without_its_call_stac
 
     name = ModelNotFound.__name__
     user = f"Finished in state Failed('Task run encountered an exception {name}: x')"
-    for message, shown in ((stopped, False), (failed, True), (user, False)):
+    crashed = "Crash detected! Execution was aborted by an interrupt signal."
+    for message, shown in ((stopped, False), (failed, True), (user, False), (crashed, False)):
         record = logging.LogRecord("prefect.task_runs", logging.ERROR, "", 0, message, (), None)
         assert quiet.filter(record) is shown
     for logger, shown in (("prefect.task_runs", False), ("prefect.flow_runs", True)):

@@ -89,7 +89,11 @@ def report_ablation(table: Any, out: Console | None = None) -> None:
     if mechanisms is not None and len(mechanisms):
         out.print(_mechanism_view(mechanisms))
     if table.attrs.get("dir"):
-        out.print(f"full tables: {table.attrs['dir']} (ablation.md, mechanisms.md, .csv)")
+        out.print(
+            f"full tables: {table.attrs['dir']} (ablation.md, mechanisms.md, .csv)",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _mechanism_view(mechanisms: Any) -> Table:
@@ -164,11 +168,17 @@ def report_comparison(table: Any, out: Console | None = None) -> None:
         "deviation; coll: runs below half the warm start; gnCV: gradient-norm sd/mean over "
         "steps; advVar: advantage variance per step; resp: responses generated; min: wall time",
         highlight=False,
+        soft_wrap=True,  # a terminal wraps it; a pipe or a log keeps the lines whole
     )
     out.print(
         f"table, curves (sample_efficiency.png) and records in {table.attrs['dir']}; "
         f"{mlflow_link(table.attrs.get('run_id'), None)}",
         highlight=False,
+        soft_wrap=True,  # a URL cut at 80 columns cannot be copied
     )
     if table.attrs.get("mlflow_view"):
-        out.print(f"every run side by side in MLflow: {table.attrs['mlflow_view']}")
+        out.print(
+            f"every run side by side in MLflow: {table.attrs['mlflow_view']}",
+            highlight=False,
+            soft_wrap=True,
+        )

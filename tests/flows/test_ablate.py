@@ -172,6 +172,21 @@ def test_the_report_fits_80_columns(seeds):
     assert "needs 2+ seeds" not in text and "…" not in text and "runs/sweep" in text
 
 
+def test_the_comparison_report_keeps_its_links_whole_in_80_columns():
+    """A pipe or a log is 80 columns wide to rich: the MLflow view's URL was cut in two there
+    ("...workflowType=ma" / "chine_learning"), and could not be copied."""
+    from rich.console import Console
+
+    from flows.report import report_comparison
+
+    url = "http://127.0.0.1:5000/#/experiments/1/runs?searchFilter=" + "x" * 90
+    table = pd.DataFrame()
+    table.attrs.update(terminal="table", warm={"avg_at_k": 0.5}, dir="runs/cmp", mlflow_view=url)
+    out = Console(width=80, record=True, file=io.StringIO())
+    report_comparison(table, out)
+    assert any(line.endswith(url) for line in out.export_text().splitlines())
+
+
 def test_mechanism_table_pairs_each_switch_with_its_signal():
     acc = [0.5, 0.5]
 

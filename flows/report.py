@@ -19,11 +19,20 @@ def report_pipeline(out: dict[str, Any]) -> None:
     t, e = out["train"], out["evaluate"]
     m = e.metrics
     console.print(
-        f"[green]done[/]: {t.steps} steps in {t.wall_time_s:.0f}s; {e.eval_set} "
+        f"[green]done[/]: {trained(t.steps, t.resumed_from, t.wall_time_s)}; {e.eval_set} "
         f"avg@{int(m['eval/n_samples'])} {m['eval/avg_at_k']:.4f} "
         f"(95% CI {m['eval/avg_at_k_ci_low']:.4f}-{m['eval/avg_at_k_ci_high']:.4f}); "
         f"run {t.run_dir}; {mlflow_link(t.mlflow_run_id, t.mlflow_url)}"
     )
+
+
+def trained(steps: int, resumed_from: int, wall_s: float) -> str:
+    """What this attempt trained: "40 steps in 52s", "steps 31-40 in 13s" when it continued a
+    run (the steps before were an earlier attempt's), or that the run was complete already."""
+    if resumed_from >= steps:
+        return f"the run was complete already ({steps} steps)"
+    what = f"steps {resumed_from + 1}-{steps}" if resumed_from else f"{steps} steps"
+    return f"{what} in {wall_s:.0f}s"
 
 
 def mlflow_link(run_id: str | None, url: str | None) -> str:

@@ -26,7 +26,7 @@ from flows.commands.base import (
     run_stage,
     user_errors,
 )
-from flows.report import mlflow_link
+from flows.report import mlflow_link, trained
 
 
 @app.command("train")
@@ -103,6 +103,7 @@ def train(
         summary.model_path,
         summary.mlflow_run_id,
         summary.mlflow_url,
+        summary.resumed_from,
     )
 
 
@@ -135,11 +136,17 @@ def _run_dir_writer(target: Path | None):
 
 
 def _report_training(
-    steps: int, wall: float, last: dict, model: Any, run_id: str | None, url: str | None = None
+    steps: int,
+    wall: float,
+    last: dict,
+    model: Any,
+    run_id: str | None,
+    url: str | None = None,
+    resumed_from: int = 0,
 ) -> None:
     tracking = f"; {mlflow_link(run_id, url)}" if run_id else ""
     console.print(
-        f"[green]done[/]: {steps} steps in {wall:.0f}s, "
+        f"[green]done[/]: {trained(steps, resumed_from, wall)}, "
         f"last sampled accuracy {last.get('train/acc_mean', float('nan')):.3f}; "
         f"model in {model}{tracking}"
     )

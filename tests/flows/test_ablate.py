@@ -187,6 +187,16 @@ def test_the_comparison_report_keeps_its_links_whole_in_80_columns():
     assert any(line.endswith(url) for line in out.export_text().splitlines())
 
 
+def test_done_says_what_this_attempt_trained():
+    """A resumed run's "done:" counted the earlier attempts' steps as its own, and a resume of
+    a finished run said "done: 30 steps in 3s" having trained nothing."""
+    from flows.report import trained
+
+    assert trained(40, 0, 52.4) == "40 steps in 52s"
+    assert trained(40, 30, 13.0) == "steps 31-40 in 13s"
+    assert trained(30, 30, 3.0) == "the run was complete already (30 steps)"
+
+
 def test_mechanism_table_pairs_each_switch_with_its_signal():
     acc = [0.5, 0.5]
 

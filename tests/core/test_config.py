@@ -132,8 +132,17 @@ def test_missing_file():
         (b"algo:\n  correction: 5\n", r"algo\.correction must be a mapping"),
         (b"train:\n  steps: [1\n", r"not valid YAML: expected ',' or '\]'.* at line 3, column 1$"),
         (b"\xff\xfe", r"is not UTF-8 text: give a YAML \(or JSON\) file$"),
+        (b"train:\n  steps: 3\n  steps: 4\n", r"the key 'steps' is given twice at line 3"),
     ],
-    ids=["number section", "empty section", "number algo", "number entry", "bad YAML", "binary"],
+    ids=[
+        "number section",
+        "empty section",
+        "number algo",
+        "number entry",
+        "bad YAML",
+        "binary",
+        "a key twice (the last won, unsaid)",
+    ],
 )
 def test_a_malformed_preset_is_one_line_naming_the_file(tmp_path, text, message):
     """Malformed presets (``-c``) are one line that names the file, never a traceback."""

@@ -28,6 +28,8 @@ def server_start(
     _working()
     url, started = start_server(Path(os.environ["PREFECT_HOME"]), port)
     said = "started" if started else "already running"
+    if not started and f":{port}/" not in url:  # the running one stays where it is
+        said += f" (not on port {port}: `dapo server stop` first to move it)"
     console.print(
         f"Prefect server {said}: UI {url.removesuffix('/api')}; dapo commands of this project "
         "use it; `dapo server stop` stops it",

@@ -46,8 +46,10 @@ def test_a_started_server_is_used_by_commands_and_stopped_whole(
     pid = json.loads((home / "dapo-server.json").read_text())["pid"]
     sweeps: list[subprocess.Popen] = []
     try:
-        again = _dapo("server", "start", "--port", str(srv.free_port()), env=env)
+        other = srv.free_port()
+        again = _dapo("server", "start", "--port", str(other), env=env)
         assert "already running" in again.stderr and srv.running_server(home) == url
+        assert f"(not on port {other}: `dapo server stop` first to move it)" in again.stderr
         # two sweeps report their flow runs there, and their trainings share one slot
         _post(url + "/v2/concurrency_limits/", {"name": "one-gpu", "limit": 1})
         params = tmp_path / "params.json"

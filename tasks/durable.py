@@ -68,7 +68,7 @@ def is_folder_name(name: str) -> bool:
     shell or a listing trips on (a tab, a name of spaces, a leading ``-`` read as an option),
     and short enough for the file system (a longer one failed with a traceback)."""
     return (
-        bool(name.strip())
+        bool(name)
         and name == name.strip()
         and not name.startswith((".", "-"))
         and Path(name).name == name

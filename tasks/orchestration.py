@@ -66,12 +66,8 @@ class _NoTracebackForUserErrors(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, TrainingInterrupted):
             return False
-        if f"exception {TrainingInterrupted.__name__}:" in record.getMessage():
+        if record.name == "prefect.task_runs" and _said_elsewhere(record, exc):
             return False
-        if record.name == "prefect.task_runs" and _a_user_errors_line(record, exc):
-            return False
-        if record.name == "prefect.task_runs" and INTERRUPTED_TASK in record.getMessage():
-            return False  # a task cut by Ctrl-C, "Crash detected!": the stop is said once, below
         if isinstance(exc, USER_ERRORS):
             record.exc_info, record.exc_text = None, None
         return True
@@ -80,19 +76,22 @@ class _NoTracebackForUserErrors(logging.Filter):
 INTERRUPTED_TASK = "aborted by an interrupt signal"  # Prefect's words for a task Ctrl-C cut
 
 
-def _a_user_errors_line(record: logging.LogRecord, exc: BaseException | None) -> bool:
-    """A task's "failed with exception" record of a user's error, or its "Finished in state
-    Failed('Task run encountered an exception NAME: ...')" (no exception attached: by name)."""
+def _said_elsewhere(record: logging.LogRecord, exc: BaseException | None) -> bool:
+    """A task's line that the flow run's line or the command's last line says too: a user's
+    error (attached, or named in "Finished in state Failed('Task run encountered an exception
+    NAME: ...')"), a stopped run (TrainingInterrupted, named there likewise), or "Crash
+    detected! Execution was aborted by an interrupt signal" for a task Ctrl-C cut."""
     if isinstance(exc, USER_ERRORS):
         return True
     message = record.getMessage()
-    return message.startswith("Finished in state Failed(") and any(
-        f"exception {name}:" in message for name in _user_error_names()
-    )
+    if INTERRUPTED_TASK in message:
+        return True
+    return any(f"exception {name}:" in message for name in _quiet_exception_names())
 
 
-def _user_error_names() -> set[str]:
-    names, todo = set(), list(USER_ERRORS)
+def _quiet_exception_names() -> set[str]:
+    """TrainingInterrupted's name and every user error's, subclasses included."""
+    names, todo = {TrainingInterrupted.__name__}, list(USER_ERRORS)
     while todo:
         cls = todo.pop()
         names.add(cls.__name__)

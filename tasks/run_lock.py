@@ -29,7 +29,7 @@ from dapo_core.errors import PipelineError
 LOCK_FILE = ".lock"
 
 
-class RunDir(Protocol):
+class Lockable(Protocol):
     """What the lock needs of ``tasks.rundir.RunDir`` (which imports this module)."""
 
     path: Path
@@ -46,16 +46,16 @@ class RunDirBusy(PipelineError):
 class _Hold:
     fd: int  # the open lock file: the flock lives as long as it stays open
     depth: int  # nested acquires in this process
-    rundir: RunDir
+    rundir: Lockable
     made: list[Path]  # the folders the first acquire created (deepest first)
-    before: list[int] | None  # RunDir.written() then (None: a lock file was already there)
+    before: list[int] | None  # Lockable.written() then (None: a lock file was already there)
 
 
 _held: dict[str, _Hold] = {}  # by real path
 _held_guard = threading.Lock()
 
 
-def acquire(rd: RunDir) -> str:
+def acquire(rd: Lockable) -> str:
     """Hold ``rd``'s lock (re-entrant within this process); the key to :func:`release` it."""
     made = [p for p in (rd.path, *rd.path.parents) if not p.exists()]
     rd.path.mkdir(parents=True, exist_ok=True)
@@ -80,7 +80,7 @@ def release(key: str) -> None:
             os.close(hold.fd)
 
 
-def _lock(rd: RunDir) -> int:
+def _lock(rd: Lockable) -> int:
     """A file descriptor holding the flock, with this process named in the file."""
     fd = os.open(rd.lock_file, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by exec
     try:
@@ -95,7 +95,7 @@ def _lock(rd: RunDir) -> int:
     return fd
 
 
-def _busy(rd: RunDir, holder: dict[str, Any]) -> str:
+def _busy(rd: Lockable, holder: dict[str, Any]) -> str:
     pid = holder.get("pid", "unknown")
     where = "" if holder.get("host") in (None, socket.gethostname()) else f" on {holder['host']}"
     what = f": {holder['command']}" if holder.get("command") else ""

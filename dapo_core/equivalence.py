@@ -70,7 +70,10 @@ def equivalent(answer: str, ground_truth: str) -> bool:
         return cached
     try:
         verdict = _judge(answer, ground_truth)
-    except (Exception, Overtime):  # a deadline or a parser failure: not shown equivalent
+    except Overtime:  # not shown equivalent in time; not cached: a quieter moment may show it
+        _say_overtime(answer, ground_truth)
+        return False
+    except Exception:  # a parser failure: not shown equivalent
         return False
     if len(_EQUIVALENCE_CACHE) >= _EQUIVALENCE_CACHE_MAX:
         _EQUIVALENCE_CACHE.clear()
@@ -240,6 +243,27 @@ def _warm_up(math_verify: Any) -> None:
         math_verify.verify(gold, pred, timeout_seconds=None)
     except Exception:  # a failed warm-up only means a slower first judgement
         return
+
+
+_LOG = logging.getLogger(__name__)
+_OVERTIMES = [0]  # judgements cut short in this process
+
+
+def _say_overtime(answer: str, ground_truth: str) -> None:
+    """Log a judgement cut short: the first at warning level (a reward of -1 that a faster or
+    quieter machine could have made +1 deserves a look), later ones at debug level."""
+    _OVERTIMES[0] += 1
+    level = logging.WARNING if _OVERTIMES[0] == 1 else logging.DEBUG
+    _LOG.log(
+        level,
+        "Math-Verify's judgement of %r against %r ran past its deadline (%.1f CPU s, %.0f s): "
+        "judged not equivalent%s",
+        answer[:80],
+        ground_truth[:80],
+        _EQUIVALENCE_SECONDS,
+        _EQUIVALENCE_WALL_SECONDS,
+        "; later ones are logged at debug level" if level == logging.WARNING else "",
+    )
 
 
 class _NoTimeoutNotice(logging.Filter):

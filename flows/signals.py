@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import sys
 from typing import Any
 
@@ -30,13 +31,38 @@ def run_to_the_end(app: Any) -> None:
     arrives once the command is over (while the interpreter shuts down: libraries' exit hooks,
     threads joined) exits at once with that status. It ran the start-up's handler, which
     said "interrupted before anything had started" and exited 130 after a finished command."""
+    stdout_was_pipe = _stdout_is_pipe()
     try:
         app()
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if code == 1 and _reader_went_away(stdout_was_pipe):
+            code = e.code = PIPE_CLOSED
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda signum, frame: os._exit(code))
         raise
+
+
+PIPE_CLOSED = 128 + signal.SIGPIPE
+"""The status of a command whose output's reader went away (``dapo variants | head -1``): the
+shell's for a program SIGPIPE ended, as ``seq 1000000 | head -1`` gives, not click's 1, a
+failure."""
+
+
+def _stdout_is_pipe() -> bool:
+    try:
+        return stat.S_ISFIFO(os.fstat(1).st_mode)
+    except OSError:
+        return False
+
+
+def _reader_went_away(stdout_was_pipe: bool) -> bool:
+    """Whether the command ended because its stdout, a pipe, lost its reader. Click and Rich
+    then exit 1, click after wrapping stdout to swallow later flush errors, Rich after pointing
+    file descriptor 1 at the null device."""
+    if not stdout_was_pipe:
+        return False
+    return type(sys.stdout).__name__.endswith("PacifyFlushWrapper") or not _stdout_is_pipe()
 
 
 def until_work_begins() -> None:

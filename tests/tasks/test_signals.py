@@ -2,6 +2,7 @@
 ignored while a stop cleans up, and the handlers put back afterwards."""
 
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -128,3 +129,34 @@ def test_a_signal_after_the_command_ends_exits_with_its_status(status):
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == status and "interrupted" not in done.stderr, done.stderr
+
+
+def _dapo_into_a_closed_pipe(*args: str) -> tuple[int, str]:
+    """``dapo ARGS`` with a reader that closes the pipe at once (``| head -0``, as it were)."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone before the first line is written
+    try:
+        done = subprocess.run(
+            [str(Path(sys.executable).with_name("dapo")), *args],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            env={**os.environ, "DAPO_WARM": "0"},
+        )
+    finally:
+        os.close(write)
+    return done.returncode, done.stderr
+
+
+@pytest.mark.parametrize("printer", ["rich", "click"])
+def test_output_into_a_pipe_whose_reader_left_exits_141_quietly(printer: str) -> None:
+    """``dapo variants | head -1`` exited 1, a failure's status; the shell's
+    for a program whose reader left (SIGPIPE) is 141. Rich prints the table, click the help."""
+    args = ["variants"] if printer == "rich" else ["--help"]
+    code, err = _dapo_into_a_closed_pipe(*args)
+    assert code == 128 + signal.SIGPIPE and "Traceback" not in err, err

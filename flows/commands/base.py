@@ -2,16 +2,18 @@
 (``-c`` presets, ``-S`` overrides, ``--params``), expected errors as one line, and how a command
 reaches its flows (a Prefect server, or its stages called directly)."""
 
+import contextlib
 import functools
 import gc
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from dapo_core.ablation import (
     ABLATION_LADDER,
@@ -23,18 +25,52 @@ from dapo_core.config import ConfigError
 from dapo_core.errors import PipelineError, TrainingInterrupted
 from flows.signals import exit_at_once
 
+try:  # Typer ships its own copy of click since 0.2x: its errors are that copy's, not click's
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+except ImportError:
+    from click.exceptions import NoArgsIsHelpError, UsageError
+
 VARIANTS_HELP = (
     f"A Table 1 variant ({', '.join(ABLATION_LADDER)}) or an algorithm "
     f"({', '.join(ALGORITHM_PRESETS)})."
 )
 
+# soft_wrap: a message is one line (the terminal wraps it), so logs and tests see it whole.
+console = Console(stderr=True, soft_wrap=True)
+
+
+class _UsageErrorsInOneLine(TyperGroup):
+    """The root command group: a usage error anywhere below it (an unknown option or command,
+    a value out of range) is one line, ``error: ... (see: dapo CMD --help)``, and exit 2, as
+    every other error of this CLI, rather than Typer's box of usage, hint and message."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> typer.Context:
+        with _usage_errors_in_one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        with _usage_errors_in_one_line():
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _usage_errors_in_one_line() -> Iterator[None]:
+    try:
+        yield
+    except NoArgsIsHelpError:  # `dapo` or `dapo server` alone: the help, as asked
+        raise
+    except UsageError as e:
+        where = f" (see: {e.ctx.command_path} --help)" if e.ctx is not None else ""
+        console.print(f"[bold red]error:[/] {e.format_message()}{where}")
+        raise typer.Exit(e.exit_code) from None
+
+
 app = typer.Typer(
+    cls=_UsageErrorsInOneLine,
     help="DAPO (arXiv 2503.14476) training pipeline: curate, train, evaluate, ablate.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-# soft_wrap: a message is one line (the terminal wraps it), so logs and tests see it whole.
-console = Console(stderr=True, soft_wrap=True)
 
 ConfigOpt = Annotated[
     list[Path] | None,

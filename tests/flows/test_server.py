@@ -131,15 +131,34 @@ def test_a_torn_or_stale_record_means_no_server(tmp_path):
 )
 def test_an_out_of_range_option_is_refused_before_anything_starts(tmp_path, args):
     """A port outside 1-65535 or a count below 1 is a usage error (exit 2) naming the option,
-    before any server starts or anything is written."""
+    before any server starts or anything is written, in one line (Typer's was a box)."""
     from typer.testing import CliRunner
 
     from flows.cli import app
 
     out = CliRunner().invoke(app, args, env={"PREFECT_HOME": str(tmp_path)})
     assert out.exit_code == 2, out.output
-    assert f"Invalid value for '{args[-2]}'" in out.output
+    assert out.output.startswith(f"error: Invalid value for '{args[-2]}'"), out.output
+    assert out.output.count("\n") == 1 and out.output.rstrip().endswith(" --help)"), out.output
     assert srv.running_server(tmp_path) is None and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["variants", "-c", "x"], "error: No such option: -c (see: dapo variants --help)"),
+        (["nope"], "error: No such command 'nope'. (see: dapo --help)"),
+        (["server"], "error: Missing command. (see: dapo server --help)"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else "",
+)
+def test_a_usage_error_is_one_line_naming_the_help_to_read(args, said):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    out = CliRunner().invoke(app, args, prog_name="dapo")
+    assert (out.exit_code, out.output) == (2, said + "\n")
 
 
 def test_stop_with_a_stale_record_signals_nothing(tmp_path):

@@ -96,6 +96,8 @@ def curate(
     _check_writable(edir if step != "train" else None, out_dir if step != "eval" else None)
     # The source first: a wrong path is reported before any eval set is fetched.
     loaded = open_source(cfg, source) if step != "eval" else None
+    if loaded is not None and not loaded.total:  # and an empty one before, too
+        raise PipelineError(_no_rows(loaded))
     manifest: dict[str, Any] = {}
     made = [d for d in (out_dir, edir) if not d.exists()]
     try:
@@ -155,7 +157,7 @@ def _nothing_kept(loaded: Loaded, result: Curated) -> str:
     """Why no row of the source was kept, as one line: the reasons counted, the first one shown."""
     name = loaded.source.name
     if not result.input_rows:
-        return f"{name} has no rows: give a file with problems to curate"
+        return _no_rows(loaded)
     reasons = ", ".join(f"{n} {why}" for why, n in result.dropped.most_common() if n)
     first = result.rejected[0] if result.rejected else None
     example = f" (row {first['source_row']}: {first['detail']})" if first else ""
@@ -164,6 +166,10 @@ def _nothing_kept(loaded: Loaded, result: Curated) -> str:
         "each row needs a problem and an answer with an integer form, in the DAPO or "
         "{problem, answer} schema"
     )
+
+
+def _no_rows(loaded: Loaded) -> str:
+    return f"{loaded.source.name} has no rows: give a file with problems to curate"
 
 
 def _report(

@@ -202,6 +202,17 @@ def test_a_source_with_nothing_to_keep_says_why_and_writes_nothing(tmp_path, row
     assert "val_size" not in str(e.value) and not (tmp_path / "out").exists()
 
 
+def test_an_empty_source_is_refused_before_any_eval_set_is_fetched(tmp_path, monkeypatch):
+    """It used to prepare the eval sets first (a download each, warnings about the network)."""
+    source = tmp_path / "src.jsonl"
+    source.write_text("\n\n")
+    fetched: list[object] = []
+    monkeypatch.setattr(curate, "prepare_eval_sets", lambda *a, **k: fetched.append(a) or {})
+    with pytest.raises(PipelineError, match="src.jsonl has no rows"):
+        run_curate(tmp_path, source, eval_sets={"aime": "some/hub-id"})
+    assert not fetched and not (tmp_path / "out").exists() and not (tmp_path / "eval").exists()
+
+
 def test_synthetic_source(tmp_path):
     cfg = cfg_with("synthetic.num_train=40", "synthetic.num_test=10", "data.val_size=8")
     s = curate.curate(

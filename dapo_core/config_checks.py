@@ -187,3 +187,27 @@ def check_values(cfg: Config, source: str, where: typing.Callable[[str], str]) -
     )
     need(0 < e.top_p <= 1, "eval.top_p must be in (0, 1]")
     need(all(k >= 1 for k in e.pass_ks), "eval.pass_ks must be positive")
+
+
+def doubtful_settings(cfg: Config, train_problems: int) -> list[str]:
+    """Settings a run can go on with but that are probably not meant, each a line that says
+    what follows and what to change: a batch larger than the training set (a step then holds
+    some problems twice: ``ProblemStream`` starts its next epoch inside the batch), and a
+    micro-batch budget below one longest sequence (each sample then gets a micro-batch of its
+    own: slow, not wrong)."""
+    t, r = cfg.train, cfg.rollout
+    said = []
+    batch, key = max((t.prompt_batch, "train.prompt_batch"), (t.gen_batch, "train.gen_batch"))
+    if batch > train_problems:
+        said.append(
+            f"{key} is {batch} but the training set has {train_problems} problems: a batch "
+            f"holds some problems twice; lower {key}, or curate more problems"
+        )
+    longest = r.max_prompt_len + r.max_response_len
+    if t.micro_batch_tokens < longest:
+        said.append(
+            f"train.micro_batch_tokens is {t.micro_batch_tokens}, below one longest sequence "
+            f"(rollout.max_prompt_len + rollout.max_response_len = {longest}): long samples "
+            "get a micro-batch each, which is slow; raise it to at least that"
+        )
+    return said

@@ -16,11 +16,13 @@ from pathlib import Path
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dapo_core.config import Config
+from dapo_core.config_checks import doubtful_settings
 from dapo_core.errors import PipelineError
 from dapo_core.problem import Problem
 from tasks.data.splits import splits
 from tasks.models.loading import HandedPolicy, load_policy, save_model_dir
 from tasks.models.resolve import resolve_model_path
+from tasks.orchestration import run_logger
 from tasks.rollout.factory import make_generator
 from tasks.rundir import ResumePoint, RunDir
 from tasks.runtime import configure_torch, env_world_size
@@ -163,6 +165,9 @@ def _start(
     generator = make_generator(cfg, model, tokenizer, model_path)
     record = recording_sink(run_dir, start.logged_through, sink)
     train = problems if problems is not None else splits(cfg).train  # read once per task
+    if rank == 0:
+        for line in doubtful_settings(cfg, len(train)):
+            run_logger().warning("train: %s", line)
     spec = RolloutSpec(cfg, model_path, weights_dtype(cfg, world), device, train)
     trainer = DAPOTrainer(cfg, model, tokenizer, generator, train, record, rollout_spec=spec)
     if start.checkpoint:

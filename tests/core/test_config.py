@@ -403,3 +403,51 @@ def test_flat_settings_names_each_leaf_by_its_dotted_path_and_keeps_long_values_
         "f": "null",
         "g": "y" * 600,  # compared whole: MLflow's cut is tracking's
     }
+
+
+# --- settings a run goes on with but probably does not mean (dapo_core.config_checks) ---------
+
+
+def _train_settings(**train: int) -> object:
+    overrides = [f"train.{k}={v}" for k, v in train.items()]
+    return load_params(overrides=[*overrides, "rollout.max_prompt_len=64"])
+
+
+def test_the_shipped_settings_are_not_doubtful():
+    from dapo_core.config_checks import doubtful_settings
+
+    for overlays in ([], *[[f"configs/{p}"] for p in ("chain.yaml", "smollm2-135m.yaml")]):
+        cfg = load_params(overlays=overlays)
+        assert doubtful_settings(cfg, cfg.synthetic.num_train) == [], overlays
+
+
+@pytest.mark.parametrize(
+    ("problems", "said"),
+    [(96, None), (95, "train.gen_batch is 96 but the training set has 95 problems")],
+)
+def test_a_batch_larger_than_the_training_set_is_named(problems, said):
+    from dapo_core.config_checks import doubtful_settings
+
+    cfg = _train_settings(prompt_batch=64, gen_batch=96, mini_batch=32)
+    lines = doubtful_settings(cfg, problems)
+    assert len(lines) == (said is not None) and all(line.startswith(said) for line in lines)
+
+
+def test_a_prompt_batch_larger_than_the_training_set_is_named_when_gen_batch_is_smaller():
+    from dapo_core.config_checks import doubtful_settings
+
+    cfg = _train_settings(prompt_batch=64, gen_batch=64, mini_batch=32)
+    (line,) = doubtful_settings(cfg, 10)
+    assert line.startswith("train.prompt_batch is 64 but the training set has 10 problems")
+
+
+def test_a_micro_batch_below_one_longest_sequence_is_named():
+    from dapo_core.config_checks import doubtful_settings
+
+    cfg = _train_settings()
+    longest = cfg.rollout.max_prompt_len + cfg.rollout.max_response_len
+    (said,) = doubtful_settings(_train_settings(micro_batch_tokens=longest - 1), 10**6)
+    assert said.startswith(f"train.micro_batch_tokens is {longest - 1}, below")
+    assert f"= {longest})" in said
+    cfg = _train_settings(micro_batch_tokens=longest)
+    assert doubtful_settings(cfg, 10**6) == []

@@ -15,7 +15,7 @@ def _exit_at_once(signum: int, frame: object) -> None:
     """Ctrl-C (or SIGTERM) while a benchmark imports its libraries: nothing has started, so
     nothing needs cleaning up."""
     print(STOPPED, file=sys.stderr, flush=True)
-    os._exit(130)
+    os._exit(128 + signum)  # the shell's status for the signal: 130 Ctrl-C, 143 SIGTERM
 
 
 # Run as ``python -m bench[.NAME]``, this package is imported before the module's own imports

@@ -7,8 +7,9 @@ and systemd signal the group too) to the group or to the command's process alone
 trial: seconds from the signal to the exit, the exit code, whether a traceback was printed, the
 processes left behind, and the final MLflow and Prefect records of the runs the command started.
 
-What the command promises (issue 23): exit 130 within 10 s, no traceback, nothing left running,
-MLflow runs KILLED, Prefect flow runs in a final state. SIGKILL (``--signals KILL``: the OOM
+What the command promises (issue 23): exit 128 + the signal's number (130 SIGINT, 143 SIGTERM)
+within 10 s, no traceback, nothing left running, MLflow runs KILLED, Prefect flow runs in a final
+state. SIGKILL (``--signals KILL``: the OOM
 killer, a scheduler after its grace period) runs no handler at all; then the command's reaper
 (``tasks.lifetime``) must have left nothing running and no run RUNNING within ``SETTLE_S``.
 Each trial has its own Prefect home, so its processes are told apart by their environment;
@@ -97,6 +98,7 @@ class Trial:
 
 @dataclass(frozen=True)
 class Outcome:
+    sent: int  # the signal
     exit_code: int | None
     seconds: float
     traceback: bool
@@ -109,7 +111,7 @@ class Outcome:
         if self.exit_code == -signal.SIGKILL:  # no handler ran: the reaper's work is checked
             return not self.left and not any(s in LIVE for s in self.mlflow + self.prefect)
         return (
-            self.exit_code == 130
+            self.exit_code == 128 + self.sent  # the shell's status: 130 SIGINT, 143 SIGTERM
             and self.seconds <= 10.0
             and not self.traceback
             and not self.left
@@ -214,6 +216,7 @@ def run_trial(
         text = log.read_text(errors="replace")
         lines = [ln for ln in text.splitlines() if ln.strip()]
         return Outcome(
+            sig,
             proc.returncode,
             seconds,
             "Traceback" in text,

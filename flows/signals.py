@@ -23,7 +23,7 @@ works; Python's default is 700 (docs/testing.md has what it saves a cold command
 
 def exit_at_once(signum: int, frame: Any) -> None:
     sys.stderr.write("interrupted before anything had started\n")
-    os._exit(130)
+    os._exit(128 + signum)  # 130 for Ctrl-C, 143 for SIGTERM: the shell's status for each
 
 
 def run_to_the_end(app: Any) -> None:

@@ -1,6 +1,9 @@
 """The interrupt path every command shares: Ctrl-C and SIGTERM handled, held or deferred where
 a stop must not cut a write or a clean-up short, delivered again if lost, and a watchdog that
-gives the clean-up ``CLEANUP_DEADLINE_S`` before the command kills what it started and exits 130.
+gives the clean-up ``CLEANUP_DEADLINE_S`` before the command kills what it started and exits.
+
+A command a signal stopped exits 128 + the signal's number, the status a shell gives a process
+that signal killed: 130 for Ctrl-C (SIGINT), 143 for SIGTERM (:func:`interrupted_status`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 CLEANUP_DEADLINE_S = 45.0
 """How long a command may take to clean up after Ctrl-C or SIGTERM before it gives up (measured:
 0-2 s for a run, up to ~15 s for a sweep stopping its workers)."""
+_stopped_by: list[int] = []  # the first signal that stopped this command
 _sessions: set[int] = set()  # process groups this process started and must not leave behind
 _watchdog: list[threading.Timer] = []
 
@@ -34,8 +38,8 @@ def release_session(pid: int) -> None:
 
 def give_up() -> None:
     """The clean-up after an interrupt did not finish in time: kill the sessions this process
-    started, say so in one line, exit 130. The run directory needs nothing from it (crash
-    consistency: a resume continues from the last checkpoint)."""
+    started, say so in one line, exit (:func:`interrupted_status`). The run directory needs
+    nothing from it (crash consistency: a resume continues from the last checkpoint)."""
     from tasks.lifetime import descendants
 
     # What the sessions started in sessions of their own (a worker's flow runs) first: once
@@ -51,7 +55,19 @@ def give_up() -> None:
         "command stopped without it; its run directory is consistent: --resume continues it\n"
     )
     sys.stderr.flush()
-    os._exit(130)
+    os._exit(interrupted_status())
+
+
+def interrupted_status() -> int:
+    """The status of a command a signal stopped: 128 + the number of the first signal since
+    :func:`forget_interrupts` (130 for Ctrl-C, 143 for SIGTERM), as a shell reports a process
+    that signal killed; 130 when no handler saw one (a KeyboardInterrupt raised otherwise)."""
+    return 128 + (_stopped_by[0] if _stopped_by else signal.SIGINT)
+
+
+def forget_interrupts() -> None:
+    """A command begins: what stopped an earlier one in this process (a test's) is forgotten."""
+    _stopped_by.clear()
 
 
 def arm_watchdog(deadline_s: float | None = None) -> None:
@@ -97,6 +113,8 @@ def watched(handler: Any) -> Any:
         return handler
 
     def arming(signum: int, frame: Any) -> Any:
+        if not _stopped_by:
+            _stopped_by.append(signum)
         arm_watchdog()
         redeliver_lost_interrupts(signum)
         return handler(signum, frame)

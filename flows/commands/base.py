@@ -24,6 +24,7 @@ from dapo_core.ablation import (
 from dapo_core.config import ConfigError
 from dapo_core.errors import PipelineError, TrainingInterrupted
 from flows.signals import exit_at_once
+from tasks.signals import interrupted_status
 
 try:  # Typer ships its own copy of click since 0.2x: its errors are that copy's, not click's
     from typer._click.exceptions import NoArgsIsHelpError, UsageError
@@ -102,8 +103,9 @@ def _working() -> None:
     """From here on the command does work with a clean-up: Ctrl-C and SIGTERM raise, so that it
     runs (MLflow run ended KILLED, Prefect state written, servers stopped)."""
     from flows.signals import collector_for_work
-    from tasks.signals import watched
+    from tasks.signals import forget_interrupts, watched
 
+    forget_interrupts()
     collector_for_work()  # off while the command imported (flows.signals.until_work_begins)
     # the first interrupt gives the clean-up CLEANUP_DEADLINE_S, then the command gives up
     signal.signal(signal.SIGINT, watched(signal.default_int_handler))
@@ -129,7 +131,7 @@ def user_errors(fn: F) -> F:
         except TrainingInterrupted as e:
             console.print(f"[bold yellow]interrupted:[/] {e}")
             _exit_promptly()
-            raise typer.Exit(130) from None
+            raise typer.Exit(interrupted_status()) from None
         except (ConfigError, PipelineError, OSError) as e:  # FileNotFoundError is an OSError
             console.print(f"[bold red]error:[/] {e}")
             raise typer.Exit(2) from None
@@ -139,7 +141,7 @@ def user_errors(fn: F) -> F:
                 "start again"
             )
             _exit_promptly()
-            raise typer.Exit(130) from None
+            raise typer.Exit(interrupted_status()) from None
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

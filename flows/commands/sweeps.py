@@ -343,4 +343,6 @@ def schedule(
         "[bold yellow]interrupted:[/] stopped serving; the schedules are paused until "
         "`dapo schedule` serves them again"
     )
-    raise typer.Exit(130)
+    from tasks.signals import interrupted_status
+
+    raise typer.Exit(interrupted_status())

@@ -160,3 +160,29 @@ def test_output_into_a_pipe_whose_reader_left_exits_141_quietly(printer: str) ->
     args = ["variants"] if printer == "rich" else ["--help"]
     code, err = _dapo_into_a_closed_pipe(*args)
     assert code == 128 + signal.SIGPIPE and "Traceback" not in err, err
+
+
+def test_a_stopped_command_exits_128_plus_its_first_signal():
+    """The shell's status for a process a signal killed: 130 for Ctrl-C, 143 for SIGTERM (Slurm,
+    Kubernetes, systemd). Both stopped a command alike, and both exited 130."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, signal\n"
+        "from tasks import signals\n"
+        "said = []\n"
+        "for s in (signal.SIGINT, signal.SIGTERM):\n"
+        "    signal.signal(s, signals.watched(lambda signum, frame: said.append(signum)))\n"
+        "print(signals.interrupted_status())\n"  # none yet: a KeyboardInterrupt's 130
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"  # a second signal does not change it
+        "print(signals.interrupted_status())\n"
+        "signals.forget_interrupts()\n"  # the next command in this process
+        "print(signals.interrupted_status())\n"
+        "os._exit(0)\n"  # before the clean-up watchdog the signals armed
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["130", "143", "130"], done.stderr

@@ -71,7 +71,8 @@ def build_and_compare(cfg: Config, ship_as: str | None = None) -> BuildReport:
         out = shipped.ship(path, ship_as, key, about)
         with tempfile.TemporaryDirectory(prefix="dapo-reference-") as scratch:
             digest = reference_run(cfg, Path(scratch))  # from the checkpoint just shipped
-        reference = {"overrides": list(REFERENCE_OVERRIDES), "digest": digest}
+        vendor = kernel_tags()["runtime.cpu_vendor"]
+        reference = {"overrides": list(REFERENCE_OVERRIDES), "digests": {vendor: digest}}
         shipped.annotate(out, reference_run=reference)
     return BuildReport(
         path, built, record.get("build", {}).get("warm_start", {}), ours and ours.name, before
@@ -91,7 +92,8 @@ REFERENCE_STEPS = 5
 REFERENCE_OVERRIDES = (f"train.steps={REFERENCE_STEPS}", "train.checkpoint_every=0")
 """The short reference run: ``dapo train -c PRESET -S train.steps=5 -S train.checkpoint_every=0
 --no-track`` from the shipped checkpoint. Its final weights are the same bits on every machine
-whose kernels are pinned (``tasks.determinism``); the release records their digest."""
+whose kernels are pinned (``tasks.determinism``) and whose CPU has the same maker; the release
+records their digest per maker (``reference_run.digests``: ``GenuineIntel``, ``AuthenticAMD``)."""
 
 
 def reference_run(cfg: Config, scratch: Path) -> str:
@@ -131,9 +133,15 @@ def _same_run(cfg: Config, preset: Config) -> None:
 @dataclass(frozen=True)
 class ReferenceCheck:
     checkpoint: str  # the shipped checkpoint's name
-    want: str | None  # the reference run's digest its release records (None: not recorded)
+    vendor: str  # this CPU's maker (runtime.cpu_vendor)
+    recorded: dict[str, str]  # the reference run's digest per CPU maker, as its release records
     got: str
     kernels: dict[str, str]
+
+    @property
+    def want(self) -> str | None:
+        """The digest recorded for this CPU's maker (None: none recorded for it)."""
+        return self.recorded.get(self.vendor)
 
     @property
     def reproduced(self) -> bool:
@@ -142,15 +150,48 @@ class ReferenceCheck:
 
 def check_reference(cfg: Config, scratch: Path, preset: Config | None = None) -> ReferenceCheck:
     """Run the reference run from the shipped checkpoint of ``cfg`` and compare its final weights
-    with the digest the release recorded. ``preset``: ``cfg`` before its -S overrides, which
-    may change only where runs are tracked and written (any other setting makes another run,
-    whose weights would differ on every machine and be blamed on this one's rounding)."""
+    with the digest the release recorded for this CPU's maker. ``preset``: ``cfg`` before its -S
+    overrides, which may change only where runs are tracked and written (any other setting makes
+    another run, whose weights would differ on every machine and be blamed on this one's
+    rounding)."""
     _same_run(cfg, preset or cfg)
+    path = _shipped_checkpoint(cfg)
+    reference = (read_record(path) or {}).get("release", {}).get("reference_run", {})
+    kernels = kernel_tags()
+    got = reference_run(cfg, scratch)
+    return ReferenceCheck(
+        path.name, kernels["runtime.cpu_vendor"], dict(reference.get("digests", {})), got, kernels
+    )
+
+
+def record_reference(check: ReferenceCheck) -> None:
+    """Record ``check``'s digest as the reference run of its CPU's maker (maintainers: a maker
+    the release has none for). Refused off the portable kernels, and where one is recorded: a
+    digest that no longer reproduces means the numerics changed, and the release is re-shipped
+    (checkpoints/README.md)."""
+    if check.kernels.get("runtime.portable_kernels") != "true":
+        raise PipelineError(
+            "this machine does not run the portable kernels (runtime.portable_kernels=false): "
+            "its digest would hold for it alone; run on a CPU with AVX2 and FMA, without "
+            "DAPO_PORTABLE_KERNELS=0 or kernel settings of your own"
+        )
+    if check.want is not None:
+        raise PipelineError(
+            f"checkpoints/{check.checkpoint} records a reference run for {check.vendor} CPUs "
+            f"already ({check.want}); a digest that no longer reproduces is a change of "
+            "numerics: re-ship the checkpoint (checkpoints/README.md)"
+        )
+    path = shipped.SHIPPED_ROOT / check.checkpoint
+    reference = (read_record(path) or {}).get("release", {}).get("reference_run", {})
+    digests = {**reference.get("digests", {}), check.vendor: check.got}
+    shipped.annotate(path, reference_run={**reference, "digests": dict(sorted(digests.items()))})
+
+
+def _shipped_checkpoint(cfg: Config) -> Path:
     path = shipped.find(shipped_key(cfg))
     if path is None:
         raise PipelineError(
             "no checkpoint ships for these settings, so there is no reference run to compare "
             "with (the presets that ship one: params.yaml and configs/chain.yaml)"
         )
-    want = (read_record(path) or {}).get("release", {}).get("reference_run", {}).get("digest")
-    return ReferenceCheck(path.name, want, reference_run(cfg, scratch), kernel_tags())
+    return path

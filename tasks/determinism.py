@@ -15,7 +15,12 @@ docs/determinism.md:
   different ones and round differently; in that mode it picks by rule.
 
 AVX2 is the newest level every x86-64 CPU of the last decade has. ``DAPO_PORTABLE_KERNELS=0``
-leaves each library to its own choice (faster on some CPUs, and machine-specific)."""
+leaves each library to its own choice (faster on some CPUs, and machine-specific).
+
+One choice stays the CPU maker's: MKL runs the branch ``MKL_CBWR`` names on Intel CPUs only, and
+its ``AUTO`` branch on others (its documentation), and an Intel Xeon computes other bits than the
+three AMD EPYCs that agree with each other (docs/determinism.md). So runs compare bit for bit
+between machines of one maker (``runtime.cpu_vendor``)."""
 
 from __future__ import annotations
 
@@ -32,15 +37,30 @@ REPRODUCIBLE_COMPILER = {"TORCHINDUCTOR_DETERMINISTIC": "1"}
 SWITCH = "DAPO_PORTABLE_KERNELS"
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
-    """The CPU's feature flags (Linux); empty where they cannot be read."""
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def _cpuinfo_field(name: str, cpuinfo: Path) -> str | None:
+    """The first CPU's ``name`` field in ``cpuinfo`` (Linux); None where it cannot be read."""
     try:
         for line in cpuinfo.read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.partition(":")[2].split())
+            key, _, value = line.partition(":")
+            if key.strip() == name:
+                return value.strip()
     except OSError:
         pass
-    return set()
+    return None
+
+
+def cpu_flags(cpuinfo: Path = CPUINFO) -> set[str]:
+    """The CPU's feature flags (Linux); empty where they cannot be read."""
+    return set((_cpuinfo_field("flags", cpuinfo) or "").split())
+
+
+def cpu_vendor(cpuinfo: Path = CPUINFO) -> str:
+    """The CPU's maker as the CPU names itself (``GenuineIntel``, ``AuthenticAMD``); ``unknown``
+    where it cannot be read."""
+    return _cpuinfo_field("vendor_id", cpuinfo) or "unknown"
 
 
 def portable_kernels(flags: set[str] | None = None) -> dict[str, str]:
@@ -69,8 +89,9 @@ def pin_kernels() -> None:
 
 def kernels_in_effect(cpu_capability: str) -> dict[str, str]:
     """What decided this process's CPU rounding, as a run's tags: ATen's level as torch reports
-    it (``cpu_capability``), MKL's and oneDNN's settings, and whether all three are the portable
-    pins (``runtime.portable_kernels``: only then do two machines' runs compare bit for bit)."""
+    it (``cpu_capability``), MKL's and oneDNN's settings, whether all three are the portable
+    pins (``runtime.portable_kernels``: only then do two machines' runs compare bit for bit),
+    and the CPU's maker (which MKL's branch depends on, pinned or not)."""
     mkl = os.environ.get("MKL_CBWR", "")
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "")
     portable = (
@@ -84,4 +105,5 @@ def kernels_in_effect(cpu_capability: str) -> dict[str, str]:
         "runtime.onednn_isa": isa or "native",
         "runtime.portable_kernels": str(portable).lower(),
         "runtime.inductor_deterministic": os.environ.get("TORCHINDUCTOR_DETERMINISTIC", "0"),
+        "runtime.cpu_vendor": cpu_vendor(),
     }

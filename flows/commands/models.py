@@ -103,24 +103,57 @@ def model_build(
 
 @model_app.command("check")
 @user_errors
-def model_check(params: ParamsOpt = None, config: ConfigOpt = None, set_: SetOpt = None) -> None:
+def model_check(
+    params: ParamsOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    record: Annotated[
+        bool,
+        typer.Option(
+            "--record",
+            help="Maintainers: record this machine's digest as the reference of its CPU's maker, "
+            "for a maker the release has none for.",
+        ),
+    ] = False,
+) -> None:
     """Run the short reference run (5 RL steps) from the shipped checkpoint and say whether this
-    machine computes the same final weights as the release recorded (exit 1 if not)."""
+    machine computes the same final weights as the release recorded for its CPU's maker (exit 1
+    if not)."""
     import tempfile
 
-    from flows.models import check_reference
+    from flows.models import check_reference, record_reference
 
     cfg = _load(params, config, set_)
     preset = _load(params, config, None) if set_ else cfg
     with tempfile.TemporaryDirectory(prefix="dapo-reference-") as scratch:
         r = check_reference(cfg, Path(scratch), preset)
-    if r.reproduced:
-        console.print(f"[green]reproduced[/]: {r.got} from checkpoints/{r.checkpoint}, bit for bit")
+    if record:
+        record_reference(r)
+        console.print(
+            f"recorded: {r.got} as the reference run of checkpoints/{r.checkpoint} on "
+            f"{r.vendor} CPUs (commit checkpoints/{r.checkpoint}/dapo_build.json)"
+        )
         return
+    if r.reproduced:
+        console.print(
+            f"[green]reproduced[/]: {r.got} from checkpoints/{r.checkpoint}, bit for bit "
+            f"(the release's digest for {r.vendor} CPUs)"
+        )
+        return
+    kernels = ", ".join(f"{k}={v}" for k, v in r.kernels.items())
+    if r.want is None:
+        makers = ", ".join(sorted(r.recorded)) or "none"
+        console.print(
+            f"[yellow]no reference for {r.vendor} CPUs[/]: this machine ended in {r.got}; the "
+            f"release recorded the run on CPUs of other makers only ({makers}), and MKL computes "
+            "differently on each maker's CPUs (docs/determinism.md); runs here are other draws "
+            "of the same experiment (maintainers: --record adds this maker's digest)"
+        )
+        raise typer.Exit(1)
     console.print(
-        f"[yellow]not reproduced[/]: {r.got}, the release recorded {r.want} "
-        f"(kernels here: {', '.join(f'{k}={v}' for k, v in r.kernels.items())}); runs here are "
-        "other draws of the same experiment (docs/results.md, 'The same numbers on every machine')"
+        f"[yellow]not reproduced[/]: {r.got}, the release recorded {r.want} for {r.vendor} CPUs "
+        f"(kernels here: {kernels}); runs here are other draws of the same experiment "
+        "(docs/results.md, 'The same numbers on every machine')"
     )
     raise typer.Exit(1)
 

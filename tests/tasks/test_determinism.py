@@ -12,7 +12,13 @@ import pytest
 import torch
 
 from tasks import determinism
-from tasks.determinism import PORTABLE_KERNELS, cpu_flags, kernels_in_effect, portable_kernels
+from tasks.determinism import (
+    PORTABLE_KERNELS,
+    cpu_flags,
+    cpu_vendor,
+    kernels_in_effect,
+    portable_kernels,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PINNED = kernels_in_effect(torch.backends.cpu.get_cpu_capability())["runtime.portable_kernels"]
@@ -26,6 +32,15 @@ def test_cpu_flags_are_read_from_the_flags_line(tmp_path):
     info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\nbugs\t\t: none\n")
     assert cpu_flags(info) == {"fpu", "sse2", "avx2", "fma"}
     assert cpu_flags(tmp_path / "missing") == set()  # macOS, a container without /proc
+
+
+def test_the_cpu_maker_is_read_from_the_vendor_line(tmp_path):
+    """MKL's branch depends on it (tasks.determinism): a run is tagged with it."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n")
+    assert cpu_vendor(info) == "AuthenticAMD"
+    assert cpu_vendor(tmp_path / "missing") == "unknown"
+    assert kernels_in_effect("AVX2")["runtime.cpu_vendor"] == cpu_vendor()
 
 
 def test_only_a_cpu_with_avx2_and_fma_takes_the_pins(monkeypatch):
@@ -94,12 +109,14 @@ def test_the_dapo_entry_point_pins_the_kernels_before_torch_loads():
 @needs_pins
 def test_the_chain_reference_run_reproduces_the_release_bit_for_bit(tmp_path):
     """The determinism contract: 5 RL steps of the chain preset from its shipped checkpoint end
-    in the final weights the release recorded, on any machine with AVX2 (a change to the
-    trainer's numerics changes them too: re-ship with `dapo model build -c configs/chain.yaml
-    --ship tiny-chain`, checkpoints/README.md)."""
+    in the final weights the release recorded for this CPU's maker, on any machine with AVX2 (a
+    change to the trainer's numerics changes them too: re-ship with `dapo model build -c
+    configs/chain.yaml --ship tiny-chain`, checkpoints/README.md). A maker the release has no
+    digest for fails here: record one with `dapo model check -c configs/chain.yaml --record`."""
     from flows.models import check_reference
     from tasks.params import load_params
 
     cfg = load_params(None, [ROOT / "configs" / "chain.yaml"])
     r = check_reference(cfg, tmp_path)
-    assert r.want and r.reproduced, (r.got, r.want)
+    assert r.want, f"no reference recorded for {r.vendor} CPUs (got {r.got}): see the docstring"
+    assert r.reproduced, (r.got, r.want)

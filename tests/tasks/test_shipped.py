@@ -92,7 +92,8 @@ def test_the_docs_quote_the_shipped_releases(page):
     for name in PRESETS:
         release = json.loads((shipped.SHIPPED_ROOT / name / BUILD_RECORD).read_text())["release"]
         assert release["digest"] in text, name
-        assert release["reference_run"]["digest"] in text, name
+        for maker, digest in release["reference_run"]["digests"].items():
+            assert digest in text and maker in text, (name, maker)
         start = re.escape(f"{release['start']['avg_at_k']:.3f}")
         assert re.search(rf"\b{start}\b", text), name
 
@@ -235,3 +236,35 @@ def test_the_reference_run_takes_no_settings_but_where_it_is_tracked(tiny_cfg, t
     elsewhere = resolve(tiny_cfg.to_dict(), overrides=["tracking.experiment_prefix=x"])
     with pytest.raises(PipelineError, match="no checkpoint ships for these settings"):
         check_reference(elsewhere, tmp_path, tiny_cfg)  # past the settings (the tests' model)
+
+
+def _check(vendor: str, recorded: dict[str, str], portable: str = "true"):
+    from flows.models import ReferenceCheck
+
+    kernels = {"runtime.portable_kernels": portable, "runtime.cpu_vendor": vendor}
+    return ReferenceCheck("tiny-arith", vendor, recorded, "sha256:new", kernels)
+
+
+def test_the_reference_is_the_one_recorded_for_this_cpus_maker():
+    """MKL computes differently on each maker's CPUs (tasks.determinism): an Intel machine is
+    held to the digest recorded on Intel, not to AMD's."""
+    recorded = {"AuthenticAMD": "sha256:amd", "GenuineIntel": "sha256:new"}
+    assert _check("GenuineIntel", recorded).reproduced
+    assert not _check("AuthenticAMD", recorded).reproduced
+    assert _check("HygonGenuine", recorded).want is None
+
+
+def test_record_adds_a_makers_digest_and_refuses_to_replace_one(tmp_path, monkeypatch):
+    from flows.models import record_reference
+
+    copy = _copy_release(tmp_path, monkeypatch)
+    before = read_record(copy)["release"]["reference_run"]["digests"]
+    record_reference(_check("HygonGenuine", before))
+    after = read_record(copy)["release"]["reference_run"]
+    assert after["digests"] == {**before, "HygonGenuine": "sha256:new"}
+    assert after["overrides"] == ["train.steps=5", "train.checkpoint_every=0"]
+    with pytest.raises(PipelineError, match="re-ship the checkpoint"):
+        record_reference(_check("HygonGenuine", after["digests"]))  # a change of numerics
+    with pytest.raises(PipelineError, match="portable kernels"):
+        record_reference(_check("OtherMaker", after["digests"], portable="false"))
+    assert read_record(copy)["release"]["reference_run"] == after

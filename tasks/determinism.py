@@ -1,4 +1,4 @@
-"""Which CPU kernels compute a run, so that every x86-64 machine with AVX2 computes the same bits.
+"""Which CPU kernels compute a run, so that x86-64 machines with AVX2 compute the same bits.
 
 Standard library only: the ``dapo`` entry point pins these before torch is imported (torch, MKL
 and oneDNN read them once, at load). What they pin, and what no setting pins, is in

@@ -268,3 +268,19 @@ def test_record_adds_a_makers_digest_and_refuses_to_replace_one(tmp_path, monkey
     with pytest.raises(PipelineError, match="portable kernels"):
         record_reference(_check("OtherMaker", after["digests"], portable="false"))
     assert read_record(copy)["release"]["reference_run"] == after
+
+
+def test_model_check_on_a_maker_without_a_reference_says_so_and_how_to_record_one(monkeypatch):
+    from typer.testing import CliRunner
+
+    import flows.models
+    from flows.cli import app
+
+    kernels = {"runtime.portable_kernels": "true", "runtime.cpu_vendor": "HygonGenuine"}
+    monkeypatch.setattr(flows.models, "kernel_tags", lambda: kernels)
+    monkeypatch.setattr(flows.models, "reference_run", lambda cfg, scratch: "sha256:hygon")
+    out = CliRunner().invoke(app, ["model", "check"])
+    assert out.exit_code == 1, out.output
+    said = " ".join(out.output.split())
+    assert said.startswith("no reference for HygonGenuine CPUs: this machine ended in sha256:hygon")
+    assert "(AuthenticAMD, GenuineIntel)" in said and "--record" in said

@@ -74,15 +74,16 @@ def ui(
             "command `dapo ui --print-only` prints with `--app-name basic-auth` added and "
             "MLFLOW_AUTH_ADMIN_PASSWORD set (the admin's password on first start)"
         )
-    sys.stdout.write(f"http://{host}:{port}\n")
+    base = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"  # IPv6: [::1]
+    sys.stdout.write(f"{base}\n")
     sys.stdout.flush()
-    for name, url in _experiment_links(uri, cfg, f"http://{host}:{port}").items():
+    for name, url in _experiment_links(uri, cfg, base).items():
         console.print(f"{name}: {url}", highlight=False)
     if print_only:
         sys.stdout.write(" ".join(shlex.quote(c) for c in cmd) + "\n")
         return
-    console.print(f"MLflow UI on store {uri}; Ctrl-C stops it.")
-    exec_host(port, cmd, mlflow_env())  # this process, lighter: it holds nothing while it waits
+    console.print(f"MLflow UI on store {uri}: starting (it says when it is ready)")
+    exec_host(base, cmd, mlflow_env())  # this process, lighter: it holds nothing while it waits
 
 
 @app.command("register")

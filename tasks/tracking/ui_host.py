@@ -7,7 +7,7 @@ has imported torch, transformers and MLflow (a few hundred MB resident) and woul
 long as the UI stays open, doing nothing. The process keeps its pid, its process group and its
 terminal, so a Ctrl-C or a SIGTERM for ``dapo ui`` reaches this.
 
-    python -I tasks/tracking/ui_host.py PORT -- MLFLOW UI COMMAND...
+    python -I tasks/tracking/ui_host.py URL -- MLFLOW UI COMMAND...
 
 It runs by its path in isolated mode (``-I``), as the reaper does: a ``tasks`` package in the
 directory ``dapo ui`` was started from cannot shadow the project's.
@@ -17,19 +17,27 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
 import sys
+import threading
+import time
+import urllib.parse
 from pathlib import Path
 
 GRACE_S = 10.0  # how long the server has to stop its workers before they are killed
+POLL_S = 0.25  # how often the server is asked whether it answers yet
 
 
-def host(port: int, cmd: list[str]) -> int:
+def host(url: str, cmd: list[str]) -> int:
     """Run ``cmd`` (in a session of its own, watched by the reaper) until it exits, or until
-    Ctrl-C or SIGTERM here; the exit code to give."""
+    Ctrl-C or SIGTERM here; say when it answers at ``url``; the exit code to give."""
     from tasks.lifetime import start_helper, stop_helper
 
     signal.signal(signal.SIGTERM, _interrupt)  # stopped as by Ctrl-C: the clean-up below runs
+    port = urllib.parse.urlsplit(url).port
     proc = start_helper(cmd)
+    threading.Thread(target=_say_when_ready, args=(url, proc), daemon=True).start()
     try:
         rc = proc.wait()
     except KeyboardInterrupt:
@@ -42,13 +50,32 @@ def host(port: int, cmd: list[str]) -> int:
     return rc
 
 
-def exec_host(port: int, cmd: list[str], env: dict[str, str]) -> None:
-    """Replace this process with the host of ``cmd`` (never returns). Whatever this process
-    registered to run at exit (``atexit``) does not run, nor may it have started a helper or
-    left last words (``tasks.lifetime``): its reaper's pipe closes with the exec."""
+def _say_when_ready(url: str, proc: subprocess.Popen) -> None:
+    """One line once the server listens (it takes seconds to start: a browser opened at once
+    found nothing there). Uvicorn listens once the app has started; a connection, not a
+    request, so that the server's access log has no line of ours."""
+    parts = urllib.parse.urlsplit(url)
+    everywhere = parts.hostname in ("0.0.0.0", "::", "")  # every interface: ask on loopback
+    address = ("127.0.0.1" if everywhere else parts.hostname, parts.port)
+    while proc.poll() is None:
+        try:
+            socket.create_connection(address, timeout=2).close()
+        except OSError:  # not listening yet
+            time.sleep(POLL_S)
+            continue
+        sys.stderr.write(f"ready: {url} (Ctrl-C stops it)\n")
+        sys.stderr.flush()
+        return
+
+
+def exec_host(url: str, cmd: list[str], env: dict[str, str]) -> None:
+    """Replace this process with the host of ``cmd`` (never returns), which serves at ``url``.
+    Whatever this process registered to run at exit (``atexit``) does not run, nor may it have
+    started a helper or left last words (``tasks.lifetime``): its reaper's pipe closes with the
+    exec."""
     sys.stdout.flush()
     sys.stderr.flush()
-    argv = [sys.executable, "-I", str(Path(__file__).resolve()), str(port), "--", *cmd]
+    argv = [sys.executable, "-I", str(Path(__file__).resolve()), url, "--", *cmd]
     os.execve(sys.executable, argv, env)
 
 
@@ -58,7 +85,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project's root (-I)
-    port, dashes, *command = sys.argv[1:]
+    url, dashes, *command = sys.argv[1:]
     if dashes != "--" or not command:
-        sys.exit("usage: python -I tasks/tracking/ui_host.py PORT -- COMMAND...")
-    sys.exit(host(int(port), command))
+        sys.exit("usage: python -I tasks/tracking/ui_host.py URL -- COMMAND...")
+    sys.exit(host(url, command))

@@ -257,11 +257,14 @@ def test_dapo_ui_stops_its_server_and_workers_on_sigterm(flows_env, tmp_path):
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/health"
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    ready = f"ready: http://127.0.0.1:{port} (Ctrl-C stops it)"
     try:
-        while not _answers(url):
+        # it says when the UI answers: it printed its URL some 10 s before it did
+        while ready not in (tmp_path / "ui.log").read_text():
             assert proc.poll() is None, (tmp_path / "ui.log").read_text()[-2000:]
             assert time.monotonic() < deadline, "dapo ui did not start"
-            time.sleep(0.5)
+            time.sleep(0.1)
+        assert _answers(url)
         children = subprocess.run(
             ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
         ).stdout.split()

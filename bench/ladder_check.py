@@ -140,14 +140,25 @@ def compare(table: pd.DataFrame, published: dict[str, float]) -> int:
     return misses
 
 
+TABLES_MAKER = "AuthenticAMD"
+"""The CPU maker the page's tables were measured on: bit-for-bit equal values need one of its
+CPUs (``tasks.determinism``: MKL computes differently on each maker's)."""
+
+
 def reference(scratch: Path) -> None:
     """Run the reference run in ``scratch`` and say whether this machine reproduced it."""
     from flows.models import check_reference
     from tasks.params import load_params
 
     r = check_reference(load_params(None, [CHAIN]), scratch)
-    if r.reproduced:
+    if r.reproduced and r.vendor == TABLES_MAKER:
         print(f"reference run: {r.got}, the shipped one: this machine computes the same bits")
+    elif r.reproduced:
+        print(
+            f"reference run: {r.got}, the release's for {r.vendor} CPUs; the tables were measured "
+            f"on {TABLES_MAKER} CPUs, which compute other bits, so runs here are other draws of "
+            "the same experiment; the table below is still the test"
+        )
     else:
         print(
             f"reference run: {r.got}, the release recorded {r.want}: this machine rounds "

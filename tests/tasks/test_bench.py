@@ -213,3 +213,23 @@ def test_across_starts_says_which_differences_hold_from_every_start():
     some = score_rows([table(0.1, True, -0.01, False), table(0.1, False, 0.02, False)])
     assert some[1].endswith("same sign (+), clear of 0 from 1 of 2 |")
     assert some[2].endswith("CI spans 0 from every start |")
+
+
+@pytest.mark.parametrize(
+    ("vendor", "said"),
+    [("AuthenticAMD", "this machine computes the same bits"), ("GenuineIntel", "other draws")],
+)
+def test_ladder_check_expects_the_tables_bits_only_on_their_makers_cpu(
+    monkeypatch, capsys, tmp_path, vendor, said
+):
+    """The tables are one maker's: an Intel machine reproducing Intel's reference run does not
+    compute the AMD-measured values (MKL, tasks.determinism)."""
+    import flows.models
+    from bench import ladder_check
+
+    recorded = {"AuthenticAMD": "sha256:a", "GenuineIntel": "sha256:i"}
+    got = recorded[vendor]
+    check = flows.models.ReferenceCheck("tiny-chain", vendor, recorded, got, {})
+    monkeypatch.setattr(flows.models, "check_reference", lambda cfg, scratch: check)
+    ladder_check.reference(tmp_path)
+    assert said in capsys.readouterr().out

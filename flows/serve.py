@@ -1,7 +1,9 @@
 """Serving deployments in this process (``dapo schedule``): Prefect's runner runs each
 scheduled flow run in a child process. A stop (Ctrl-C, SIGTERM) lets the runs at work stop
 themselves first, then says which were cut off and how each goes on; a flow-run process ends
-with this one, even when this one is killed outright (``tasks.orchestration.RUNS_END_WITH``).
+with this one, even when this one is killed outright (``tasks.orchestration.RUNS_END_WITH``),
+and so do the schedules: the runner pauses them when it stops, this process's reaper when it is
+killed (``PAUSE_ORPHANED``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +22,7 @@ from typing import Any
 
 from prefect.deployments.runner import RunnerDeployment
 
+from tasks import lifetime
 from tasks.lifetime import alive, children, is_reaper
 from tasks.orchestration import RUNS_END_WITH
 from tasks.signals import replaced_handlers
@@ -46,9 +50,9 @@ def serve_deployments(deployments: list[RunnerDeployment]) -> list[str]:
     began = datetime.datetime.now(datetime.timezone.utc)
     stopped: list[datetime.datetime] = []
     runner = Runner(pause_on_shutdown=True)  # what prefect.serve() makes
-    for deployment in deployments:
-        runner.add_deployment(deployment)
+    ids = [str(runner.add_deployment(deployment)) for deployment in deployments]
     with (
+        _paused_if_killed(ids),
         _environment(RUNS_END_WITH, str(os.getpid())),  # the runs end with this process
         replaced_handlers(lambda previous: _runs_first(previous, stopped)),
         _cancelled_callbacks_quiet(),
@@ -58,6 +62,40 @@ def serve_deployments(deployments: list[RunnerDeployment]) -> list[str]:
         runner.handle_sigterm = signal.getsignal(signal.SIGTERM)
         asyncio.run(runner.start())
     return cut_off_runs([d.name for d in deployments], began, stopped[0] if stopped else None)
+
+
+PAUSE_ORPHANED = """
+import os, sys, urllib.request
+url, ids = sys.argv[1], sys.argv[2:]
+headers = {"Content-Type": "application/json"}
+if os.environ.get("PREFECT_API_KEY"):
+    headers["Authorization"] = "Bearer " + os.environ["PREFECT_API_KEY"]
+for i in ids:
+    request = urllib.request.Request(
+        f"{url}/deployments/{i}", data=b'{"paused": true}', headers=headers, method="PATCH"
+    )
+    try:
+        urllib.request.urlopen(request, timeout=10).close()
+    except OSError:
+        pass
+"""
+"""What the reaper runs (``python -c PAUSE_ORPHANED API_URL ID...``) when ``dapo schedule`` is
+killed outright (SIGKILL, the OOM killer): the deployments it served are paused, as the runner
+pauses them when it stops (Prefect's API: ``PATCH /deployments/ID {"paused": true}``). Left
+unpaused, the server went on scheduling runs that nobody served. Standard library only: it runs
+after the command is gone, and fast."""
+
+
+@contextmanager
+def _paused_if_killed(ids: list[str]) -> Iterator[None]:
+    """The deployments ``ids`` are paused by this process's reaper should it be killed during
+    the block; a stop that runs the block's end leaves it to the runner."""
+    key = f"prefect-deployments:{os.getpid()}"
+    lifetime.last_words(key, [sys.executable, "-c", PAUSE_ORPHANED, str(api_url()), *ids])
+    try:
+        yield
+    finally:
+        lifetime.take_back(key)
 
 
 RUNS_STOP_S = 30.0

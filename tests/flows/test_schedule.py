@@ -271,3 +271,46 @@ def test_the_runner_takes_our_sigterm_handler_and_says_which_runs_were_cut_off(p
         "finished; to resume, run dapo ablate with the schedule's -c and -S and --run-name w1",
     ])  # fmt: skip
     assert cut_off_runs([nightly.name], began, None) == []  # no stop, nothing cut off
+
+
+@pytest.mark.slow
+def test_a_killed_schedule_leaves_its_deployments_paused(prefect_harness, tmp_path):
+    """SIGKILL of `dapo schedule` (the OOM killer) left its deployments unpaused: the server went
+    on scheduling runs that nobody served. Its reaper now pauses them, as the runner does when
+    it stops."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from prefect import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    (nightly,) = build_deployments(schedule_specs(ablate_cron=""))
+    deployment_id = str(nightly.apply())
+    with get_client(sync_client=True) as client:
+        client.resume_deployment(deployment_id)
+        assert not client.read_deployment(deployment_id).paused
+    script = (
+        "import sys, time\n"
+        "from flows.serve import _paused_if_killed\n"
+        "with _paused_if_killed(sys.argv[1:]):\n"
+        "    print('serving', flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
+    serving = subprocess.Popen(
+        [sys.executable, "-c", script, deployment_id], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert serving.stdout.readline() == "serving\n"
+        serving.kill()  # SIGKILL: no handler, no finally
+        serving.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        with get_client(sync_client=True) as client:
+            while not client.read_deployment(deployment_id).paused:
+                assert time.monotonic() < deadline, "the deployment was left unpaused"
+                time.sleep(0.5)
+    finally:
+        if serving.poll() is None:
+            serving.kill()

@@ -150,10 +150,12 @@ def ablate_flow(
     progress: bool = True,
     pool: str | None = None,
     baseline: str | None = None,
+    resume_with: str | None = None,
 ) -> pd.DataFrame:
     """Train and evaluate each Table 1 variant (cumulative switches) or algorithm for each seed;
     with ``pool``, as flow runs of the ``ablate-run`` deployment on that work pool. ``baseline``:
-    the variant the others are compared with (``comparison_baseline``).
+    the variant the others are compared with (``comparison_baseline``). ``resume_with``: the
+    command a stop's message gives to resume (default: the same command with ``--run-name``).
 
     Interrupted (Ctrl-C, SIGTERM), the flow run ends CANCELLED and the call raises
     TrainingInterrupted, whose message says what was cancelled and how to resume; the parent
@@ -217,7 +219,7 @@ def ablate_flow(
         with deferred_signals():  # a second Ctrl-C would leave the runs queued
             cancelled = stop_runs(name, pool) if pool else None
             parent.end("KILLED")
-        message = stopped_message(name, len(results), len(children), cancelled, e)
+        message = stopped_message(name, len(results), len(children), cancelled, e, resume_with)
         return Cancelled(message=message, data=TrainingInterrupted(message))
     except BaseException as e:
         with deferred_signals():
@@ -243,7 +245,12 @@ def ablate_flow(
 
 
 def stopped_message(
-    name: str, done: int, total: int, cancelled: Stopped | None, cause: BaseException
+    name: str,
+    done: int,
+    total: int,
+    cancelled: Stopped | None,
+    cause: BaseException,
+    resume_with: str | None = None,
 ) -> str:
     """One line: what the stop left behind and how to go on."""
     where = f"sweep {name} stopped with {done} of {total} runs finished"
@@ -251,6 +258,8 @@ def stopped_message(
         where += f"; {describe(cancelled)}"
     elif isinstance(cause, TrainingInterrupted):  # in process: the child says where it stopped
         where += f"; {str(cause).split('. Continue with:')[0]}"  # its advice is the sweep's, below
+    if resume_with:
+        return f"{where}; to resume: {resume_with}"
     return f"{where}; to resume, run the same command with --run-name {name}"
 
 

@@ -41,10 +41,14 @@ def run_demo() -> None:
     report_pipeline(pipeline_flow(run_name=pipeline_run))
 
     console.rule(f"2/2  dapo ablate: the Table 1 ladder, {ABLATION_STEPS} steps per variant")
+    overrides = [f"train.steps={ABLATION_STEPS}", "eval.every_n_steps=0"]
+    again = " ".join(f"-S {o}" for o in overrides)
     table = ablate_flow(
-        overrides=[f"train.steps={ABLATION_STEPS}", "eval.every_n_steps=0"],
+        overrides=overrides,
         run_name=ablate_run,
         curate=False,  # step 0 ran the data stages
+        # `dapo demo` has no --run-name: a stopped ladder is finished by the command it ran
+        resume_with=f".venv/bin/dapo ablate {again} --no-curate --run-name {ablate_run}",
     )
     report_ablation(table)
 

@@ -543,3 +543,7 @@ def test_a_stopped_sweep_gives_one_way_to_resume():
         "sweep b1 stopped with 1 of 2 runs finished; stopped after step 3 of 8; last checkpoint: "
         "step 2 (x); to resume, run the same command with --run-name b1"
     )
+    # `dapo demo`'s ladder: `dapo demo` has no --run-name, so its advice is the command it ran
+    demo = "dapo ablate -S train.steps=20 --no-curate --run-name b1"
+    said = stopped_message("b1", 1, 2, None, child, resume_with=demo)
+    assert said.endswith(f"step 2 (x); to resume: {demo}") and "same command" not in said

@@ -128,15 +128,46 @@ def quiet_user_error_tracebacks() -> None:
 
 
 def run_logger() -> Any:
-    """The Prefect run logger inside a flow or task; a plain logger when called outside one."""
+    """The Prefect run logger inside a flow or task; outside one, this project's own, which says
+    what a run logs (``continuing from step 40``, the preflight's report) on stderr as Prefect's
+    would: a command without a Prefect server showed its warnings alone."""
     if _direct.get() or "prefect" not in sys.modules:  # no Prefect run can be active
-        return logging.getLogger("dapo")
+        return _plain_logger()
     from prefect import get_run_logger
 
     try:
         return get_run_logger()
     except Exception:  # noqa: BLE001 - no Prefect run context
-        return logging.getLogger("dapo")
+        return _plain_logger()
+
+
+class _Stderr(logging.StreamHandler):
+    """Lines to whatever ``sys.stderr`` is when they are logged (a test's capture, too), not the
+    stream it was when the handler was made; ``warning:`` before a warning, as the CLI's own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:  # StreamHandler sets it: sys.stderr is read instead
+        pass
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        return f"warning: {line}" if record.levelno >= logging.WARNING else line
+
+
+def _plain_logger() -> logging.Logger:
+    logger = logging.getLogger("dapo")
+    if not any(isinstance(h, _Stderr) for h in logger.handlers):
+        logger.addHandler(_Stderr())
+        logger.setLevel(logging.INFO)
+    return logger
 
 
 def publish_markdown(key: str, markdown: str, description: str) -> str | None:

@@ -188,3 +188,18 @@ def test_a_flow_run_process_ends_with_the_command_that_started_it_even_killed(ow
     finally:
         with contextlib.suppress(OSError):
             os.killpg(command.pid, signal.SIGKILL)
+
+
+def test_outside_a_flow_run_what_a_run_logs_is_said_on_stderr(capsys):
+    """Without a Prefect server a command runs its flow as a function, and its run logger was
+    a bare logger: its info lines (the preflight's report, where a resumed run continues) were
+    dropped and its warnings shown by Python's last-resort handler."""
+    from tasks.orchestration import run_logger, without_prefect
+
+    with without_prefect():
+        log = run_logger()
+        log.info("train: continuing from step %d", 40)
+        log.warning("preflight: %s", "nothing to learn")
+        assert run_logger() is log and len(log.handlers) == 1  # one handler, however often
+    err = capsys.readouterr().err
+    assert err == "train: continuing from step 40\nwarning: preflight: nothing to learn\n"

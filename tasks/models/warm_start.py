@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +105,27 @@ class WarmStartResult:
         return out
 
 
+HEARTBEAT_S = 30.0
+"""Where output is not a terminal, a warm start says where it is at most this often."""
+
+
+class _Heartbeat:
+    """A line on stderr every ``every_s`` seconds of a loop of ``total`` steps (None: silent)."""
+
+    def __init__(self, every_s: float | None, total: int) -> None:
+        self.every_s, self.total = every_s, total
+        self.last = time.monotonic()
+
+    def step(self, step: int, loss: float, validation: float | None) -> None:
+        now = time.monotonic()
+        if self.every_s is None or now - self.last < self.every_s:
+            return
+        self.last = now
+        val = "" if validation is None else f", validation avg@k {validation:.3f}"
+        sys.stderr.write(f"warm start: step {step} of up to {self.total}, loss {loss:.3f}{val}\n")
+        sys.stderr.flush()
+
+
 def warm_start(
     model_dir: Path,
     train: list[Problem],
@@ -126,8 +148,11 @@ def warm_start(
     torch.manual_seed(seed)
     losses: list[float] = []
     checks: list[tuple[int, float]] = []
-    # a bar that erases itself shows nothing where output is not a terminal but a blank line
-    with Progress(transient=True, disable=not get_console().is_terminal) as progress:
+    # a bar that erases itself shows nothing where output is not a terminal but a blank line:
+    # there, a line now and then instead (a build runs for minutes)
+    terminal = get_console().is_terminal
+    said = _Heartbeat(None if terminal else HEARTBEAT_S, steps)
+    with Progress(transient=True, disable=not terminal) as progress:
         bar = progress.add_task("warm start (supervised)", total=steps)
         for step in range(1, steps + 1):
             model.train()
@@ -144,6 +169,7 @@ def warm_start(
                 progress.update(bar, description=f"warm start val {checks[-1][1]:.3f}")
                 if stop.lands(checks[-1][1]):
                     break
+            said.step(step, losses[-1], checks[-1][1] if checks else None)
     with without_deepspeed_probe():
         model.save_pretrained(model_dir)
     return WarmStartResult(losses, checks)

@@ -768,3 +768,22 @@ def test_saving_a_model_does_not_import_deepspeed(tiny_cfg, tmp_path):
     assert sorted(p.name for p in ours.iterdir()) == sorted(p.name for p in theirs.iterdir())
     for p in ours.iterdir():
         assert p.read_bytes() == (theirs / p.name).read_bytes(), p.name
+
+
+def test_a_warm_start_off_a_terminal_says_where_it_is_now_and_then(capsys, monkeypatch):
+    """`dapo model build` printed nothing for minutes where output was not a terminal (its bar
+    erases itself, so it is off there)."""
+    from tasks.models import warm_start
+
+    clock = iter([0.0, 10.0, 31.0, 40.0, 62.0, 70.0, 80.0])  # made, one per step, ...
+    monkeypatch.setattr(warm_start.time, "monotonic", lambda: next(clock))
+    beat = warm_start._Heartbeat(30.0, 540)
+    for step, val in [(1, None), (2, None), (3, 0.25), (4, 0.5)]:
+        beat.step(step, 1.0 / step, val)
+    assert capsys.readouterr().err.splitlines() == [
+        "warm start: step 2 of up to 540, loss 0.500",
+        "warm start: step 4 of up to 540, loss 0.250, validation avg@k 0.500",
+    ]
+    silent = warm_start._Heartbeat(None, 540)  # a terminal: the bar says it
+    silent.step(1, 1.0, None)
+    assert capsys.readouterr().err == ""

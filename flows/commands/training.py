@@ -199,7 +199,8 @@ def evaluate(
         typer.Option(help="synthetic-test, a name from data.eval_sets, or a parquet/jsonl path."),
     ] = None,
     out: Annotated[
-        Path | None, typer.Option(help="Write metrics.json and per_problem.csv here.")
+        Path | None,
+        typer.Option(help="Write metrics.json, per_problem.csv and samples.json here."),
     ] = None,
     params: ParamsOpt = None,
     config: ConfigOpt = None,
@@ -242,7 +243,10 @@ def evaluate(
         replace_atomically(
             out / "per_problem.csv", lambda tmp: result.per_problem.to_csv(tmp, index=False)
         )
-        console.print(f"wrote {out / 'metrics.json'} and {out / 'per_problem.csv'}{run_note}")
+        samples = json.dumps(result.samples, indent=1, default=str)  # the MLflow run's table
+        replace_atomically(out / "samples.json", lambda tmp: tmp.write_text(samples))
+        wrote = ", ".join(str(out / f) for f in ("metrics.json", "per_problem.csv", "samples.json"))
+        console.print(f"wrote {wrote}{run_note}")
     elif run_note:
         console.print(run_note.lstrip("; "))
 

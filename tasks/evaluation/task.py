@@ -32,6 +32,7 @@ class EvalSummary:
     wall_time_s: float
     mlflow_run_id: str | None
     scoring: dict[str, str]  # eval/answer_format, eval/equivalence: how answers were judged
+    samples: list[dict[str, Any]]  # a few samples with what was read from them
 
 
 @stage_task("evaluate", retries=1, retry_delay_seconds=2)
@@ -83,7 +84,13 @@ def evaluate_task(
         result.scoring["eval/equivalence"],
     )
     return EvalSummary(
-        name, result.metrics, result.per_problem, wall, tracker.run_id, result.scoring
+        name,
+        result.metrics,
+        result.per_problem,
+        wall,
+        tracker.run_id,
+        result.scoring,
+        result.samples,
     )
 
 

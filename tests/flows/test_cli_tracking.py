@@ -288,7 +288,8 @@ def test_an_interrupted_evaluate_ends_its_run_and_says_how_to_start_over(
 
 def test_evaluate_out_writes_the_metrics_and_one_row_per_problem(flow_params, tmp_path):
     """``--out``: metrics.json holds what the table printed, per_problem.csv a row for each
-    problem, and nothing else is left in the folder (each written whole, then renamed)."""
+    problem, samples.json each sample with what was read from it, and nothing else is left in
+    the folder (each written whole, then renamed)."""
     import pandas as pd
 
     folder = tmp_path / "results" / "eval"
@@ -296,13 +297,16 @@ def test_evaluate_out_writes_the_metrics_and_one_row_per_problem(flow_params, tm
         app, ["evaluate", "--params", flow_params, "--out", str(folder), "--no-track"]
     )
     assert out.exit_code == 0, out.output
-    assert sorted(p.name for p in folder.iterdir()) == ["metrics.json", "per_problem.csv"]
+    files = ["metrics.json", "per_problem.csv", "samples.json"]
+    assert sorted(p.name for p in folder.iterdir()) == files
     metrics = json.loads((folder / "metrics.json").read_text())
     assert 0.0 <= metrics["eval/avg_at_k"] <= 1.0
     assert f"{metrics['eval/avg_at_k']:.4f}" in out.output
     per_problem = pd.read_csv(folder / "per_problem.csv")
     assert per_problem["problem_id"].is_unique and len(per_problem) > 0
     assert per_problem["accuracy"].mean() == pytest.approx(metrics["eval/avg_at_k"])
+    samples = json.loads((folder / "samples.json").read_text())
+    assert samples and {s["problem_id"] for s in samples} <= set(per_problem["problem_id"])
 
 
 def test_a_multi_rank_launch_without_a_run_dir_is_refused(flow_params, tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dapo_core.algorithm import check_critic, checked_entry
-from dapo_core.config import AlgoConfig, Config, ConfigError
+from dapo_core.config import AlgoConfig, Config, ConfigError, did_you_mean
 from dapo_core.config_loader import parse_override, resolve
 
 ABLATION_SWITCHES: tuple[str, ...] = (
@@ -116,9 +116,10 @@ def apply_variant(cfg: Config, variant: str, tuned: Sequence[str] = ()) -> Confi
             cfg, algo=dataclasses.replace(cfg.algo, **ABLATION_LADDER[variant])
         )
     if variant not in ALGORITHM_PRESETS:
+        hint = did_you_mean(variant, [*ABLATION_LADDER, *ALGORITHM_PRESETS])
         raise ConfigError(
             f"unknown variant {variant!r}; Table 1 rungs: {', '.join(ABLATION_LADDER)}; "
-            f"algorithms: {', '.join(ALGORITHM_PRESETS)}"
+            f"algorithms: {', '.join(ALGORITHM_PRESETS)}{hint}"
         )
     preset = ALGORITHM_PRESETS[variant]
     algo = _preset_algo(cfg, {k: v for k, v in preset.items() if k != RUN})
@@ -189,9 +190,10 @@ def ordered_variants(variants: list[str] | None) -> list[str]:
         return list(ABLATION_LADDER)
     unknown = [v for v in variants if v not in ABLATION_LADDER and v not in ALGORITHM_PRESETS]
     if unknown:
+        hint = did_you_mean(unknown[0], [*ABLATION_LADDER, *ALGORITHM_PRESETS])
         raise ConfigError(
             f"unknown variant(s) {', '.join(unknown)}; Table 1 rungs: "
-            f"{', '.join(ABLATION_LADDER)}; algorithms: {', '.join(ALGORITHM_PRESETS)}"
+            f"{', '.join(ABLATION_LADDER)}; algorithms: {', '.join(ALGORITHM_PRESETS)}{hint}"
         )
     if all(v in ABLATION_LADDER for v in variants):
         return [v for v in ABLATION_LADDER if v in variants]

@@ -12,14 +12,21 @@ Building a validated ``Config`` from nested mappings (merging presets, applying 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 
 class ConfigError(ValueError):
     """A config file or override that does not match the schema; the message says what to fix."""
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """``; did you mean 'X'?`` for the candidate closest to a mistyped ``name``, else ``""``."""
+    close = difflib.get_close_matches(name, list(candidates), n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 # --------------------------------------------------------------------------------------------

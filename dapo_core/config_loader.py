@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import json
 import math
 import types
@@ -20,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from dapo_core.algorithm import checked_entry
-from dapo_core.config import AlgoEntry, Config, ConfigError
+from dapo_core.config import AlgoEntry, Config, ConfigError, did_you_mean
 from dapo_core.config_checks import check_values
 
 
@@ -130,11 +129,6 @@ def _backfill(raw: Mapping[str, Any]) -> Mapping[str, Any]:
     return raw
 
 
-def _did_you_mean(name: str, candidates: typing.Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, list(candidates), n=1)
-    return f"; did you mean '{close[0]}'?" if close else ""
-
-
 def parse_override(item: str) -> tuple[list[str], Any]:
     """``algo.loss.eps_high=0.3`` -> (["algo", "loss", "eps_high"], 0.3); the value is JSON,
     else a str."""
@@ -158,7 +152,7 @@ def _merge(
 ) -> None:
     for key, value in overlay.items():
         if key not in base:
-            hint = _did_you_mean(f"{prefix}{key}", [f"{prefix}{k}" for k in base])
+            hint = did_you_mean(f"{prefix}{key}", [f"{prefix}{k}" for k in base])
             raise ConfigError(
                 f"{source}: unknown key '{prefix}{key}' (not in the base config){hint}"
             )
@@ -193,7 +187,7 @@ def _apply_override(raw: dict[str, Any], item: str) -> str:
         entry_param = last and isinstance(node, dict) and "name" in node
         if not isinstance(node, dict) or (k not in node and not entry_param):
             known = [".".join([*keys[:i], c]) for c in node] if isinstance(node, dict) else []
-            hint = _did_you_mean(".".join(keys[: i + 1]), known)
+            hint = did_you_mean(".".join(keys[: i + 1]), known)
             raise ConfigError(f"override {item!r}: unknown key '{'.'.join(keys[: i + 1])}'{hint}")
         if last:
             node[k] = value
@@ -214,7 +208,7 @@ def _build(cls: type, raw: Any, prefix: str, where: typing.Callable[[str], str])
             f"{where(prefix + unknown[0])}: unknown key '{prefix}{unknown[0]}'"
             + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "")
             + (
-                _did_you_mean(unknown[0], names).replace(" '", f" '{prefix}", 1)
+                did_you_mean(unknown[0], names).replace(" '", f" '{prefix}", 1)
                 or f"; valid keys here: {', '.join(names)}"
             )
         )

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from dapo_core.config import Config, ConfigError
+from dapo_core.config import Config, ConfigError, did_you_mean
 from dapo_core.config_loader import resolve
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -25,7 +25,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
+        raise ConfigError(f"config file {path} does not exist{_beside(path)}") from None
     except IsADirectoryError:
         raise ConfigError(f"{path} is a directory: give the YAML file in it") from None
     except UnicodeDecodeError:
@@ -36,6 +36,20 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of sections, got {type(data).__name__}")
     return data
+
+
+def _beside(path: Path) -> str:
+    """The YAML files in ``path``'s folder, the closest first if it is a typo of one: a preset
+    named wrong (``configs/qwen2.5-7B.yaml``) is shown its neighbours."""
+    try:
+        names = sorted(p.name for p in path.parent.iterdir() if p.suffix in (".yaml", ".yml"))
+    except OSError:  # no such folder either
+        return ""
+    if not names:
+        return ""
+    where = path.parent
+    hint = did_you_mean(path.name, names).replace("'", f"'{where}/", 1)
+    return f"{hint} (the YAML files in {where}/: {', '.join(names)})"
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -27,7 +27,6 @@ messages); entries without parameters share :class:`NoParams`.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 import types
 import typing
@@ -35,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from dapo_core.config import ConfigError
+from dapo_core.config import ConfigError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -92,8 +91,7 @@ class Registry:
 
     def get(self, name: str) -> Entry:
         if name not in self._entries:
-            close = difflib.get_close_matches(name, self.names(), n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
+            hint = did_you_mean(name, self.names())
             raise ConfigError(
                 f"{self.kind}: unknown entry '{name}'{hint} (known: {', '.join(self.names())})"
             )
@@ -119,8 +117,7 @@ def build_params(cls: type, values: Mapping[str, Any], label: str) -> Any:
     known = ", ".join(fields) or "none"
     for key in values:
         if key not in fields:
-            close = difflib.get_close_matches(str(key), list(fields), n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
+            hint = did_you_mean(str(key), fields)
             raise ConfigError(f"{label}: unknown parameter '{key}'{hint} (known: {known})")
     for name, f in fields.items():
         no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING

@@ -123,6 +123,33 @@ def test_missing_file():
         load_params("/nonexistent/params.yaml")
 
 
+def test_a_mistyped_preset_is_shown_its_neighbours(tmp_path):
+    (tmp_path / "qwen2.5-7b.yaml").write_text("{}")
+    (tmp_path / "chain.yaml").write_text("{}")
+    with pytest.raises(ConfigError) as err:
+        load_params(overlays=[tmp_path / "qwen2.5-7B.yaml"])
+    assert str(err.value) == (
+        f"config file {tmp_path}/qwen2.5-7B.yaml does not exist; did you mean "
+        f"'{tmp_path}/qwen2.5-7b.yaml'? (the YAML files in {tmp_path}/: chain.yaml, "
+        "qwen2.5-7b.yaml)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "candidates", "said"),
+    [
+        ("grop", ["grpo", "gspo", "dapo"], "; did you mean 'grpo'?"),
+        ("train.step", ["train.steps", "eval.seed"], "; did you mean 'train.steps'?"),
+        ("zzz", ["grpo", "dapo"], ""),  # nothing close: no guess
+        ("grpo", [], ""),
+    ],
+)
+def test_did_you_mean_names_the_closest_candidate_or_nothing(name, candidates, said):
+    from dapo_core.config import did_you_mean
+
+    assert did_you_mean(name, candidates) == said
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -44,7 +44,7 @@ def test_algorithms_run_in_the_order_given_against_a_baseline():
     )
     assert message.endswith(
         "algorithms: dapo, dr_grpo, gspo, cispo, rloo, reinforce_pp, grpo_kl, ppo, "
-        "one_step_off, staleness_2"
+        "one_step_off, staleness_2; did you mean 'gspo'?"
     )
     assert comparison_baseline(["grpo", "+clip_higher"], None) is None  # the ladder
     assert comparison_baseline(["gspo", "dapo"], None) == "gspo"  # the first given

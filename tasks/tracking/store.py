@@ -319,15 +319,21 @@ def experiment_urls(cfg: Config, uri: str | None = None, ui: str = UI_DEFAULT) -
 
 
 def mlflow_env() -> dict[str, str]:
-    """Environment for MLflow subprocesses: telemetry off, and no job-execution consumers (a
+    """Environment for MLflow subprocesses: telemetry off, no job-execution consumers (a
     pool of processes per server for MLflow's GenAI jobs, which this project does not run;
-    a user's own setting wins)."""
+    a user's own setting wins), and no warning at start-up about the server's own imports (a
+    Starlette deprecation that is MLflow's to act on)."""
+    warnings = [w for w in (os.environ.get("PYTHONWARNINGS"), _SERVER_IMPORT_WARNING) if w]
     return {
         "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
         **os.environ,
         "DO_NOT_TRACK": "true",
         "MLFLOW_DISABLE_TELEMETRY": "true",
+        "PYTHONWARNINGS": ",".join(warnings),
     }
+
+
+_SERVER_IMPORT_WARNING = "ignore::UserWarning:mlflow.server.fastapi_app"
 
 
 def refuse_another_kind(client: Any, folder: Path, run_id: str, experiment: str) -> None:

@@ -649,3 +649,17 @@ def test_a_tracking_uri_of_a_scheme_no_store_takes_is_refused_a_plugin_s_is_not(
         refuse_unknown_store(with_uri(""))
     monkeypatch.setitem(_tracking_store_registry._registry, "myplugin", lambda **kw: None)
     refuse_unknown_store(with_uri("myplugin://somewhere"))
+
+
+def test_mlflow_subprocesses_keep_a_users_warning_filters_and_drop_the_servers_import_one(
+    monkeypatch,
+):
+    """`dapo ui` printed a Starlette deprecation warning from MLflow's own imports at every
+    start; a user's PYTHONWARNINGS still applies."""
+    from tasks.tracking import store
+
+    monkeypatch.delenv("PYTHONWARNINGS", raising=False)
+    assert store.mlflow_env()["PYTHONWARNINGS"] == "ignore::UserWarning:mlflow.server.fastapi_app"
+    monkeypatch.setenv("PYTHONWARNINGS", "error")
+    warnings = store.mlflow_env()["PYTHONWARNINGS"].split(",")
+    assert warnings == ["error", "ignore::UserWarning:mlflow.server.fastapi_app"]

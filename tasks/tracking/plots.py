@@ -163,7 +163,11 @@ def _mechanism_panel(ax: Any, mechanisms: Any) -> None:
     ax.set_yticks(ys, [f"{r['variant']}: {r['signal']} ({r['paper_direction']})" for r in rows])
     ax.tick_params(axis="y", labelsize=7)
     ax.set_xlabel("change vs the rung before, % of its value (95% CI; log beyond +-10%)")
-    ax.set_title("each switch's own signal (green: as the paper says)", fontsize=9)
+    ax.set_title(
+        "each switch's own signal\n(green: as the paper says, beyond its CI; grey: not shown, "
+        "as with one seed)",
+        fontsize=9,
+    )
     ax.grid(axis="x", alpha=0.3)
 
 

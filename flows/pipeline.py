@@ -156,5 +156,6 @@ def _evaluate(
         run_dir=trained.run_dir,
         progress=progress,
         extra_tags=tags,
+        before=before.metrics if before else None,
     )
     return before, evaluated

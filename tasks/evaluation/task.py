@@ -48,9 +48,11 @@ def evaluate_task(
     extra_tags: dict[str, str] | None = None,
     track: bool = True,
     artifact_dir: str = "eval",
+    before: dict[str, float] | None = None,
 ) -> EvalSummary:
     """Evaluate a model and log metrics (at ``step``), the per-problem table, sample responses and
-    the evaluation curve: to run ``run_id`` (the training run it belongs to) or to a new run."""
+    the evaluation curve: to run ``run_id`` (the training run it belongs to) or to a new run.
+    ``before``: the same evaluation's metrics at step 0, drawn on the curve too."""
     log = run_logger()
     t0 = time.perf_counter()
     tracker = Tracker(cfg, kind)
@@ -64,7 +66,7 @@ def evaluate_task(
             )
             tracker.start_run(f"eval {name} {model_name}", run_tags(cfg, kind))
         with tracker:
-            args = (model_path, step, run_dir, artifact_dir, extra_tags)
+            args = (model_path, step, run_dir, artifact_dir, extra_tags, before)
             _log_evaluation(tracker, cfg, name, result, wall, *args)
     except interrupts():
         stopped = _stopped(tracker, run_id if track else None)
@@ -115,6 +117,7 @@ def _log_evaluation(
     run_dir: str | None,
     artifact_dir: str,
     extra_tags: dict[str, str] | None,
+    before: dict[str, float] | None,
 ) -> None:
     """The evaluation's tags, metrics (at ``step``), tables and curve, to the tracker's run."""
     pp = result.per_problem
@@ -138,7 +141,8 @@ def _log_evaluation(
     from tasks.tracking.plots import eval_curve, save_figures  # matplotlib: not at start-up
 
     rd = RunDir(run_dir) if run_dir else None
-    figure = eval_curve(rd.read_validation() if rd else [], {"step": step, **result.metrics})
+    start = {"step": 0, **before} if before else None
+    figure = eval_curve(rd.read_validation() if rd else [], {"step": step, **result.metrics}, start)
     if rd:
         save_figures({"eval_curve.png": figure}, rd.plots)
     tracker.log_figure(figure, "plots/eval_curve.png")

@@ -81,10 +81,14 @@ def training_figures(history: Rows) -> dict[str, Figure]:
 
 
 def eval_curve(
-    validation: Rows, final: Mapping[str, Any] | None = None, prefix: str = "val/"
+    validation: Rows,
+    final: Mapping[str, Any] | None = None,
+    start: Mapping[str, Any] | None = None,
+    prefix: str = "val/",
 ) -> Figure:
-    """avg@k over training steps with its 95% CI; ``final`` (a row with ``step`` and ``eval/``
-    metrics) is the evaluation after training, drawn as its own point."""
+    """avg@k over training steps with its 95% CI; ``final`` and ``start`` (rows with ``step`` and
+    ``eval/`` metrics) are the evaluation after training and the same one before it, each drawn
+    as its own point (on the eval set, where the curve is on the validation split)."""
     fig = Figure(figsize=(6, 3.6), dpi=100)
     ax = fig.add_subplot()
     x, y = _series(validation, f"{prefix}avg_at_k")
@@ -94,14 +98,15 @@ def eval_curve(
         ax.plot(x, y, marker="o", label="validation avg@k")
         if len(lo) == len(x) and len(hi) == len(x):
             ax.fill_between(x, lo, hi, alpha=0.2, label="95% CI")
-    if final and metric.AVG_AT_K in final:
-        v = float(final[metric.AVG_AT_K])
-        err = [
-            [v - float(final.get(metric.AVG_AT_K_CI_LOW, v))],
-            [float(final.get(metric.AVG_AT_K_CI_HIGH, v)) - v],
-        ]
-        step = int(final.get("step", 0))
-        ax.errorbar([step], [v], yerr=err, fmt="s", color="C3", capsize=4, label="final evaluation")
+    for row, marker, label in ((start, "D", "before training"), (final, "s", "final evaluation")):
+        if row and metric.AVG_AT_K in row:
+            v = float(row[metric.AVG_AT_K])
+            err = [
+                [v - float(row.get(metric.AVG_AT_K_CI_LOW, v))],
+                [float(row.get(metric.AVG_AT_K_CI_HIGH, v)) - v],
+            ]
+            step = int(row.get("step", 0))
+            ax.errorbar([step], [v], yerr=err, fmt=marker, color="C3", capsize=4, label=label)
     ax.set_title("Evaluation accuracy (avg@k)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("training step")

@@ -663,3 +663,23 @@ def test_mlflow_subprocesses_keep_a_users_warning_filters_and_drop_the_servers_i
     monkeypatch.setenv("PYTHONWARNINGS", "error")
     warnings = store.mlflow_env()["PYTHONWARNINGS"].split(",")
     assert warnings == ["error", "ignore::UserWarning:mlflow.server.fastapi_app"]
+
+
+def test_the_evaluation_curve_shows_the_evaluation_before_training_beside_the_final_one():
+    """The pipeline evaluates at step 0 too; its curve showed only validation and the final
+    point, so a run that lifted the score 0.35 -> 0.66 looked as if it fell (0.53 -> 0.43 on
+    validation) with no start to compare with."""
+    from tasks.tracking.plots import eval_curve
+
+    validation = [{"step": 20, "val/avg_at_k": 0.53}, {"step": 40, "val/avg_at_k": 0.43}]
+    start = {"step": 0, "eval/avg_at_k": 0.35, "eval/avg_at_k_ci_low": 0.3}
+    final = {"step": 50, "eval/avg_at_k": 0.66, "eval/avg_at_k_ci_high": 0.7}
+    ax = eval_curve(validation, final, start).axes[0]
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels == ["validation avg@k", "before training", "final evaluation"]
+    points = {tuple(line.get_xydata()[0]) for line in ax.lines if len(line.get_xydata()) == 1}
+    assert {(0.0, 0.35), (50.0, 0.66)} <= points
+    assert (
+        "before training"
+        not in eval_curve(validation, final).axes[0].get_legend_handles_labels()[1]
+    )

@@ -96,8 +96,8 @@ def model_build(
         console.print(
             f"[yellow]differs[/] from the shipped checkpoints/{r.shipped_as} "
             f"({r.shipped.shown()}): runs start from the shipped one; another CPU's rounding "
-            "(tag runtime.portable_kernels), other library versions or other settings build "
-            "another model"
+            "(tags runtime.portable_kernels, runtime.cpu_vendor: the shipped ones were built on "
+            "AMD CPUs), other library versions or other settings build another model"
         )
 
 

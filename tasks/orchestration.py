@@ -161,11 +161,19 @@ class _Stderr(logging.StreamHandler):
         line = super().format(record)
         return f"warning: {line}" if record.levelno >= logging.WARNING else line
 
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Not a line Prefect's console handler prints already: once Prefect has set up its
+        logging, the root logger has one (warnings and worse), and a line would come twice."""
+        root = logging.getLogger().handlers
+        prefects = [h for h in root if type(h).__name__ == "PrefectConsoleHandler"]
+        return not any(record.levelno >= h.level for h in prefects) and super().filter(record)
+
 
 def _plain_logger() -> logging.Logger:
     logger = logging.getLogger("dapo")
     if not any(isinstance(h, _Stderr) for h in logger.handlers):
         logger.addHandler(_Stderr())
+    if logger.level == logging.NOTSET:  # again after a caller set it back (pytest's caplog)
         logger.setLevel(logging.INFO)
     return logger
 
@@ -246,7 +254,8 @@ _direct = contextvars.ContextVar("dapo_without_prefect", default=False)
 @contextmanager
 def without_prefect() -> Iterator[None]:
     """Run flows (:func:`call_flow`) and stage tasks as plain functions for the body; their run
-    logs go to the ``dapo`` logger (:func:`run_logger`), which Prefect's console handler prints."""
+    logs go to the ``dapo`` logger (:func:`run_logger`), which says them on stderr (or Prefect's
+    console handler, once Prefect has set up its logging)."""
     token = _direct.set(True)
     try:
         yield

@@ -190,12 +190,19 @@ def test_a_flow_run_process_ends_with_the_command_that_started_it_even_killed(ow
             os.killpg(command.pid, signal.SIGKILL)
 
 
-def test_outside_a_flow_run_what_a_run_logs_is_said_on_stderr(capsys):
+def test_outside_a_flow_run_what_a_run_logs_is_said_on_stderr(capsys, monkeypatch):
     """Without a Prefect server a command runs its flow as a function, and its run logger was
     a bare logger: its info lines (the preflight's report, where a resumed run continues) were
     dropped and its warnings shown by Python's last-resort handler."""
+    import io
+    import logging
+
+    from prefect.logging.handlers import PrefectConsoleHandler
+
     from tasks.orchestration import run_logger, without_prefect
 
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])  # as in a command: Prefect's logging not set up
     with without_prefect():
         log = run_logger()
         log.info("train: continuing from step %d", 40)
@@ -203,3 +210,10 @@ def test_outside_a_flow_run_what_a_run_logs_is_said_on_stderr(capsys):
         assert run_logger() is log and len(log.handlers) == 1  # one handler, however often
     err = capsys.readouterr().err
     assert err == "train: continuing from step 40\nwarning: preflight: nothing to learn\n"
+    # Once Prefect has set up its logging, its console handler on the root logger says the
+    # lines: ours stays silent rather than say each twice.
+    prefects = io.StringIO()
+    monkeypatch.setattr(root, "handlers", [PrefectConsoleHandler(stream=prefects)])
+    with without_prefect():
+        run_logger().warning("preflight: %s", "nothing to learn")
+    assert capsys.readouterr().err == "" and "preflight: nothing to learn" in prefects.getvalue()

@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -50,52 +50,69 @@ def serve_deployments(deployments: list[RunnerDeployment]) -> list[str]:
     began = datetime.datetime.now(datetime.timezone.utc)
     stopped: list[datetime.datetime] = []
     runner = Runner(pause_on_shutdown=True)  # what prefect.serve() makes
-    ids = [str(runner.add_deployment(deployment)) for deployment in deployments]
     with (
-        _paused_if_killed(ids),
+        _paused_if_killed() as registered,
         _environment(RUNS_END_WITH, str(os.getpid())),  # the runs end with this process
         replaced_handlers(lambda previous: _runs_first(previous, stopped)),
         _cancelled_callbacks_quiet(),
         contextlib.suppress(KeyboardInterrupt),
     ):
+        for deployment in deployments:
+            registered(str(runner.add_deployment(deployment)))
         # Runner.start() makes its handle_sigterm SIGTERM's handler (it stops the runner at once)
         runner.handle_sigterm = signal.getsignal(signal.SIGTERM)
         asyncio.run(runner.start())
     return cut_off_runs([d.name for d in deployments], began, stopped[0] if stopped else None)
 
 
-PAUSE_ORPHANED = """
-import os, sys, urllib.request
-url, ids = sys.argv[1], sys.argv[2:]
-headers = {"Content-Type": "application/json"}
-if os.environ.get("PREFECT_API_KEY"):
-    headers["Authorization"] = "Bearer " + os.environ["PREFECT_API_KEY"]
-for i in ids:
-    request = urllib.request.Request(
-        f"{url}/deployments/{i}", data=b'{"paused": true}', headers=headers, method="PATCH"
-    )
-    try:
-        urllib.request.urlopen(request, timeout=10).close()
-    except OSError:
-        pass
-"""
+PAUSE_ORPHANED = "import sys; from flows.serve import pause_deployments as p; p(*sys.argv[1:])"
 """What the reaper runs (``python -c PAUSE_ORPHANED API_URL ID...``) when ``dapo schedule`` is
 killed outright (SIGKILL, the OOM killer): the deployments it served are paused, as the runner
-pauses them when it stops (Prefect's API: ``PATCH /deployments/ID {"paused": true}``). Left
-unpaused, the server went on scheduling runs that nobody served. Standard library only: it runs
-after the command is gone, and fast."""
+pauses them when it stops. Left unpaused, the server went on scheduling runs that nobody
+served."""
 
 
 @contextmanager
-def _paused_if_killed(ids: list[str]) -> Iterator[None]:
-    """The deployments ``ids`` are paused by this process's reaper should it be killed during
-    the block; a stop that runs the block's end leaves it to the runner."""
-    key = f"prefect-deployments:{os.getpid()}"
-    lifetime.last_words(key, [sys.executable, "-c", PAUSE_ORPHANED, str(api_url()), *ids])
+def _paused_if_killed() -> Iterator[Callable[[str], None]]:
+    """Yields ``registered(deployment_id)``: each deployment so announced is paused by this
+    process's reaper should the process be killed during the block (said again with each, so
+    that a kill between two registrations leaves none active); a stop that runs the block's end
+    leaves it to the runner."""
+    key, ids = f"prefect-deployments:{os.getpid()}", []
+
+    def registered(deployment_id: str) -> None:
+        ids.append(deployment_id)
+        lifetime.last_words(key, [sys.executable, "-c", PAUSE_ORPHANED, str(api_url()), *ids])
+
     try:
-        yield
+        yield registered
     finally:
         lifetime.take_back(key)
+
+
+def pause_deployments(api: str, *ids: str) -> int:
+    """Pause deployments ``ids`` through the Prefect API at ``api`` (``PATCH /deployments/ID``,
+    with the credentials Prefect's own client sends); how many the server accepted. A killed
+    ``dapo schedule``'s last words, in a process of their own: errors are not raised."""
+    import urllib.request
+
+    from tasks.orchestration import api_credentials
+
+    paused = 0
+    headers = {"Content-Type": "application/json", **api_credentials()}
+    for deployment_id in ids:
+        request = urllib.request.Request(
+            f"{api.rstrip('/')}/deployments/{deployment_id}",
+            data=b'{"paused": true}',
+            headers=headers,
+            method="PATCH",
+        )
+        try:
+            urllib.request.urlopen(request, timeout=30).close()
+        except OSError:  # the server is away: nothing more to do
+            continue
+        paused += 1
+    return paused
 
 
 RUNS_STOP_S = 30.0

@@ -361,7 +361,7 @@ def crash_flow_run(api: str, run_id: str) -> bool:
     request = urllib.request.Request(
         f"{api.rstrip('/')}/flow_runs/{run_id}/set_state",
         data=json.dumps({"state": state, "force": False}).encode(),
-        headers={"Content-Type": "application/json", **_api_credentials()},
+        headers={"Content-Type": "application/json", **api_credentials()},
         method="POST",
     )
     try:
@@ -397,7 +397,7 @@ def _with_signature(wrapper: Any, fn: Any) -> Any:
     return wrapper
 
 
-def _api_credentials() -> dict[str, str]:
+def api_credentials() -> dict[str, str]:
     """The Authorization header Prefect's own client sends (an auth string first, else an API
     key; none for a local server), from the settings: never on a command line."""
     import base64

@@ -294,7 +294,8 @@ def test_a_killed_schedule_leaves_its_deployments_paused(prefect_harness, tmp_pa
     script = (
         "import sys, time\n"
         "from flows.serve import _paused_if_killed\n"
-        "with _paused_if_killed(sys.argv[1:]):\n"
+        "with _paused_if_killed() as registered:\n"
+        "    registered(sys.argv[1])\n"
         "    print('serving', flush=True)\n"
         "    time.sleep(600)\n"
     )
@@ -314,3 +315,5 @@ def test_a_killed_schedule_leaves_its_deployments_paused(prefect_harness, tmp_pa
     finally:
         if serving.poll() is None:
             serving.kill()
+        with get_client(sync_client=True) as client:  # as the other tests found it
+            client.resume_deployment(deployment_id)

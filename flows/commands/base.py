@@ -13,6 +13,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from typer.core import TyperGroup
 
 from dapo_core.ablation import (
@@ -58,11 +59,11 @@ class _UsageErrorsInOneLine(TyperGroup):
 def _usage_errors_in_one_line() -> Iterator[None]:
     try:
         yield
-    except NoArgsIsHelpError:  # `dapo` or `dapo server` alone: the help, as asked
+    except NoArgsIsHelpError:  # `dapo` alone: the help, as asked
         raise
     except UsageError as e:
         where = f" (see: {e.ctx.command_path} --help)" if e.ctx is not None else ""
-        console.print(f"[bold red]error:[/] {e.format_message()}{where}")
+        console.print(f"[bold red]error:[/] {escape(e.format_message() + where)}")
         raise typer.Exit(e.exit_code) from None
 
 
@@ -129,11 +130,13 @@ def user_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except TrainingInterrupted as e:
-            console.print(f"[bold yellow]interrupted:[/] {e}")
+            console.print(f"[bold yellow]interrupted:[/] {escape(str(e))}")
             _exit_promptly()
             raise typer.Exit(interrupted_status()) from None
+        except BrokenPipeError:  # the output's reader left (`| head`): click's to handle
+            raise
         except (ConfigError, PipelineError, OSError) as e:  # FileNotFoundError is an OSError
-            console.print(f"[bold red]error:[/] {e}")
+            console.print(f"[bold red]error:[/] {escape(str(e))}")
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             console.print(

@@ -7,6 +7,7 @@ import sys
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from dapo_core import metric_names as metric
 from dapo_core.errors import PipelineError
@@ -193,9 +194,9 @@ def reproduce(
             run_id, tracking_uri, run_name=run_name, check_only=check_only, strict=strict
         )
     for w in out["mismatches"]:
-        console.print(f"[bold yellow]warning:[/] {w}")
+        console.print(f"[bold yellow]warning:[/] {escape(str(w))}")
     for note in out["notes"]:
-        console.print(f"[yellow]note:[/] {note}")
+        console.print(f"[yellow]note:[/] {escape(str(note))}")
     if not out["mismatches"]:
         console.print("data version and code match the run's.")
     if check_only:

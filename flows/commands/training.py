@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from dapo_core.config import ConfigError
 from dapo_core.errors import TrainingInterrupted
@@ -180,7 +181,7 @@ def preflight(
     for row in result.samples[:3]:
         console.print(f"  answer {row['answer']}: {row['response'][-120:]!r}")
     if result.problem:
-        console.print(f"[bold yellow]warning:[/] {result.problem}")
+        console.print(f"[bold yellow]warning:[/] {escape(result.problem)}")
     else:
         console.print("[green]ok[/]: enough groups of mixed correctness to learn from")
 

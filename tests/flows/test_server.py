@@ -149,6 +149,12 @@ def test_an_out_of_range_option_is_refused_before_anything_starts(tmp_path, args
         (["variants", "-c", "x"], "error: No such option: -c (see: dapo variants --help)"),
         (["nope"], "error: No such command 'nope'. (see: dapo --help)"),
         (["server"], "error: Missing command. (see: dapo server --help)"),
+        # what the user typed is not read as Rich markup (a closing tag crashed the message)
+        (["x[/]"], "error: No such command 'x[/]'. (see: dapo --help)"),
+        (
+            ["config", "-S", "train.steps=[/]"],
+            "error: override -S train.steps=[/]: 'train.steps' must be int, got '[/]'",
+        ),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else "",
 )

@@ -153,11 +153,13 @@ def _dapo_into_a_closed_pipe(*args: str) -> tuple[int, str]:
     return done.returncode, done.stderr
 
 
-@pytest.mark.parametrize("printer", ["rich", "click"])
+@pytest.mark.parametrize("printer", ["rich", "click", "json"])
 def test_output_into_a_pipe_whose_reader_left_exits_141_quietly(printer: str) -> None:
     """``dapo variants | head -1`` exited 1, a failure's status; the shell's
-    for a program whose reader left (SIGPIPE) is 141. Rich prints the table, click the help."""
-    args = ["variants"] if printer == "rich" else ["--help"]
+    for a program whose reader left (SIGPIPE) is 141. Rich prints the table, click the help,
+    and `dapo config` is a command whose expected errors (an OSError among them) are one line
+    and exit 2: it said "error: [Errno 32] Broken pipe"."""
+    args = {"rich": ["variants"], "click": ["--help"], "json": ["config"]}[printer]
     code, err = _dapo_into_a_closed_pipe(*args)
     assert code == 128 + signal.SIGPIPE and "Traceback" not in err, err
 

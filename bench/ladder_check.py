@@ -14,8 +14,8 @@ Prefect home, so nothing cached here (queued runs, an earlier build) takes part:
    whether it is the same value (it is, on pinned kernels: the same bits).
 
 Exits 0 when every published value lies in the sweep's CI. Ctrl-C (or SIGTERM) stops the sweep as
-Ctrl-C stops ``dapo ablate`` (its runs end KILLED, its workers and server stop) and exits 130;
-``--keep`` keeps the scratch directory.
+Ctrl-C stops ``dapo ablate`` (its runs end KILLED, its workers and server stop) and exits 130
+(143 for SIGTERM); ``--keep`` keeps the scratch directory.
 """
 
 from __future__ import annotations
@@ -159,6 +159,12 @@ def reference(scratch: Path) -> None:
             f"on {TABLES_MAKER} CPUs, which compute other bits, so runs here are other draws of "
             "the same experiment; the table below is still the test"
         )
+    elif r.want is None:
+        print(
+            f"reference run: {r.got}; the release records none for {r.vendor} CPUs, which "
+            "compute other bits than the tables' (AMD), so runs here are other draws of the same "
+            "experiment; the table below is still the test"
+        )
     else:
         print(
             f"reference run: {r.got}, the release recorded {r.want}: this machine rounds "
@@ -167,7 +173,11 @@ def reference(scratch: Path) -> None:
         )
 
 
+_STOPPED_BY = [signal.SIGINT]  # the signal a stop came by: the status is 128 + it
+
+
 def _terminate(signum, frame) -> None:
+    _STOPPED_BY[0] = signum
     raise KeyboardInterrupt
 
 
@@ -188,7 +198,7 @@ def main() -> None:
         table = pd.read_csv(sweep / "ablation.csv")
     except KeyboardInterrupt:
         print("interrupted: the sweep stopped; run the same command to start again")
-        sys.exit(130)
+        sys.exit(128 + _STOPPED_BY[0])  # 130 for Ctrl-C, 143 for SIGTERM
     finally:
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -55,8 +55,9 @@ def _say_when_ready(url: str, proc: subprocess.Popen) -> None:
     found nothing there). Uvicorn listens once the app has started; a connection, not a
     request, so that the server's access log has no line of ours."""
     parts = urllib.parse.urlsplit(url)
-    everywhere = parts.hostname in ("0.0.0.0", "::", "")  # every interface: ask on loopback
-    address = ("127.0.0.1" if everywhere else parts.hostname, parts.port)
+    # every interface: ask on loopback (IPv6's, for a server that may listen on IPv6 alone)
+    loopback = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
+    address = (loopback.get(parts.hostname or "", parts.hostname), parts.port)
     while proc.poll() is None:
         try:
             socket.create_connection(address, timeout=2).close()

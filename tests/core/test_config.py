@@ -442,10 +442,11 @@ def _train_settings(**train: int) -> object:
 
 def test_the_shipped_settings_are_not_doubtful():
     from dapo_core.config_checks import doubtful_settings
+    from tasks.data.splits import splits
 
     for overlays in ([], *[[f"configs/{p}"] for p in ("chain.yaml", "smollm2-135m.yaml")]):
         cfg = load_params(overlays=overlays)
-        assert doubtful_settings(cfg, cfg.synthetic.num_train) == [], overlays
+        assert doubtful_settings(cfg, len(splits(cfg).train)) == [], overlays
 
 
 @pytest.mark.parametrize(

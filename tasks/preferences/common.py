@@ -93,6 +93,9 @@ def save_model_dir(model, tokenizer, record_name: str, record: dict, out_dir: Pa
         shutil.rmtree(staging, ignore_errors=True)
 
 
+_SAID = {"pairs_digest": "the pairs' content"}  # a setting's name in a message, where not its key
+
+
 class Resume:
     """A trainer's resumable state, beside its output directory (``.<name>.resume/``): the
     settings it was started with and, every few steps, the model, optimizer and schedule state,
@@ -122,9 +125,12 @@ class Resume:
                 "remove that directory to start over"
             ) from None
         if settings != self.settings:
+            keys = sorted(k for k in settings.keys() | self.settings.keys())
+            changed = [_SAID.get(k, k) for k in keys if settings.get(k) != self.settings.get(k)]
             raise PipelineError(
-                f"{self.dir} holds an interrupted run with other settings: run the same command "
-                "as before to continue it, or remove that directory to start over"
+                f"{self.dir} holds an interrupted run with other settings ({', '.join(changed)}): "
+                "run the same command on the same pairs as before to continue it, or remove that "
+                "directory to start over"
             )
         return state
 

@@ -135,7 +135,8 @@ def train_dpo(
     ref_train, ref_held = _reference_logps(policy, [train, held], batch_size)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer, schedule = decaying_adamw(trainable, lr, epochs, len(train), batch_size)
-    settings = {"pairs": pairs_path, "base": str(base), "beta": beta, "nll_weight": nll_weight}
+    settings = {"pairs": pairs_path, "pairs_digest": table.digest(), "base": str(base)}
+    settings |= {"beta": beta, "nll_weight": nll_weight}
     settings |= {"epochs": epochs, "lr": lr, "batch_size": batch_size, "heldout": heldout}
     settings |= {"seed": seed}
     resume = Resume(out_dir, settings)

@@ -19,6 +19,7 @@ chosen equal to rejected, a line that is not JSON, a prompt that is a validation
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import random
 import time
@@ -53,6 +54,14 @@ class PairTable:
     rows: list[dict]
     provenance: dict
     quarantined: Counter = dataclasses.field(default_factory=Counter)
+
+    def digest(self) -> str:
+        """The pairs' content (prompt, chosen, rejected, in order), as 16 hex digits: what a
+        resumed training checks it still reads, whatever the file's name."""
+        h = hashlib.sha256()
+        for row in self.rows:
+            h.update(json.dumps([row[c] for c in COLUMNS]).encode() + b"\n")
+        return h.hexdigest()[:16]
 
     def summary(self) -> str:
         aside = sum(self.quarantined.values())

@@ -113,7 +113,8 @@ def train_reward_model(
     held = encode(tokenizer, held_rows, max_len)
     pad = tokenizer.pad_token_id
     optimizer, schedule = decaying_adamw(model.parameters(), lr, epochs, len(train), batch_size)
-    settings = {"pairs": pairs_path, "base": str(base), "epochs": epochs, "lr": lr}
+    settings = {"pairs": pairs_path, "pairs_digest": table.digest(), "base": str(base)}
+    settings |= {"epochs": epochs, "lr": lr}
     settings |= {"batch_size": batch_size, "heldout": heldout, "seed": seed}
     resume = Resume(out_dir, settings)
 

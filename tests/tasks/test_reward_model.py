@@ -145,6 +145,12 @@ def test_a_resumed_training_equals_the_uninterrupted_one(cfg, pairs_file, tmp_pa
         RM.train_reward_model(cfg, pairs_file, tmp_path / "c", on_step=stop, track=False, **args)
     with pytest.raises(PipelineError, match="other settings"):
         RM.train_reward_model(cfg, pairs_file, tmp_path / "c", track=False, epochs=3)
+    # other pairs under the same file name (mined again): refused too, where it resumed the old
+    # state on the new pairs and logged the old run's counts
+    table = P.read_pairs(pairs_file)
+    P.write_pairs(P.PairTable(table.rows[1:], table.provenance), pairs_file)
+    with pytest.raises(PipelineError, match=r"other settings \(the pairs' content\)"):
+        RM.train_reward_model(cfg, pairs_file, tmp_path / "c", track=False, **args)
 
 
 @pytest.mark.parametrize(

@@ -130,6 +130,10 @@ def train_config(
     track: bool = True,
 ) -> TrainSummary:
     """:func:`train` for a resolved config, in the run directory ``target``."""
+    if cfg.rollout.reward == "model":  # refused before the preflight samples or a file is written
+        from tasks.models.learned_reward import reward_model_record
+
+        reward_model_record(cfg.rollout.reward_model)
     with RunDir(target).writer():  # the one writer, across the task's retries too
         return train_task(
             cfg,

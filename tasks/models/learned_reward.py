@@ -69,6 +69,10 @@ def load_reward_model(path: str, device: str):
 def reward_model_record(path: str | Path) -> dict:
     """The record a trained reward model directory carries; a one-line error otherwise."""
     p = Path(path) / RECORD
+    if not Path(path).exists():
+        raise PipelineError(
+            f"no such reward model directory: {path}; train one with `dapo reward-model train`"
+        )
     if not p.exists():
         raise PipelineError(
             f"{path} is not a reward model directory (no {RECORD}); train one with "

@@ -89,6 +89,7 @@ def load_policy(
     device = torch.device(device)
     if handed is not None and (loaded := handed.take(name_or_path, dtype, device)) is not None:
         return loaded
+    refuse_reward_model(name_or_path)
     transformers = transformers_quietly()
     AutoModelForCausalLM = transformers.AutoModelForCausalLM
 
@@ -139,6 +140,20 @@ def refuse_incomplete_dir(name_or_path: str) -> None:
         raise ModelNotFound(
             f"model directory {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): "
             "copy, fetch or build it again"
+        )
+
+
+def refuse_reward_model(name_or_path: str) -> None:
+    """A ModelNotFound for a trained reward model given as a policy: transformers loads its
+    transformer under a fresh language-model head (its score head dropped), and the command ran
+    to the end on a policy that writes noise."""
+    from tasks.models.learned_reward import RECORD
+
+    if _looks_local(name_or_path) and (Path(name_or_path).expanduser() / RECORD).is_file():
+        raise ModelNotFound(
+            f"{name_or_path} is a reward model (it scores responses, it does not write them): "
+            "give a policy (a run's final/, a checkpoint, a hub id); a reward model serves "
+            "training as -S rollout.reward_model=PATH"
         )
 
 

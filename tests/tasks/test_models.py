@@ -787,3 +787,19 @@ def test_a_warm_start_off_a_terminal_says_where_it_is_now_and_then(capsys, monke
     silent = warm_start._Heartbeat(None, 540)  # a terminal: the bar says it
     silent.step(1, 1.0, None)
     assert capsys.readouterr().err == ""
+
+
+def test_a_reward_model_given_as_a_policy_is_refused_in_one_line(tmp_path):
+    """transformers loaded its transformer under a fresh LM head: `dapo evaluate --model RM`
+    scored a policy that writes noise, exit 0."""
+    from dapo_core.errors import PipelineError
+    from tasks.models.learned_reward import RECORD, reward_model_record
+    from tasks.models.loading import ModelNotFound, load_policy
+
+    rm = tmp_path / "rm"
+    rm.mkdir()
+    (rm / RECORD).write_text("{}")
+    with pytest.raises(ModelNotFound, match=r"is a reward model .* rollout\.reward_model=PATH"):
+        load_policy(str(rm))
+    with pytest.raises(PipelineError, match="no such reward model directory"):
+        reward_model_record(tmp_path / "missing")  # said "not a reward model directory"

@@ -212,3 +212,16 @@ def test_pairs_set_aside_are_said_when_training_reads_them(tiny_cfg, tmp_path, c
         table, train, held = read_split(tiny_cfg, str(path), 0.25, seed=0)
     assert len(train) + len(held) == 40
     assert "40 pairs; 1 rows set aside (1 lines that are not JSON objects)" in caplog.text
+
+
+def test_train_refuses_a_missing_reward_model_before_it_samples_or_writes(tmp_path):
+    """It sampled the preflight first, then left config.json and untracked/ behind."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    run = tmp_path / "run"
+    sets = ["-S", "rollout.reward=model", "-S", f"rollout.reward_model={tmp_path / 'rm'}"]
+    out = CliRunner().invoke(app, ["train", *sets, "--run-dir", str(run), "--no-track"])
+    assert out.exit_code == 2 and "no such reward model directory" in out.output, out.output
+    assert "preflight" not in out.output and not run.exists()

@@ -190,7 +190,9 @@ def test_a_stop_lets_a_scheduled_run_stop_itself_before_the_runner_stops(how, wi
     import sys
     import time
 
-    script = SERVING if with_run else SERVING.replace("run.stdout.readline()", "run.kill()")
+    # no run at work: killed and reaped (one killed but still exiting counted as at work)
+    no_run = SERVING.replace("run.stdout.readline()", "run.kill(); run.wait()")
+    script = SERVING if with_run else no_run
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                             start_new_session=True)  # fmt: skip
     try:

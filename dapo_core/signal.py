@@ -42,12 +42,23 @@ def group_signal(acc: torch.Tensor, parsed: torch.Tensor, finished: torch.Tensor
     )
 
 
+TRUNCATED_MOST = 0.5
+"""At least this share of responses cut at the length limit: the limit, not the format, is why
+answers go unparsed."""
+
+
 def diagnose(signal: GroupSignal, min_mixed: float) -> str | None:
     """Why there is too little to learn from, and what to do; None when ``mixed_group_frac`` is
     at least ``min_mixed``."""
     if signal.mixed_group_frac >= min_mixed:
         return None
     head = f"only {signal.mixed_group_frac:.0%} of groups have mixed correctness"
+    if signal.truncated_frac >= TRUNCATED_MOST and signal.parsed_frac < 0.5:
+        return (
+            f"{head}: {signal.truncated_frac:.0%} of responses are cut at the length limit "
+            f"before an answer ({signal.parsed_frac:.0%} parseable). Raise "
+            "rollout.max_response_len (and keep algo.cache_len below it)."
+        )
     if signal.parsed_frac < 0.5:
         return (
             f"{head}: just {signal.parsed_frac:.0%} of responses end with a parseable answer "

@@ -43,3 +43,14 @@ def test_diagnose_names_the_cause():
         torch.ones(4, 2, dtype=torch.bool),
     )
     assert "too easy" in diagnose(easy, 0.1)
+
+
+def test_responses_cut_before_their_answer_blame_the_length_limit_not_the_format():
+    """Every response truncated and none parseable: the advice was to teach the format."""
+    zeros = torch.zeros(4, 2, dtype=torch.bool)
+    cut = group_signal(zeros, zeros, zeros)  # none right, none parsed, none finished
+    said = diagnose(cut, 0.1)
+    assert "100% of responses are cut" in said and "rollout.max_response_len" in said
+    assert "format" not in said
+    half_cut = group_signal(zeros, zeros, torch.tensor([[T, T], [T, T], [F, F], [T, F]]))
+    assert "parseable answer" in diagnose(half_cut, 0.1)  # 3 of 8 cut: the format's doing

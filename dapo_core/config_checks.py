@@ -134,7 +134,11 @@ def check_values(cfg: Config, source: str, where: typing.Callable[[str], str]) -
         "at rollout.temperature=1.0 and rollout.top_p=1.0: set those, or algo.correction.name="
         "none",
     )
-    need(0 <= a.cache_len < r.max_response_len, "algo.cache_len must be in [0, max_response_len)")
+    need(
+        0 <= a.cache_len < r.max_response_len,
+        f"algo.cache_len ({a.cache_len}) must be in [0, rollout.max_response_len) = "
+        f"[0, {r.max_response_len}): lower algo.cache_len or raise rollout.max_response_len",
+    )
     need(r.group_size >= 2, "rollout.group_size must be >= 2 (advantages need a group)")
     need(0 < r.top_p <= 1, "rollout.top_p must be in (0, 1]")
     need(0 < r.vllm_gpu_memory <= 1, "rollout.vllm_gpu_memory must be in (0, 1]")

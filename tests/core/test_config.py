@@ -68,6 +68,13 @@ def test_cross_field_checks(base):
         resolve(base, overrides=["train.prompt_batch=10", "train.mini_batch=4"])
     with pytest.raises(ConfigError, match="cache_len"):
         resolve(base, overrides=["algo.cache_len=9999"])
+    # the key that broke the rule is blamed, and both ways out are named: it blamed params.yaml,
+    # which set algo.cache_len, for a -S of rollout.max_response_len
+    with pytest.raises(ConfigError) as err:
+        resolve(base, overrides=["rollout.max_response_len=2"])
+    said = str(err.value)
+    assert said.startswith("override -S rollout.max_response_len=2: algo.cache_len (")
+    assert said.endswith("lower algo.cache_len or raise rollout.max_response_len")
 
 
 @pytest.mark.parametrize(

@@ -238,6 +238,16 @@ def test_the_reference_run_takes_no_settings_but_where_it_is_tracked(tiny_cfg, t
         check_reference(elsewhere, tmp_path, tiny_cfg)  # past the settings (the tests' model)
 
 
+def test_a_hub_models_preset_has_no_reference_run_and_is_told_so(tmp_path):
+    """It said `data/curated/train.parquet does not exist; run dapo curate` for the 7B preset,
+    whose model no checkpoint is shipped for, curated or not."""
+    from flows.models import check_reference
+
+    cfg = load_params(overlays=[ROOT / "configs" / "qwen2.5-7b.yaml"])
+    with pytest.raises(PipelineError, match="no checkpoint ships for these settings"):
+        check_reference(cfg, tmp_path)
+
+
 def _check(vendor: str, recorded: dict[str, str], portable: str = "true"):
     from flows.models import ReferenceCheck
 

@@ -9,6 +9,8 @@ a meaning and a constant, and a test checks that each is still emitted by some e
 
 from __future__ import annotations
 
+import re
+
 
 def train(name: str) -> str:
     """The logged name of an algorithm entry's metric."""
@@ -75,7 +77,23 @@ ENTROPY_DELTA = "probe/entropy_delta"
 AVG_AT_K = "eval/avg_at_k"
 AVG_AT_K_CI_LOW = "eval/avg_at_k_ci_low"
 AVG_AT_K_CI_HIGH = "eval/avg_at_k_ci_high"
+PASS_AT_K = "eval/pass_at_{k}"  # one for each k in eval.pass_k up to eval.n_samples
+MAJ_AT_K = "eval/maj_at_k"
+UNPARSEABLE_FRAC = "eval/unparseable_frac"
+EVAL_RESPONSE_LEN_MEAN = "eval/response_len_mean"
+EVAL_TRUNCATED_FRAC = "eval/truncated_frac"
+NUM_PROBLEMS = "eval/num_problems"
+N_SAMPLES = "eval/n_samples"
 VAL_AVG_AT_K = "val/avg_at_k"
+# -- the preflight, logged at step 0 of a run (dapo_core.signal.GroupSignal's shares) ----------
+PREFLIGHT_SHARES = (
+    "mixed_group_frac",
+    "all_wrong_frac",
+    "all_right_frac",
+    "parsed_frac",
+    "truncated_frac",
+)
+PREFLIGHT_GROUPS = "preflight/groups_with_{k}_correct"  # k = 0..G
 
 CATALOGUE: dict[str, str] = {
     REWARD_MEAN: "mean shaped reward of every response generated (Eq. 7, or the reward model's "
@@ -131,6 +149,19 @@ CATALOGUE: dict[str, str] = {
     AVG_AT_K: "held-out accuracy averaged over eval.n_samples samples a problem (avg@k)",
     AVG_AT_K_CI_LOW: "lower end of avg@k's bootstrap CI over problems",
     AVG_AT_K_CI_HIGH: "upper end of avg@k's bootstrap CI over problems",
+    PASS_AT_K: "unbiased pass@k: the chance that k of a problem's n samples hold a right one",
+    MAJ_AT_K: "share of problems whose most frequent answer (by value) is right",
+    UNPARSEABLE_FRAC: "share of samples with no answer the reward could read (scored wrong)",
+    EVAL_RESPONSE_LEN_MEAN: "mean length of the evaluation's samples (tokens)",
+    EVAL_TRUNCATED_FRAC: "share of the evaluation's samples cut off at the length limit",
+    NUM_PROBLEMS: "problems evaluated",
+    N_SAMPLES: "samples a problem (eval.n_samples)",
+    **{
+        f"preflight/{share}": f"the preflight's {share.replace('_', ' ')} over its groups "
+        "(before any step: dapo preflight)"
+        for share in PREFLIGHT_SHARES
+    },
+    PREFLIGHT_GROUPS: "the preflight's groups with k of their G responses right",
 }
 """Name -> what it measures. Entry metrics not listed here are described by their entry."""
 
@@ -142,8 +173,10 @@ def describe(name: str) -> str:
     """What a logged metric measures, for any name a run logs."""
     if name in CATALOGUE:
         return CATALOGUE[name]
-    if name.startswith("val/") and (twin := "eval/" + name[4:]) in CATALOGUE:
-        return CATALOGUE[twin] + ", on the validation split"
+    if (pattern := re.sub(r"_\d+(_correct)?$", r"_{k}\1", name)) in CATALOGUE:  # pass_at_4
+        return CATALOGUE[pattern]
+    if name.startswith("val/") and (twin := describe("eval/" + name[4:])):
+        return twin + ", on the validation split"
     if name.startswith("train/"):
         return "emitted by an algo entry (see its module in dapo_core/algos)"
     return ""

@@ -43,8 +43,8 @@ def group_signal(acc: torch.Tensor, parsed: torch.Tensor, finished: torch.Tensor
 
 
 TRUNCATED_MOST = 0.5
-"""At least this share of responses cut at the length limit: the limit, not the format, is why
-answers go unparsed."""
+"""At least this share of responses cut at the length limit: the limit may be why answers go
+unparsed (a policy that writes no answers at all is cut there too)."""
 
 
 def diagnose(signal: GroupSignal, min_mixed: float) -> str | None:
@@ -55,9 +55,10 @@ def diagnose(signal: GroupSignal, min_mixed: float) -> str | None:
     head = f"only {signal.mixed_group_frac:.0%} of groups have mixed correctness"
     if signal.truncated_frac >= TRUNCATED_MOST and signal.parsed_frac < 0.5:
         return (
-            f"{head}: {signal.truncated_frac:.0%} of responses are cut at the length limit "
-            f"before an answer ({signal.parsed_frac:.0%} parseable). Raise "
-            "rollout.max_response_len (and keep algo.cache_len below it)."
+            f"{head}: {signal.truncated_frac:.0%} of responses are cut at the length limit and "
+            f"just {signal.parsed_frac:.0%} end with a parseable answer. If they stop "
+            "mid-answer, raise rollout.max_response_len (keeping algo.cache_len below it); if "
+            "they are no answers at all, teach the format first (a supervised format warm start)."
         )
     if signal.parsed_frac < 0.5:
         return (

@@ -138,16 +138,16 @@ def summarize(
         metric.AVG_AT_K: avg_at_k(correct),
         metric.AVG_AT_K_CI_LOW: low,
         metric.AVG_AT_K_CI_HIGH: high,
-        "eval/maj_at_k": float(np.mean(majority_correct)),
-        "eval/unparseable_frac": float(np.mean([s.pred is None for s in scores])),
-        "eval/response_len_mean": float(np.mean(lengths)),
-        "eval/truncated_frac": float(1 - np.mean(finished)),
-        "eval/num_problems": float(len(problems)),
-        "eval/n_samples": float(n),
+        metric.MAJ_AT_K: float(np.mean(majority_correct)),
+        metric.UNPARSEABLE_FRAC: float(np.mean([s.pred is None for s in scores])),
+        metric.EVAL_RESPONSE_LEN_MEAN: float(np.mean(lengths)),
+        metric.EVAL_TRUNCATED_FRAC: float(1 - np.mean(finished)),
+        metric.NUM_PROBLEMS: float(len(problems)),
+        metric.N_SAMPLES: float(n),
     }
     for k in cfg.eval.pass_ks:
         if k <= n:
-            metrics[f"eval/pass_at_{k}"] = mean_pass_at_k(correct, k)
+            metrics[metric.PASS_AT_K.format(k=k)] = mean_pass_at_k(correct, k)
     length_arr = np.array(lengths).reshape(len(problems), n)
     finished_arr = np.array(finished).reshape(len(problems), n)
     import pandas as pd

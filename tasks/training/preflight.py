@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from dapo_core import metric_names as metric
 from dapo_core.config import Config
 from dapo_core.errors import PipelineError
 from dapo_core.problem import Problem
@@ -48,9 +49,8 @@ class PreflightResult:
     def metrics(self) -> dict[str, float]:
         """``preflight/*`` metrics for MLflow (logged at step 0 of the run)."""
         s = self.signal
-        shares = ("mixed_group_frac", "all_wrong_frac", "all_right_frac", "parsed_frac")
-        out = {f"preflight/{k}": getattr(s, k) for k in (*shares, "truncated_frac")}
-        hist = {f"preflight/groups_with_{k}_correct": n for k, n in enumerate(s.pass_rate_hist)}
+        out = {f"preflight/{k}": getattr(s, k) for k in metric.PREFLIGHT_SHARES}
+        hist = {metric.PREFLIGHT_GROUPS.format(k=k): n for k, n in enumerate(s.pass_rate_hist)}
         return {**out, **hist}
 
 

@@ -45,12 +45,13 @@ def test_diagnose_names_the_cause():
     assert "too easy" in diagnose(easy, 0.1)
 
 
-def test_responses_cut_before_their_answer_blame_the_length_limit_not_the_format():
-    """Every response truncated and none parseable: the advice was to teach the format."""
+def test_responses_cut_before_their_answer_name_the_length_limit_too():
+    """Every response truncated and none parseable: the advice was only to teach the format,
+    where a limit too short for the answers cuts them the same way."""
     zeros = torch.zeros(4, 2, dtype=torch.bool)
     cut = group_signal(zeros, zeros, zeros)  # none right, none parsed, none finished
     said = diagnose(cut, 0.1)
-    assert "100% of responses are cut" in said and "rollout.max_response_len" in said
-    assert "format" not in said
+    assert "100% of responses are cut" in said and "raise rollout.max_response_len" in said
     half_cut = group_signal(zeros, zeros, torch.tensor([[T, T], [T, T], [F, F], [T, F]]))
-    assert "parseable answer" in diagnose(half_cut, 0.1)  # 3 of 8 cut: the format's doing
+    said = diagnose(half_cut, 0.1)  # 3 of 8 cut: the format's doing
+    assert "parseable answer" in said and "max_response_len" not in said

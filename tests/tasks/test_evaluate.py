@@ -58,6 +58,11 @@ def test_summarize_hand_computed(tiny_cfg):
     assert "eval/pass_at_32" not in m  # n = 4 does not allow it
     assert m["eval/maj_at_k"] == 0.5
     assert m["eval/unparseable_frac"] == 2 / 8
+    # every metric an evaluation logs is said by `dapo metrics` (maj@k, pass@k... were not),
+    # and on the validation split too
+    from dapo_core.metric_names import describe
+
+    assert all(describe(name) and describe("val/" + name[5:]) for name in m), m
     assert m["eval/truncated_frac"] == 1 / 8
     assert m["eval/avg_at_k_ci_low"] <= 3 / 8 <= m["eval/avg_at_k_ci_high"]
     table = r.per_problem

@@ -62,3 +62,18 @@ def test_the_training_after_a_preflight_takes_its_policy_and_trains_as_from_a_fr
     monkeypatch.undo()
     handed, fresh = (load_policy(str(r.final), "float32")[0].state_dict() for r in runs)
     assert all(torch.equal(handed[k], fresh[k]) for k in fresh)  # the same run
+
+
+def test_every_preflight_metric_is_said_by_dapo_metrics():
+    import torch
+
+    from dapo_core.metric_names import describe
+    from dapo_core.signal import group_signal
+    from tasks.training.preflight import PreflightResult
+
+    acc = torch.tensor([[True, False], [False, False]])
+    signal = group_signal(
+        acc, torch.ones(2, 2, dtype=torch.bool), torch.ones(2, 2, dtype=torch.bool)
+    )
+    names = PreflightResult(signal, 2, 2, None, []).metrics()
+    assert "preflight/groups_with_2_correct" in names and all(describe(n) for n in names), names

@@ -18,9 +18,11 @@ from tasks.orchestration import run_logger
 from tasks.preferences.pairs import PairTable, read_pairs
 
 
-def check_settings(command: str, out_dir: Path, checks: list[tuple[str, object, bool]]) -> None:
+def check_settings(
+    command: str, out_dir: Path, checks: list[tuple[str, object, bool, str]]
+) -> None:
     """One-line errors, before anything loads: an output directory that holds files, or a
-    setting (name, value, whether it is in range) out of range."""
+    setting (name, value, whether it is in range, the range) out of range."""
     if why := unwritable(out_dir):
         raise PipelineError(f"--out {out_dir}: {why}; name a directory to write")
     if (out_dir / "config.json").is_file():  # a finished one (a stop after its save included)
@@ -30,18 +32,21 @@ def check_settings(command: str, out_dir: Path, checks: list[tuple[str, object, 
         )
     if out_dir.exists() and any(out_dir.iterdir()):
         raise PipelineError(f"{out_dir} already holds files: choose another --out, or remove it")
-    for name, value, ok in checks:
+    for name, value, ok, allowed in checks:
         if not ok:
-            raise PipelineError(f"{name} {value} is out of range; see `dapo {command} -h`")
+            raise PipelineError(
+                f"{name} {value} is out of range: it must be {allowed} "
+                f"(see `dapo {command} --help`)"
+            )
 
 
 def loop_checks(epochs: int, lr: float, batch_size: int, heldout: float) -> list[tuple]:
     """The settings both trainers' loops share, as :func:`check_settings` reads them."""
     return [
-        ("--epochs", epochs, epochs >= 1),
-        ("--lr", lr, math.isfinite(lr) and lr > 0),
-        ("--batch-size", batch_size, batch_size >= 1),
-        ("--heldout", heldout, 0 < heldout < 1),
+        ("--epochs", epochs, epochs >= 1, ">= 1"),
+        ("--lr", lr, math.isfinite(lr) and lr > 0, "a number > 0"),
+        ("--batch-size", batch_size, batch_size >= 1, ">= 1"),
+        ("--heldout", heldout, 0 < heldout < 1, "in (0, 1)"),
     ]
 
 

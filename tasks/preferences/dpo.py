@@ -119,8 +119,8 @@ def train_dpo(
         "dpo train",
         out_dir,
         [
-            ("--beta", beta, math.isfinite(beta) and beta > 0),
-            ("--nll-weight", nll_weight, math.isfinite(nll_weight) and nll_weight >= 0),
+            ("--beta", beta, math.isfinite(beta) and beta > 0, "a number > 0"),
+            ("--nll-weight", nll_weight, math.isfinite(nll_weight) and nll_weight >= 0, ">= 0"),
             *loop_checks(epochs, lr, batch_size, heldout),
         ],
     )
@@ -301,7 +301,7 @@ def train_iterative_dpo(
     from tasks.preferences.pairs import mine_to_file
 
     out_dir = Path(out_dir)
-    check_settings("dpo train", out_dir, [("--rounds", rounds, rounds >= 1)])
+    check_settings("dpo train", out_dir, [("--rounds", rounds, rounds >= 1, ">= 1")])
     if rounds == 1:
         return train_dpo(cfg, pairs_path, out_dir, seed=seed, track=track, **dpo_args)
     work = out_dir.with_name(f".{out_dir.name}.rounds")

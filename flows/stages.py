@@ -163,9 +163,12 @@ def preflight(
     overrides: list[str] | None = None,
     prompts: int | None = None,
     strict: bool = False,
+    said: bool = True,
 ) -> PreflightResult:
-    """Sample the starting policy on a few training prompts: is there anything to learn from?"""
-    return preflight_task(load_config(params, config, overrides), strict=strict, prompts=prompts)
+    """Sample the starting policy on a few training prompts: is there anything to learn from?
+    ``said``: log the report (`dapo preflight` prints it itself, on stdout)."""
+    cfg = load_config(params, config, overrides)
+    return preflight_task(cfg, strict=strict, prompts=prompts, said=said)
 
 
 def train_on_ranks(cfg: Config, run_dir: str, resume: bool) -> TrainResult:

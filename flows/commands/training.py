@@ -176,14 +176,15 @@ def preflight(
     _load(params, config, set_)
     with _server(direct=True):
         args = _flow_args(params, config, set_)
-        result = run_stage("preflight", **args, prompts=prompts, strict=strict)
-    console.print(describe(result))
+        result = run_stage("preflight", **args, prompts=prompts, strict=strict, said=False)
+    report = Console(soft_wrap=True)  # the command's result: stdout (`> report.txt` keeps it)
+    report.print(describe(result), markup=False, highlight=False)
     for row in result.samples[:3]:
-        console.print(f"  answer {row['answer']}: {row['response'][-120:]!r}")
+        report.print(f"  answer {row['answer']}: {row['response'][-120:]!r}", markup=False)
     if result.problem:
-        console.print(f"[bold yellow]warning:[/] {escape(result.problem)}")
+        report.print(f"[bold yellow]warning:[/] {escape(result.problem)}")
     else:
-        console.print("[green]ok[/]: enough groups of mixed correctness to learn from")
+        report.print("[green]ok[/]: enough groups of mixed correctness to learn from")
 
 
 @app.command("evaluate")

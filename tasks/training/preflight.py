@@ -110,16 +110,19 @@ def describe(result: PreflightResult) -> str:
 
 @stage_task("preflight", retries=0, retry_delay_seconds=0)
 def preflight_task(
-    cfg: Config, strict: bool = False, prompts: int | None = None
+    cfg: Config, strict: bool = False, prompts: int | None = None, said: bool = True
 ) -> PreflightResult:
-    """Run the preflight and report it; with ``strict`` too little to learn from is an error."""
+    """Run the preflight and, if ``said``, log its report; with ``strict`` too little to learn
+    from is an error."""
     log = run_logger()
     result = run_preflight(cfg, prompts)
-    log.info(describe(result))
-    for row in result.samples[:3]:
-        log.info("preflight sample (answer %s): %r", row["answer"], row["response"][-200:])
+    if said:
+        log.info(describe(result))
+        for row in result.samples[:3]:
+            log.info("preflight sample (answer %s): %r", row["answer"], row["response"][-200:])
     if result.problem:
         if strict:
             raise NothingToLearn(f"preflight: {result.problem}")
-        log.warning("preflight: %s", result.problem)
+        if said:
+            log.warning("preflight: %s", result.problem)
     return result

@@ -77,3 +77,27 @@ def test_every_preflight_metric_is_said_by_dapo_metrics():
     )
     names = PreflightResult(signal, 2, 2, None, []).metrics()
     assert "preflight/groups_with_2_correct" in names and all(describe(n) for n in names), names
+
+
+@pytest.mark.slow
+def test_dapo_preflight_prints_its_report_once_on_stdout(tiny_cfg, tmp_path):
+    """It said the report twice (the stage's log lines, then its own), all on stderr:
+    `dapo preflight > report.txt` kept nothing."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps(tiny_cfg.to_dict()))
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("dapo")), "preflight", "--params", str(params)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "DAPO_WARM": "0"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("preflight on ") == 1 and "preflight on " not in done.stderr
+    assert done.stdout.count("  answer ") == 3, done.stdout

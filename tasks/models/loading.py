@@ -4,6 +4,7 @@ for generation (left padding, a pad token), and the chat prompt the policy is sa
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -231,7 +232,18 @@ def save_model_dir(model, tokenizer, out: Path, state_dict: dict | None = None) 
     with without_deepspeed_probe():
         model.save_pretrained(out, state_dict=state_dict)
     tokenizer.save_pretrained(out)
+    readable_weights(Path(out))
     return out
+
+
+def readable_weights(folder: Path) -> None:
+    """The weights with the mode the process's umask gives a new file, as the directory's other
+    files have: safetensors writes them owner-only (``-rw-------``), so a shared model directory
+    was unreadable to the rest of a team."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for weights in folder.glob("*.safetensors"):
+        weights.chmod(0o666 & ~umask)
 
 
 @contextmanager

@@ -35,6 +35,7 @@ from tasks.models.loading import (
     chat_prompt,
     explained_load_errors,
     load_tokenizer,
+    readable_weights,
     save_model_dir,
     transformers_quietly,
     without_deepspeed_probe,
@@ -172,6 +173,7 @@ def warm_start(
             said.step(step, losses[-1], checks[-1][1] if checks else None)
     with without_deepspeed_probe():
         model.save_pretrained(model_dir)
+    readable_weights(model_dir)
     return WarmStartResult(losses, checks)
 
 

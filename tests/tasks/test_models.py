@@ -803,3 +803,21 @@ def test_a_reward_model_given_as_a_policy_is_refused_in_one_line(tmp_path):
         load_policy(str(rm))
     with pytest.raises(PipelineError, match="no such reward model directory"):
         reward_model_record(tmp_path / "missing")  # said "not a reward model directory"
+
+
+def test_saved_weights_are_as_readable_as_the_directorys_other_files(tiny_cfg, tmp_path):
+    """safetensors wrote them owner-only (-rw-------): a shared run's model was unreadable to
+    the rest of a team while its config and tokenizer were not."""
+    import os
+    import stat
+
+    from tasks.models.loading import load_policy, save_model_dir
+
+    model, tokenizer = load_policy(str(resolve_model_path(tiny_cfg)))
+    old = os.umask(0o022)
+    try:
+        out = save_model_dir(model, tokenizer, tmp_path / "m")
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir() if p.is_file()}
+    assert modes["model.safetensors"] == modes["config.json"] == 0o644, modes

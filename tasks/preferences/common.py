@@ -3,18 +3,20 @@ held-out split of a pairs table, and writing a model directory whole or not at a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from dapo_core.config import Config
-from dapo_core.errors import PipelineError, first_line
+from dapo_core.errors import PipelineError, TrainingInterrupted, first_line
 from tasks.durable import replace_atomically, unwritable
 from tasks.models.loading import save_model_dir as save_hf_dir
-from tasks.orchestration import run_logger
+from tasks.orchestration import interrupts, run_logger
 from tasks.preferences.pairs import PairTable, read_pairs
 
 
@@ -159,6 +161,21 @@ class Resume:
 
     def done(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def continued_by_the_same_command(resume: Resume) -> Iterator[None]:
+    """An interrupt of a preference training is a TrainingInterrupted that says how it goes on:
+    from its saved state, by the same command (it said "run the same command to start again",
+    as for a command that keeps nothing)."""
+    try:
+        yield
+    except interrupts():
+        if (resume.dir / "state.pt").exists():
+            how = f"run the same command to continue from its last saved state ({resume.dir})"
+        else:
+            how = "run the same command to start again (no state was saved yet)"
+        raise TrainingInterrupted(f"stopped; {how}") from None
 
 
 def start_tracking(

@@ -33,6 +33,7 @@ from dapo_core.preferences import dpo_loss, sequence_logp
 from tasks.preferences.common import (
     Resume,
     check_settings,
+    continued_by_the_same_command,
     decaying_adamw,
     fit,
     loop_checks,
@@ -159,7 +160,7 @@ def train_dpo(
         tracker.log_params({"dpo.train_pairs": len(train), "dpo.heldout_pairs": len(held)})
         tracker.log_dict(table.provenance, "pairs_provenance.json")
         tracker.log_metrics(_heldout(policy, held, ref_held, beta, batch_size), 0)  # log 2
-    with tracker:
+    with continued_by_the_same_command(resume), tracker:
         step, evaluation = fit(
             model=model,
             optimizer=optimizer,

@@ -28,6 +28,7 @@ from tasks.models.learned_reward import RECORD, load_reward_model, reward_input,
 from tasks.preferences.common import (
     Resume,
     check_settings,
+    continued_by_the_same_command,
     decaying_adamw,
     fit,
     loop_checks,
@@ -135,7 +136,7 @@ def train_reward_model(
         tracker.log_params({f"rm.{k}": v for k, v in settings.items()})
         tracker.log_params({"rm.train_pairs": len(train), "rm.heldout_pairs": len(held)})
         tracker.log_dict(table.provenance, "pairs_provenance.json")
-    with tracker:
+    with continued_by_the_same_command(resume), tracker:
         step, evaluation = fit(
             model=model,
             optimizer=optimizer,

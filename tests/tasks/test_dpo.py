@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dapo_core.config_loader import resolve
-from dapo_core.errors import PipelineError
+from dapo_core.errors import PipelineError, TrainingInterrupted
 from dapo_core.preferences import dpo_loss
 from tasks.preferences import dpo as D
 from tasks.preferences import pairs as P
@@ -80,7 +80,7 @@ def test_an_interrupted_dpo_resumes_to_the_uninterrupted_policy(cfg, pairs_file,
         if step == total - 1 and "dpo/loss" in metrics:
             raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(TrainingInterrupted):
         D.train_dpo(cfg, pairs_file, tmp_path / "b", on_step=stop, **args)
     assert not (tmp_path / "b").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
@@ -154,7 +154,7 @@ def test_iterative_dpo_mines_each_round_from_the_policy_before(
         if len(mined_from) == 3 and "dpo/loss" in metrics:
             raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(TrainingInterrupted):
         D.train_iterative_dpo(cfg, pairs_file, tmp_path / "b", 3, on_step=stop, **args)
     assert not (tmp_path / "b").exists() and (tmp_path / ".b.rounds" / "round1").exists()
     with pytest.raises(PipelineError, match="rounds of an interrupted run with other settings"):

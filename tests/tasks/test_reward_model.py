@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dapo_core.config_loader import resolve
-from dapo_core.errors import PipelineError
+from dapo_core.errors import PipelineError, TrainingInterrupted
 from tasks.models import learned_reward as S
 from tasks.preferences import pairs as P
 from tasks.preferences import reward_model as RM
@@ -103,7 +103,7 @@ def test_an_interrupted_training_leaves_no_directory_and_a_killed_run(cfg, pairs
     def stop(step, total, metrics):
         raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(TrainingInterrupted, match=r"start again \(no state was saved yet\)"):
         RM.train_reward_model(cfg, pairs_file, out, epochs=1, on_step=stop)
     assert not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
@@ -134,7 +134,8 @@ def test_a_resumed_training_equals_the_uninterrupted_one(cfg, pairs_file, tmp_pa
             raise KeyboardInterrupt
 
     out = tmp_path / "b"
-    with pytest.raises(KeyboardInterrupt):
+    # it said "run the same command to start again", and the same command continues it
+    with pytest.raises(TrainingInterrupted, match=r"to continue from its last saved state"):
         RM.train_reward_model(cfg, pairs_file, out, on_step=stop, **args)
     assert (tmp_path / ".b.resume" / "state.pt").exists() and not out.exists()
     resumed = RM.train_reward_model(cfg, pairs_file, out, **args)
@@ -143,7 +144,7 @@ def test_a_resumed_training_equals_the_uninterrupted_one(cfg, pairs_file, tmp_pa
     assert resumed.heldout_accuracy == whole.heldout_accuracy
     assert not (tmp_path / ".b.resume").exists()
     assert read_run(resumed.run_id, tracking_uri(cfg))["status"] == "FINISHED"
-    with pytest.raises(KeyboardInterrupt):  # other settings over an interrupted run: refused
+    with pytest.raises(TrainingInterrupted):  # other settings over an interrupted run: refused
         RM.train_reward_model(cfg, pairs_file, tmp_path / "c", on_step=stop, track=False, **args)
     with pytest.raises(PipelineError, match="other settings"):
         RM.train_reward_model(cfg, pairs_file, tmp_path / "c", track=False, epochs=3)

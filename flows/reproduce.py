@@ -38,6 +38,7 @@ def reproduce_checks(info: dict[str, Any]) -> tuple[list[str], list[str]]:
         )
     mismatches += _problem_mismatches(info)
     mismatches += _model_mismatches(info, notes)
+    mismatches += _missing_inputs(info["config"])
     if then_commit != now_commit:
         mismatches.append(
             f"code differs: the run was made at commit {then_commit}, this checkout is at "
@@ -142,6 +143,8 @@ def reproduce_run(
         raise PipelineError("not reproducible as is (--strict): " + " ".join(mismatches))
     if check_only:
         return out
+    if missing := _missing_inputs(info["config"]):  # the re-run would fail once begun
+        raise PipelineError(f"cannot re-run {run_id}: {' '.join(missing)}")
     name = run_name or f"reproduce-{run_id[:8]}-{time.strftime('%Y%m%d-%H%M%S')}"
     from flows.stages import run_dir_for
     from tasks.rundir import REPRODUCED_CONFIG
@@ -180,6 +183,19 @@ def reproduce_run(
             **common, run_name=name, eval_set=tags.get("eval.set"), tags=mark
         )
     return out
+
+
+def _missing_inputs(config: dict[str, Any]) -> list[str]:
+    """What the run read from a local path that is gone (its reward model), each a sentence
+    with the way back."""
+    rollout = config.get("rollout", {})
+    reward_model = rollout.get("reward_model") or ""
+    if rollout.get("reward") == "model" and not Path(reward_model).expanduser().exists():
+        return [
+            f"its reward model {reward_model} is gone: put it back, or train it again "
+            "(`dapo reward-model train` with the run's rm.* parameters)."
+        ]
+    return []
 
 
 def _refuse_other_contents(root: Path, config: dict[str, Any]) -> None:

@@ -419,3 +419,26 @@ def test_a_stopped_model_check_says_to_start_again_not_resume_its_scratch(monkey
     out = CliRunner().invoke(app, ["model", "check"])
     assert out.exit_code == 130 and "--resume" not in out.output
     assert "the reference run stopped; it is not kept: run the same command" in out.output
+
+
+def test_reproduce_of_a_run_whose_reward_model_is_gone_says_so_and_runs_nothing(
+    flow_cfg, monkeypatch, tmp_path
+):
+    """--check-only said the data and code match, and the re-run then failed once begun: a
+    Prefect error line, a FAILED run and a folder of its files left behind."""
+    from dapo_core.config_loader import resolve
+    from flows import pipeline
+    from flows.reproduce import reproduce_run
+    from tasks.tracking import store
+
+    gone = tmp_path / "rm"
+    overrides = [f"train.out_dir={tmp_path / 'runs'}", "rollout.reward=model"]
+    cfg = resolve(flow_cfg.to_dict(), overrides=[*overrides, f"rollout.reward_model={gone}"])
+    info = {"tags": {}, "config": cfg.to_dict(), "params": {}, "metrics": {}}
+    monkeypatch.setattr(store, "read_run", lambda run_id, uri=None: info)
+    monkeypatch.setattr(pipeline, "pipeline_flow", lambda **kw: pytest.fail("a pipeline ran"))
+    checked = reproduce_run("0123abcd", check_only=True)
+    assert any(f"reward model {gone} is gone" in m for m in checked["mismatches"])
+    with pytest.raises(PipelineError, match=f"cannot re-run 0123abcd: its reward model {gone}"):
+        reproduce_run("0123abcd", progress=False)
+    assert not (tmp_path / "runs").exists()

@@ -32,14 +32,23 @@ for _group in COMMAND_GROUPS:
 
 def _help_as_sentences(group: typer.Typer) -> None:
     """A command's line in ``--help`` is its docstring's first paragraph, and rich keeps that
-    docstring's line breaks, which cut sentences mid-line: give each the paragraph on one line
-    (the terminal wraps it)."""
+    docstring's line breaks, which cut sentences mid-line: give each paragraph on one line (the
+    terminal wraps it), in the command's list and in its own help (a paragraph that is a list
+    keeps its lines)."""
     for info in group.registered_commands:
         doc = info.callback.__doc__ if info.callback else None
         if info.short_help is None and info.help is None and doc:
-            info.short_help = " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+            paragraphs = [_one_line(p) for p in inspect.cleandoc(doc).split("\n\n")]
+            info.short_help, info.help = paragraphs[0], "\n\n".join(paragraphs)
     for sub in group.registered_groups:
         _help_as_sentences(sub.typer_instance)
+
+
+def _one_line(paragraph: str) -> str:
+    lines = paragraph.splitlines()
+    if any(line.lstrip().startswith(("- ", "* ")) or line.startswith(" ") for line in lines):
+        return paragraph
+    return " ".join(paragraph.split())
 
 
 _help_as_sentences(app)

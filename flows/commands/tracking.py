@@ -106,10 +106,12 @@ def register(
     from tasks.tracking.store import tracking_uri
 
     done = register_model(ref, name, alias, tracking_uri(_load(params, config, set_)))
+    what = "registered" if done.new else "already registered, as"
     console.print(
-        f"registered {done.name} version {done.version} ({done.model_id}, {done.path}) "
-        f"as [bold]{done.uri}[/]",
+        f"{what} {done.name} version {done.version} ({done.model_id}, {done.path}); "
+        f"{done.uri} names it",
         highlight=False,
+        markup=False,
     )
 
 

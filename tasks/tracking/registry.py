@@ -52,6 +52,7 @@ class Registered:
     alias: str
     model_id: str
     path: str
+    new: bool = True  # False: the policy was a version of the model already (its alias moved)
 
     @property
     def uri(self) -> str:
@@ -126,7 +127,8 @@ def register(
     ref: str, name: str = DEFAULT_NAME, alias: str = DEFAULT_ALIAS, uri: str | None = None
 ) -> Registered:
     """A new version of registered model ``name`` made from the policy ``ref`` names, with
-    ``alias`` moved to it (the registered model is created on first use)."""
+    ``alias`` moved to it (the registered model is created on first use). A policy that is a
+    version of it already is not registered again: ``alias`` moves to that version."""
     from mlflow.exceptions import MlflowException
 
     check_names(name, alias)
@@ -150,11 +152,18 @@ def register(
 
     # MLflow looks a models:/ source up in the process's global store: make it this one
     mlflow.set_tracking_uri(client.tracking_uri)
-    version = client.create_model_version(
-        name, f"{MODELS_URI}{model_id}", run_id=model.source_run_id, model_id=model_id
+    versions = client.search_model_versions(f"name='{name}'")
+    source = f"{MODELS_URI}{model_id}"  # what each version made here records
+    same = [v for v in versions if v.model_id in (model_id, None) and v.source == source]
+    version = (
+        same[0]
+        if same
+        else client.create_model_version(
+            name, f"{MODELS_URI}{model_id}", run_id=model.source_run_id, model_id=model_id
+        )
     )
     client.set_registered_model_alias(name, alias, version.version)
-    return Registered(name, str(version.version), alias, model_id, path)
+    return Registered(name, str(version.version), alias, model_id, path, new=not same)
 
 
 def model_path(model_uri: str, uri: str | None = None) -> str:

@@ -43,7 +43,12 @@ def test_cli_train_and_evaluate_are_tracked(flows_env, flow_cfg, flow_params, tm
 
     # The run's policy, registered, is what `--model models:/NAME@champion` evaluates
     reg = runner.invoke(app, ["register", run_id, "--params", flow_params])
-    assert reg.exit_code == 0 and "as models:/dapo-policy@champion" in reg.output, reg.output
+    assert reg.exit_code == 0 and "models:/dapo-policy@champion names it" in reg.output, reg.output
+    # again: not a second version of the same policy (it made one); the alias stays on it
+    again = runner.invoke(app, ["register", run_id, "--params", flow_params])
+    assert again.output.startswith("already registered, as dapo-policy version "), again.output
+    versions = MlflowClient(mlflow_uri).search_model_versions("name='dapo-policy'")
+    assert len({v.model_id for v in versions}) == len(versions), versions
     champion = ["--model", "models:/dapo-policy@champion"]
     ev = runner.invoke(app, ["evaluate", "--params", flow_params, *champion])
     assert ev.exit_code == 0, ev.output

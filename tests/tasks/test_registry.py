@@ -61,9 +61,10 @@ def test_register_moves_the_alias_and_a_models_uri_loads_the_directory(logged, t
         model_id,
     )
     assert registry.model_path("models:/dapo-policy@champion", uri) == str(final.resolve())
-    two = registry.register(model_id, alias="champion", uri=uri)
-    assert two.version == "2"
-    assert MlflowClient(uri).get_model_version_by_alias("dapo-policy", "champion").version == 2
+    # the same policy again: its version, not a second one (a duplicate version 2 was made)
+    two = registry.register(model_id, alias="current", uri=uri)
+    assert (two.version, two.new, one.new) == ("1", False, True)
+    assert MlflowClient(uri).get_model_version_by_alias("dapo-policy", "current").version == 1
     assert registry.model_path("models:/dapo-policy/1", uri) == str(final.resolve())
     # the config's model.name_or_path takes the URI too (dapo train -S model.name_or_path=...)
     cfg = resolve(

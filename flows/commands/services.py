@@ -107,8 +107,11 @@ def warm_stop(
     if not found:
         console.print("no warm process was running")
     for one in found:
-        running = f"; {one['running']} command(s) it runs go on" if one["running"] else ""
-        console.print(f"warm process (pid {one['pid']}) stopped{running}", highlight=False)
+        if one["running"]:
+            said = f"stops once the {one['running']} command(s) it runs end; it takes no new one"
+        else:
+            said = "stopped"
+        console.print(f"warm process (pid {one['pid']}) {said}", highlight=False)
 
 
 @warm_app.command("status")

@@ -318,14 +318,26 @@ def train_iterative_dpo(
                     round_cfg, pairs, prompts, per_group, seed + r, dvc=False
                 )
                 on_round(r, f"mined {len(table.rows)} pairs from the round {r - 1} policy")
-        model_dir = work / f"round{r}"  # the MLflow run is "dpo round<r>"
+        model_dir = work / f"round{r}"
         if (model_dir / RECORD).exists():  # finished before an interruption
             record = json.loads((model_dir / RECORD).read_text())
             result = DPOResult(
                 model_dir, record["heldout_accuracy"], record["heldout_loss"], 0, 0, 0
             )
         else:
-            result = train_dpo(round_cfg, pairs, model_dir, seed=seed, track=track, **dpo_args)
+            # its MLflow run named and tagged after the directory the rounds end in: the round's
+            # own directory is removed once they are over
+            traced = {"dpo.rounds_of": str(out_dir), "dpo.round": f"{r} of {rounds}"}
+            result = train_dpo(
+                round_cfg,
+                pairs,
+                model_dir,
+                seed=seed,
+                track=track,
+                extra_tags=traced,
+                run_name=f"dpo {out_dir.name} round {r} of {rounds}",
+                **dpo_args,
+            )
         on_round(r, f"held-out implicit-reward accuracy {result.heldout_accuracy:.3f}")
         policy = str(model_dir)
     record = json.loads((Path(policy) / RECORD).read_text())

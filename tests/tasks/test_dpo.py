@@ -183,3 +183,26 @@ def test_an_unreadable_interrupted_state_is_one_line(tmp_path, damaged):
     (resume.dir / damaged).write_bytes(whole[: len(whole) // 2])
     with pytest.raises(PipelineError, match=r"\.out\.resume holds .* cannot be read .*: remove"):
         resume.load()
+
+
+def test_iterative_dpo_names_each_rounds_run_after_the_directory_they_end_in(
+    cfg, pairs_file, tmp_path, monkeypatch
+):
+    """The rounds' MLflow runs were "dpo round1", "dpo round2", tagged with their own
+    directories, which are removed once the rounds are over: no run named the result."""
+    trained = []
+
+    def train(round_cfg, pairs, model_dir, **kwargs):
+        trained.append((kwargs["run_name"], kwargs["extra_tags"]))
+        model_dir.mkdir(parents=True)
+        (model_dir / D.RECORD).write_text(json.dumps({"heldout_accuracy": 1, "heldout_loss": 0}))
+        return D.DPOResult(model_dir, 1.0, 0.0, 1, 1, 1)
+
+    monkeypatch.setattr(D, "train_dpo", train)
+    monkeypatch.setattr(P, "mine_to_file", lambda *a, **k: (P.PairTable([], {}), None, None))
+    D.train_iterative_dpo(cfg, pairs_file, tmp_path / "pol", 2, track=False)
+    out = str(tmp_path / "pol")
+    assert trained == [
+        ("dpo pol round 1 of 2", {"dpo.rounds_of": out, "dpo.round": "1 of 2"}),
+        ("dpo pol round 2 of 2", {"dpo.rounds_of": out, "dpo.round": "2 of 2"}),
+    ]

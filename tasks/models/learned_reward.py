@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 
 from dapo_core.errors import PipelineError
+from tasks.models.loading import REWARD_MODEL_RECORD
 
-RECORD = "reward_model.json"  # what the directory was trained from, and how well it ranks
+RECORD = REWARD_MODEL_RECORD  # what the directory was trained from, and how well it ranks
 
 
 def reward_input(tokenizer, prompt: str, response: str, max_len: int) -> list[int]:

@@ -144,13 +144,17 @@ def refuse_incomplete_dir(name_or_path: str) -> None:
         )
 
 
+REWARD_MODEL_RECORD = "reward_model.json"
+"""What a trained reward model's directory carries beside its weights (``tasks.models.
+learned_reward``: what it was trained from, and how well it ranks)."""
+
+
 def refuse_reward_model(name_or_path: str) -> None:
     """A ModelNotFound for a trained reward model given as a policy: transformers loads its
     transformer under a fresh language-model head (its score head dropped), and the command ran
     to the end on a policy that writes noise."""
-    from tasks.models.learned_reward import RECORD
-
-    if _looks_local(name_or_path) and (Path(name_or_path).expanduser() / RECORD).is_file():
+    record = Path(name_or_path).expanduser() / REWARD_MODEL_RECORD
+    if _looks_local(name_or_path) and record.is_file():
         raise ModelNotFound(
             f"{name_or_path} is a reward model (it scores responses, it does not write them): "
             "give a policy (a run's final/, a checkpoint, a hub id); a reward model serves "

@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -51,49 +51,64 @@ def serve_deployments(deployments: list[RunnerDeployment]) -> list[str]:
     stopped: list[datetime.datetime] = []
     runner = Runner(pause_on_shutdown=True)  # what prefect.serve() makes
     with (
-        _paused_if_killed() as registered,
+        _paused_if_killed() as schedules,
         _environment(RUNS_END_WITH, str(os.getpid())),  # the runs end with this process
         replaced_handlers(lambda previous: _runs_first(previous, stopped)),
         _cancelled_callbacks_quiet(),
         contextlib.suppress(KeyboardInterrupt),
     ):
         for deployment in deployments:
-            registered(str(runner.add_deployment(deployment)))
+            schedules.registered(str(runner.add_deployment(deployment)))
         # Runner.start() makes its handle_sigterm SIGTERM's handler (it stops the runner at once)
         runner.handle_sigterm = signal.getsignal(signal.SIGTERM)
+        schedules.served = True  # from here the runner pauses them when it stops
         asyncio.run(runner.start())
     return cut_off_runs([d.name for d in deployments], began, stopped[0] if stopped else None)
 
 
 PAUSE_ORPHANED = "import sys; from flows.serve import pause_deployments as p; p(*sys.argv[1:])"
-"""What the reaper runs (``python -c PAUSE_ORPHANED API_URL ID...``) when ``dapo schedule`` is
-killed outright (SIGKILL, the OOM killer): the deployments it served are paused, as the runner
-pauses them when it stops. Left unpaused, the server went on scheduling runs that nobody
-served."""
+"""What the reaper runs (``python -I -c PAUSE_ORPHANED API_URL ID...``) when ``dapo schedule``
+is killed outright (SIGKILL, the OOM killer): the deployments it served are paused, as the
+runner pauses them when it stops. Left unpaused, the server went on scheduling runs that nobody
+served. Isolated (``-I``), as the reaper: a ``flows`` package where the command was started
+cannot shadow the project's."""
+PAUSE_TIMEOUT_S = 40.0
+"""All the deployments' pauses together, within the reaper's time for last words."""
+
+
+class _Schedules:
+    """The deployments registered so far, and whether the runner serves them (it then pauses
+    them itself when it stops)."""
+
+    def __init__(self) -> None:
+        self.key, self.ids, self.served = f"prefect-deployments:{os.getpid()}", [], False
+
+    def registered(self, deployment_id: str) -> None:
+        """Said again to the reaper with each, so that a kill between two registrations leaves
+        none active."""
+        self.ids.append(deployment_id)
+        argv = [sys.executable, "-I", "-c", PAUSE_ORPHANED, str(api_url()), *self.ids]
+        lifetime.last_words(self.key, argv)
 
 
 @contextmanager
-def _paused_if_killed() -> Iterator[Callable[[str], None]]:
-    """Yields ``registered(deployment_id)``: each deployment so announced is paused by this
-    process's reaper should the process be killed during the block (said again with each, so
-    that a kill between two registrations leaves none active); a stop that runs the block's end
-    leaves it to the runner."""
-    key, ids = f"prefect-deployments:{os.getpid()}", []
-
-    def registered(deployment_id: str) -> None:
-        ids.append(deployment_id)
-        lifetime.last_words(key, [sys.executable, "-c", PAUSE_ORPHANED, str(api_url()), *ids])
-
+def _paused_if_killed() -> Iterator[_Schedules]:
+    """The deployments registered in the block are paused by this process's reaper should it be
+    killed during the block, and here at its end if the runner never served them (a stop while
+    they were registered); a runner that served them paused them when it stopped."""
+    schedules = _Schedules()
     try:
-        yield registered
+        yield schedules
     finally:
-        lifetime.take_back(key)
+        if schedules.ids and not schedules.served:
+            pause_deployments(str(api_url()), *schedules.ids)
+        lifetime.take_back(schedules.key)
 
 
 def pause_deployments(api: str, *ids: str) -> int:
     """Pause deployments ``ids`` through the Prefect API at ``api`` (``PATCH /deployments/ID``,
-    with the credentials Prefect's own client sends); how many the server accepted. A killed
-    ``dapo schedule``'s last words, in a process of their own: errors are not raised."""
+    with the credentials Prefect's own client sends); how many the server accepted. Errors are
+    not raised: a killed ``dapo schedule``'s last words run in a process of their own."""
     import urllib.request
 
     from tasks.orchestration import api_credentials
@@ -108,8 +123,8 @@ def pause_deployments(api: str, *ids: str) -> int:
             method="PATCH",
         )
         try:
-            urllib.request.urlopen(request, timeout=30).close()
-        except OSError:  # the server is away: nothing more to do
+            urllib.request.urlopen(request, timeout=PAUSE_TIMEOUT_S / len(ids)).close()
+        except (OSError, ValueError):  # the server is away, or no API to ask
             continue
         paused += 1
     return paused

@@ -163,7 +163,8 @@ class _Stderr(logging.StreamHandler):
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Not a line Prefect's console handler prints already: once Prefect has set up its
-        logging, the root logger has one (warnings and worse), and a line would come twice."""
+        logging, the root logger has one (every level, by default), and a line would come
+        twice."""
         root = logging.getLogger().handlers
         prefects = [h for h in root if type(h).__name__ == "PrefectConsoleHandler"]
         return not any(record.levelno >= h.level for h in prefects) and super().filter(record)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from flows.commands.base import (
     ConfigOpt,
@@ -41,7 +42,7 @@ def model_fetch(
 
     _working()
     out = convert_gguf(gguf, model_dir(name)) if gguf else fetch_model(name)
-    console.print(f"[green]ready[/]: {out} (use -S model.name_or_path={name})")
+    console.print(f"[green]ready[/]: {escape(str(out))} (use -S model.name_or_path={name})")
 
 
 @model_app.command("build")
@@ -196,8 +197,9 @@ def pairs_mine(
     p = table.provenance
     tracked = f"tracked by DVC ({path}.dvc)" if md5 else "not DVC-tracked (outside the project)"
     console.print(
-        f"[green]wrote[/] {path}: {len(table.rows)} pairs from {p['mixed_groups']} of "
-        f"{p['groups']} groups with mixed rewards; {tracked}. See it with `dapo pairs show {path}`",
+        f"[green]wrote[/] {escape(str(path))}: {len(table.rows)} pairs from {p['mixed_groups']} "
+        f"of {p['groups']} groups with mixed rewards; {escape(tracked)}. See it with `dapo pairs "
+        f"show {escape(str(path))}`",
         highlight=False,
     )
 
@@ -267,7 +269,8 @@ def reward_model_train(
         cfg, pairs, out, epochs, lr, batch_size, heldout, seed, track, on_step=report
     )
     console.print(
-        f"[green]wrote[/] {r.out_dir}: held-out pair accuracy {r.heldout_accuracy:.3f} on "
+        f"[green]wrote[/] {escape(str(r.out_dir))}: held-out pair accuracy "
+        f"{r.heldout_accuracy:.3f} on "
         f"{r.heldout_pairs} pairs ({r.train_pairs} trained on, {r.steps} steps)",
         highlight=False,
     )
@@ -344,7 +347,7 @@ def dpo_train(
         on_step=report,
     )
     console.print(
-        f"[green]wrote[/] {r.out_dir} ({r.train_pairs} pairs, {r.steps} steps); score it with "
-        f"`dapo evaluate --model {r.out_dir}`",
+        f"[green]wrote[/] {escape(str(r.out_dir))} ({r.train_pairs} pairs, {r.steps} steps); "
+        f"score it with `dapo evaluate --model {escape(str(r.out_dir))}`",
         highlight=False,
     )

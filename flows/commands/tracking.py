@@ -211,4 +211,4 @@ def reproduce(
         after = result.metrics[metric.AVG_AT_K]
     if before is not None and after is not None:
         console.print(f"avg@k: original {before:.4f}, reproduced {after:.4f}")
-    console.print(f"[green]done[/]: re-ran {run_id} (config {out['config_path']})")
+    console.print(f"[green]done[/]: re-ran {run_id} (config {escape(str(out['config_path']))})")

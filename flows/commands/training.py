@@ -176,11 +176,16 @@ def preflight(
     _load(params, config, set_)
     with _server(direct=True):
         args = _flow_args(params, config, set_)
-        result = run_stage("preflight", **args, prompts=prompts, strict=strict, said=False)
+        # strict is judged below, once the report is out (the stage would raise before it)
+        result = run_stage("preflight", **args, prompts=prompts, strict=False, said=False)
     report = Console(soft_wrap=True)  # the command's result: stdout (`> report.txt` keeps it)
     report.print(describe(result), markup=False, highlight=False)
     for row in result.samples[:3]:
         report.print(f"  answer {row['answer']}: {row['response'][-120:]!r}", markup=False)
+    if result.problem and strict:
+        from tasks.training.preflight import NothingToLearn
+
+        raise NothingToLearn(f"preflight: {result.problem}")
     if result.problem:
         report.print(f"[bold yellow]warning:[/] {escape(result.problem)}")
     else:
@@ -248,7 +253,7 @@ def evaluate(
         samples = json.dumps(result.samples, indent=1, default=str)  # the MLflow run's table
         replace_atomically(out / "samples.json", lambda tmp: tmp.write_text(samples))
         wrote = ", ".join(str(out / f) for f in ("metrics.json", "per_problem.csv", "samples.json"))
-        console.print(f"wrote {wrote}{run_note}")
+        console.print(f"wrote {wrote}{run_note}", markup=False, highlight=False)
     elif run_note:
         console.print(run_note.lstrip("; "))
 

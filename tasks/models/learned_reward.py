@@ -69,8 +69,9 @@ def load_reward_model(path: str, device: str):
 
 def reward_model_record(path: str | Path) -> dict:
     """The record a trained reward model directory carries; a one-line error otherwise."""
-    p = Path(path) / RECORD
-    if not Path(path).exists():
+    path = Path(path).expanduser()
+    p = path / RECORD
+    if not path.exists():
         raise PipelineError(
             f"no such reward model directory: {path}; train one with `dapo reward-model train`"
         )
@@ -90,6 +91,7 @@ class LearnedReward:
 
     def __init__(self, path: str, tokenizer, device, max_len: int):
         reward_model_record(path)  # a one-line error for a directory that is not one
+        path = str(Path(path).expanduser())
         self.model, own = load_reward_model(path, str(device))
         if own.get_vocab() != tokenizer.get_vocab():
             raise PipelineError(

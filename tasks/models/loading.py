@@ -4,7 +4,6 @@ for generation (left padding, a pad token), and the chat prompt the policy is sa
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -244,10 +243,21 @@ def readable_weights(folder: Path) -> None:
     """The weights with the mode the process's umask gives a new file, as the directory's other
     files have: safetensors writes them owner-only (``-rw-------``), so a shared model directory
     was unreadable to the rest of a team."""
-    umask = os.umask(0)
-    os.umask(umask)
+    umask = _umask()
     for weights in folder.glob("*.safetensors"):
         weights.chmod(0o666 & ~umask)
+
+
+def _umask() -> int:
+    """This process's umask, read without setting it (``os.umask`` sets it process-wide, and a
+    file another thread made meanwhile would get mode 0666); 0o022 where it cannot be read."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
 
 
 @contextmanager

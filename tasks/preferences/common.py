@@ -131,6 +131,8 @@ class Resume:
                 f"{self.dir} holds an interrupted run's state that cannot be read ({said}): "
                 "remove that directory to start over"
             ) from None
+        if "pairs_digest" in self.settings and "pairs_digest" not in settings:
+            settings["pairs_digest"] = self.settings["pairs_digest"]  # saved before it was kept
         if settings != self.settings:
             keys = sorted(k for k in settings.keys() | self.settings.keys())
             changed = [_SAID.get(k, k) for k in keys if settings.get(k) != self.settings.get(k)]

@@ -328,15 +328,17 @@ def train_iterative_dpo(
             # its MLflow run named and tagged after the directory the rounds end in: the round's
             # own directory is removed once they are over
             traced = {"dpo.rounds_of": str(out_dir), "dpo.round": f"{r} of {rounds}"}
+            own = {k: v for k, v in dpo_args.items() if k not in ("extra_tags", "run_name")}
             result = train_dpo(
                 round_cfg,
                 pairs,
                 model_dir,
                 seed=seed,
                 track=track,
-                extra_tags=traced,
-                run_name=f"dpo {out_dir.name} round {r} of {rounds}",
-                **dpo_args,
+                extra_tags={**(dpo_args.get("extra_tags") or {}), **traced},
+                run_name=f"{dpo_args.get('run_name') or f'dpo {out_dir.name}'} round {r} of "
+                f"{rounds}",
+                **own,
             )
         on_round(r, f"held-out implicit-reward accuracy {result.heldout_accuracy:.3f}")
         policy = str(model_dir)

@@ -34,9 +34,10 @@ _VERSION_ALIAS = re.compile(r"[vV]\d+")
 def check_names(name: str, alias: str, name_option: str = "--name") -> None:
     """One line for a registered-model name or an alias MLflow would refuse, before anything is
     registered (refused after the version is made, an alias left it without one)."""
-    if not name.strip() or "/" in name or ":" in name:
+    if not name.strip() or any(c in name for c in "/:'\""):
         raise PipelineError(
-            f"{name_option} {name!r}: a registered model's name is not empty and has no '/' or ':'"
+            f"{name_option} {name!r}: a registered model's name is not empty and has no '/', ':' "
+            "or quote"
         )
     if not _ALIAS.fullmatch(alias) or _VERSION_ALIAS.fullmatch(alias) or alias.lower() == "latest":
         raise PipelineError(

@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from dapo_core.errors import PipelineError
 from dapo_core.sampling import BatchStats
 from tasks.durable import seal_files
-from tasks.models.loading import save_model_dir
+from tasks.models.loading import readable_weights, save_model_dir
 from tasks.rundir import RunDir, checkpoint_step
 from tasks.training.batches import Group
 from tasks.training.distributed import all_gather_objects, barrier
@@ -84,6 +84,7 @@ def _write_checkpoint(trainer: DAPOTrainer, run_dir: RunDir, staged: Path) -> Pa
         if critic is not None:
             (staged / CRITIC_WEIGHTS).parent.mkdir()
             save_file({k: v.contiguous() for k, v in critic.items()}, staged / CRITIC_WEIGHTS)
+            readable_weights((staged / CRITIC_WEIGHTS).parent)
         torch.save(state, staged / TRAINER_STATE)
         final = run_dir.commit_checkpoint(step, trainer.cfg.train.keep_checkpoints, sealed)
     barrier(world)

@@ -297,7 +297,7 @@ def test_evaluate_out_writes_the_metrics_and_one_row_per_problem(flow_params, tm
     the folder (each written whole, then renamed)."""
     import pandas as pd
 
-    folder = tmp_path / "results" / "eval"
+    folder = tmp_path / "results[/]" / "eval"  # a path Rich would read as markup: no crash
     out = CliRunner().invoke(
         app, ["evaluate", "--params", flow_params, "--out", str(folder), "--no-track"]
     )

@@ -296,8 +296,9 @@ def test_a_killed_schedule_leaves_its_deployments_paused(prefect_harness, tmp_pa
     script = (
         "import sys, time\n"
         "from flows.serve import _paused_if_killed\n"
-        "with _paused_if_killed() as registered:\n"
-        "    registered(sys.argv[1])\n"
+        "with _paused_if_killed() as schedules:\n"
+        "    schedules.registered(sys.argv[1])\n"
+        "    schedules.served = True\n"
         "    print('serving', flush=True)\n"
         "    time.sleep(600)\n"
     )
@@ -319,3 +320,23 @@ def test_a_killed_schedule_leaves_its_deployments_paused(prefect_harness, tmp_pa
             serving.kill()
         with get_client(sync_client=True) as client:  # as the other tests found it
             client.resume_deployment(deployment_id)
+
+
+@pytest.mark.slow
+def test_a_stop_before_the_runner_serves_pauses_what_was_registered(prefect_harness):
+    """A Ctrl-C while the deployments were registered ended the block before the runner started,
+    so nothing paused them, and the command said the schedules were paused."""
+    from prefect import get_client
+
+    from flows.serve import _paused_if_killed
+
+    (nightly,) = build_deployments(schedule_specs(ablate_cron=""))
+    deployment_id = str(nightly.apply())
+    with get_client(sync_client=True) as client:
+        client.resume_deployment(deployment_id)
+        try:
+            with _paused_if_killed() as schedules:
+                schedules.registered(deployment_id)  # then stopped: the runner never started
+            assert client.read_deployment(deployment_id).paused
+        finally:
+            client.resume_deployment(deployment_id)  # as the other tests found it

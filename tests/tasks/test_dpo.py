@@ -172,6 +172,21 @@ def test_iterative_dpo_refuses_zero_rounds(cfg, pairs_file, tmp_path):
     assert not (tmp_path / "dpo").exists()
 
 
+def test_a_state_saved_before_the_pairs_digest_existed_still_resumes(tmp_path):
+    """Interrupted trainings saved before the pairs' content was part of their settings were
+    refused as "other settings (the pairs' content)", their work lost."""
+    import json
+
+    from tasks.preferences.common import Resume
+
+    old = Resume(tmp_path / "out", {"lr": 1e-3})
+    old.save({"step": 7})
+    now = Resume(tmp_path / "out", {"lr": 1e-3, "pairs_digest": "abc"})
+    assert now.load() == {"step": 7}
+    settings = json.loads((old.dir / "settings.json").read_text())
+    assert settings == {"lr": 1e-3}  # read as it was; saved again with the digest later
+
+
 @pytest.mark.parametrize("damaged", ["state.pt", "settings.json"])
 def test_an_unreadable_interrupted_state_is_one_line(tmp_path, damaged):
     from tasks.preferences.common import Resume
@@ -206,3 +221,11 @@ def test_iterative_dpo_names_each_rounds_run_after_the_directory_they_end_in(
         ("dpo pol round 1 of 2", {"dpo.rounds_of": out, "dpo.round": "1 of 2"}),
         ("dpo pol round 2 of 2", {"dpo.rounds_of": out, "dpo.round": "2 of 2"}),
     ]
+    # a caller's own name and tags go with the rounds' (they were passed twice: a TypeError)
+    trained.clear()
+    own = dict(run_name="sweep dpo", extra_tags={"sweep": "s1"})
+    D.train_iterative_dpo(cfg, pairs_file, tmp_path / "pol2", 2, track=False, **own)
+    assert trained[1] == (
+        "sweep dpo round 2 of 2",
+        {"sweep": "s1", "dpo.rounds_of": str(tmp_path / "pol2"), "dpo.round": "2 of 2"},
+    )

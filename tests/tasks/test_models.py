@@ -811,13 +811,15 @@ def test_saved_weights_are_as_readable_as_the_directorys_other_files(tiny_cfg, t
     import os
     import stat
 
+    from tasks.models import loading
     from tasks.models.loading import load_policy, save_model_dir
 
     model, tokenizer = load_policy(str(resolve_model_path(tiny_cfg)))
-    old = os.umask(0o022)
+    old = os.umask(0o027)
     try:
+        assert loading._umask() == 0o027  # read without setting it (process-wide)
         out = save_model_dir(model, tokenizer, tmp_path / "m")
     finally:
         os.umask(old)
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir() if p.is_file()}
-    assert modes["model.safetensors"] == modes["config.json"] == 0o644, modes
+    assert modes["model.safetensors"] == modes["config.json"] == 0o640, modes

@@ -101,3 +101,25 @@ def test_dapo_preflight_prints_its_report_once_on_stdout(tiny_cfg, tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("preflight on ") == 1 and "preflight on " not in done.stderr
     assert done.stdout.count("  answer ") == 3, done.stdout
+
+
+@pytest.mark.slow
+def test_dapo_preflight_strict_prints_its_report_before_it_refuses(tiny_cfg, tmp_path):
+    """With --strict the stage raised before the report was printed: only the error was left."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    untrained = [f"tiny.path={tmp_path / 'm'}", "tiny.warm_start_steps=0"]
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps(resolve(tiny_cfg.to_dict(), overrides=untrained).to_dict()))
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("dapo")), "preflight", "--params", str(params),
+         "--prompts", "8", "--strict"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "DAPO_WARM": "0"},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stdout.startswith("preflight on 8 prompts") and "  answer " in done.stdout
+    assert done.stderr.startswith("error: preflight: only"), done.stderr

@@ -101,7 +101,8 @@ def test_a_wrong_reference_is_one_line_saying_what_to_do(logged, ref, message):
     "name, alias, message",
     [
         ("bad/name", "champion", "--name 'bad/name'"),
-        ("a:b", "champion", "has no '/' or ':'"),
+        ("a:b", "champion", "has no '/', ':' or quote"),
+        ("it's", "champion", "has no '/', ':' or quote"),  # broke the version search's filter
         (" ", "champion", "is not empty"),
         ("dapo-policy", "two words", "--alias 'two words'"),
         ("dapo-policy", "v3", "a version's own name"),

@@ -220,14 +220,17 @@ def test_pairs_set_aside_are_said_when_training_reads_them(tiny_cfg, tmp_path, c
     assert "40 pairs; 1 rows set aside (1 lines that are not JSON objects)" in caplog.text
 
 
-def test_train_refuses_a_missing_reward_model_before_it_samples_or_writes(tmp_path):
+def test_train_refuses_a_missing_reward_model_before_it_samples_or_writes(tmp_path, monkeypatch):
     """It sampled the preflight first, then left config.json and untracked/ behind."""
     from typer.testing import CliRunner
 
+    from flows import stages
     from flows.cli import app
+
+    monkeypatch.setattr(stages, "preflight_task", lambda *a, **k: pytest.fail("it sampled"))
 
     run = tmp_path / "run"
     sets = ["-S", "rollout.reward=model", "-S", f"rollout.reward_model={tmp_path / 'rm'}"]
     out = CliRunner().invoke(app, ["train", *sets, "--run-dir", str(run), "--no-track"])
     assert out.exit_code == 2 and "no such reward model directory" in out.output, out.output
-    assert "preflight" not in out.output and not run.exists()
+    assert not run.exists()

@@ -109,25 +109,11 @@ def pause_deployments(api: str, *ids: str) -> int:
     """Pause deployments ``ids`` through the Prefect API at ``api`` (``PATCH /deployments/ID``,
     with the credentials Prefect's own client sends); how many the server accepted. Errors are
     not raised: a killed ``dapo schedule``'s last words run in a process of their own."""
-    import urllib.request
+    from tasks.orchestration import prefect_api
 
-    from tasks.orchestration import api_credentials
-
-    paused = 0
-    headers = {"Content-Type": "application/json", **api_credentials()}
-    for deployment_id in ids:
-        request = urllib.request.Request(
-            f"{api.rstrip('/')}/deployments/{deployment_id}",
-            data=b'{"paused": true}',
-            headers=headers,
-            method="PATCH",
-        )
-        try:
-            urllib.request.urlopen(request, timeout=PAUSE_TIMEOUT_S / len(ids)).close()
-        except (OSError, ValueError):  # the server is away, or no API to ask
-            continue
-        paused += 1
-    return paused
+    timeout = PAUSE_TIMEOUT_S / max(len(ids), 1)
+    said = [prefect_api("PATCH", api, f"deployments/{i}", {"paused": True}, timeout) for i in ids]
+    return sum(answer is not None for answer in said)
 
 
 RUNS_STOP_S = 30.0

@@ -145,10 +145,6 @@ class _Stderr(logging.StreamHandler):
     """Lines to whatever ``sys.stderr`` is when they are logged (a test's capture, too), not the
     stream it was when the handler was made; ``warning:`` before a warning, as the CLI's own."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.setFormatter(logging.Formatter("%(message)s"))
-
     @property
     def stream(self) -> Any:
         return sys.stderr
@@ -162,9 +158,8 @@ class _Stderr(logging.StreamHandler):
         return f"warning: {line}" if record.levelno >= logging.WARNING else line
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """Not a line Prefect's console handler prints already: once Prefect has set up its
-        logging, the root logger has one (every level, by default), and a line would come
-        twice."""
+        """Not a line Prefect's console handler (on the root logger once Prefect has set up its
+        logging; every level by default) prints already: it would come twice."""
         root = logging.getLogger().handlers
         prefects = [h for h in root if type(h).__name__ == "PrefectConsoleHandler"]
         return not any(record.levelno >= h.level for h in prefects) and super().filter(record)
@@ -351,25 +346,35 @@ def crash_flow_run(api: str, run_id: str) -> bool:
     """Set flow run ``run_id`` CRASHED through the Prefect API at ``api`` (a killed command's
     last words, in a process of their own). Prefect's rules refuse it for a run that has ended
     already. True when the server accepted it."""
-    import json
-    import urllib.request
-
     state = {
         "type": "CRASHED",
         "name": "Crashed",
         "message": "the command running this flow was killed outright (SIGKILL, out of memory)",
     }
+    body = {"state": state, "force": False}
+    answer = prefect_api("POST", api, f"flow_runs/{run_id}/set_state", body, 30)
+    return answer is not None and answer.get("status") == "ACCEPT"
+
+
+def prefect_api(method: str, api: str, path: str, body: dict, timeout: float) -> dict | None:
+    """``body`` sent to ``api``/``path`` with the credentials Prefect's own client sends, in the
+    standard library (a killed command's last words: no Prefect client to import); the answer,
+    ``{}`` when it is empty, None when the server cannot be reached or refuses."""
+    import json
+    import urllib.request
+
     request = urllib.request.Request(
-        f"{api.rstrip('/')}/flow_runs/{run_id}/set_state",
-        data=json.dumps({"state": state, "force": False}).encode(),
+        f"{api.rstrip('/')}/{path}",
+        data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json", **api_credentials()},
-        method="POST",
+        method=method,
     )
     try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            return json.loads(answer.read()).get("status") == "ACCEPT"
-    except (OSError, ValueError):
-        return False
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            text = answer.read()
+        return json.loads(text) if text else {}
+    except (OSError, ValueError):  # away, refused (HTTPError is an OSError), or no API to ask
+        return None
 
 
 def crashed_when_killed(fn: F) -> F:

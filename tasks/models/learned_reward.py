@@ -90,8 +90,8 @@ class LearnedReward:
     responses of the policy it was trained from."""
 
     def __init__(self, path: str, tokenizer, device, max_len: int):
-        reward_model_record(path)  # a one-line error for a directory that is not one
         path = str(Path(path).expanduser())
+        reward_model_record(path)  # a one-line error for a directory that is not one
         self.model, own = load_reward_model(path, str(device))
         if own.get_vocab() != tokenizer.get_vocab():
             raise PipelineError(

@@ -1,15 +1,17 @@
 """What the portable kernels cost: ``python -m bench.kernels [--trials 5]``.
 
-Runs the same work under the kernels each library picks for this CPU (``native``) and under the
-portable pins every ``dapo`` command uses (``pinned``, ``tasks.determinism``), each trial in a
-fresh process (torch reads the pins once, at import), the two settings interleaved so that a slow
-spell of a shared machine hits both:
+Runs the same work under the kernels each library picks for this CPU (``native``), under the
+portable pins every ``dapo`` command uses (``pinned``, ``tasks.determinism``: MKL's
+``COMPATIBLE`` branch), and under the same pins with MKL's ``AVX2`` branch (``mkl-avx2``, the
+pins before session 36: faster, but the CPU maker's bits), each trial in a fresh process (torch
+reads the pins once, at import), the settings interleaved so that a slow spell of a shared
+machine hits all of them:
 
 - ``warm start``: 40 supervised steps of the chain preset's embedded model (batch 64);
 - ``rl step``: 5 RL steps of the chain preset from its shipped checkpoint, as the reference run.
 
-Prints each setting's median seconds and the ratio pinned / native. One thread per process, as
-the presets run (``train.cpu_threads``).
+Prints each setting's median seconds and the ratios pinned / native and pinned / mkl-avx2. One
+thread per process, as the presets run (``train.cpu_threads``).
 """
 
 from __future__ import annotations
@@ -62,9 +64,16 @@ print(json.dumps({"cpu": torch.backends.cpu.get_cpu_capability(), "sft": sft, "r
 """
 
 
+SETTINGS = {
+    "native": {SWITCH: "0"},
+    "pinned": PORTABLE_KERNELS,
+    "mkl-avx2": {**PORTABLE_KERNELS, "MKL_CBWR": "AVX2"},
+}
+
+
 def trial(setting: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in PORTABLE_KERNELS}
-    env.update(PORTABLE_KERNELS if setting == "pinned" else {SWITCH: "0"})
+    env.update(SETTINGS[setting])
     env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     out = subprocess.run(
         [sys.executable, "-c", WORK], cwd=ROOT, env=env, capture_output=True, text=True
@@ -78,16 +87,18 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=5)
     args = ap.parse_args(argv)
-    runs: dict[str, list[dict]] = {"native": [], "pinned": []}
+    runs: dict[str, list[dict]] = {setting: [] for setting in SETTINGS}
     for i in range(args.trials):
         for setting in runs:
             runs[setting].append(trial(setting))
             print(f"trial {i + 1}/{args.trials} {setting}: {runs[setting][-1]}", flush=True)
-    print(f"\n{'work':12} {'native s':>9} {'pinned s':>9} {'pinned/native':>14}")
+    heads = " ".join(f"{setting + ' s':>10}" for setting in SETTINGS)
+    print(f"\n{'work':12} {heads} {'pinned/native':>14} {'pinned/mkl-avx2':>16}")
     for work, label in (("sft", "warm start"), ("rl", "rl step")):
-        native = statistics.median(r[work] for r in runs["native"])
-        pinned = statistics.median(r[work] for r in runs["pinned"])
-        print(f"{label:12} {native:9.2f} {pinned:9.2f} {pinned / native:14.2f}x")
+        s = {k: statistics.median(r[work] for r in v) for k, v in runs.items()}
+        cells = " ".join(f"{s[setting]:10.2f}" for setting in SETTINGS)
+        ratios = f"{s['pinned'] / s['native']:13.2f}x {s['pinned'] / s['mkl-avx2']:15.2f}x"
+        print(f"{label:12} {cells} {ratios}")
     print(f"kernels: native {runs['native'][0]['cpu']}, pinned {runs['pinned'][0]['cpu']}")
 
 

@@ -140,9 +140,10 @@ def compare(table: pd.DataFrame, published: dict[str, float]) -> int:
     return misses
 
 
-TABLES_MAKER = "AuthenticAMD"
-"""The CPU maker the page's tables were measured on: bit-for-bit equal values need one of its
-CPUs (``tasks.determinism``: MKL computes differently on each maker's)."""
+TABLES_ROUNDING = "COMPATIBLE"
+"""What decided the bits of the page's tables (``tasks.determinism.rounding``): bit-for-bit equal
+values need a machine that rounds so, which under the portable pins is every x86-64 CPU with
+AVX2, whatever its maker."""
 
 
 def reference(scratch: Path) -> None:
@@ -151,19 +152,20 @@ def reference(scratch: Path) -> None:
     from tasks.params import load_params
 
     r = check_reference(load_params(None, [CHAIN]), scratch)
-    if r.reproduced and r.vendor == TABLES_MAKER:
+    if r.reproduced and r.key == TABLES_ROUNDING:
         print(f"reference run: {r.got}, the shipped one: this machine computes the same bits")
     elif r.reproduced:
         print(
-            f"reference run: {r.got}, the release's for {r.vendor} CPUs; the tables were measured "
-            f"on {TABLES_MAKER} CPUs, which compute other bits, so runs here are other draws of "
+            f"reference run: {r.got}, the release's under {r.key}; the tables were measured "
+            f"under {TABLES_ROUNDING}, which computes other bits, so runs here are other draws of "
             "the same experiment; the table below is still the test"
         )
     elif r.want is None:
         print(
-            f"reference run: {r.got}; the release records none for {r.vendor} CPUs, which "
-            "compute other bits than the tables' (AMD), so runs here are other draws of the same "
-            "experiment; the table below is still the test"
+            f"reference run: {r.got}; the release records none for this machine's kernels "
+            f"({r.key or 'unpinned'}), which compute other bits than the tables' "
+            f"({TABLES_ROUNDING}), so runs here are other draws of the same experiment; the "
+            "table below is still the test"
         )
     else:
         print(

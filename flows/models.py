@@ -12,6 +12,7 @@ from typing import Any
 from dapo_core import metric_names as metric
 from dapo_core.config import Config, flat_settings
 from dapo_core.errors import PipelineError, TrainingInterrupted
+from tasks.determinism import MAKER_INDEPENDENT_MKL, rounding
 from tasks.models import shipped
 from tasks.models.build import library_versions, read_record
 from tasks.models.tiny import TINY, build_tiny, shipped_key
@@ -71,8 +72,11 @@ def build_and_compare(cfg: Config, ship_as: str | None = None) -> BuildReport:
         out = shipped.ship(path, ship_as, key, about)
         with tempfile.TemporaryDirectory(prefix="dapo-reference-") as scratch:
             digest = reference_run(cfg, Path(scratch))  # from the checkpoint just shipped
-        vendor = kernel_tags()["runtime.cpu_vendor"]
-        reference = {"overrides": list(REFERENCE_OVERRIDES), "digests": {vendor: digest}}
+        key = rounding(kernel_tags())
+        reference = {
+            "overrides": list(REFERENCE_OVERRIDES),
+            "digests": {key: digest} if key else {},
+        }
         shipped.annotate(out, reference_run=reference)
     return BuildReport(
         path, built, record.get("build", {}).get("warm_start", {}), ours and ours.name, before
@@ -92,8 +96,9 @@ REFERENCE_STEPS = 5
 REFERENCE_OVERRIDES = (f"train.steps={REFERENCE_STEPS}", "train.checkpoint_every=0")
 """The short reference run: ``dapo train -c PRESET -S train.steps=5 -S train.checkpoint_every=0
 --no-track`` from the shipped checkpoint. Its final weights are the same bits on every machine
-whose kernels are pinned (``tasks.determinism``) and whose CPU has the same maker; the release
-records their digest per maker (``reference_run.digests``: ``GenuineIntel``, ``AuthenticAMD``)."""
+whose kernels round alike (``tasks.determinism.rounding``: under the portable pins, every x86-64
+CPU with AVX2); the release records their digest per rounding (``reference_run.digests``:
+``COMPATIBLE``, and ``AVX2@AuthenticAMD`` for the releases' earlier pins)."""
 
 
 def reference_run(cfg: Config, scratch: Path) -> str:
@@ -133,19 +138,28 @@ def _same_run(cfg: Config, preset: Config) -> None:
 @dataclass(frozen=True)
 class ReferenceCheck:
     checkpoint: str  # the shipped checkpoint's name
-    vendor: str  # this CPU's maker (runtime.cpu_vendor)
-    recorded: dict[str, str]  # the reference run's digest per CPU maker, as its release records
+    key: str | None  # what decides this machine's bits (tasks.determinism.rounding)
+    recorded: dict[str, str]  # the reference run's digest per rounding, as its release records
     got: str
     kernels: dict[str, str]
 
     @property
     def want(self) -> str | None:
-        """The digest recorded for this CPU's maker (None: none recorded for it)."""
-        return self.recorded.get(self.vendor)
+        """The digest recorded for this machine's rounding (None: none recorded for it)."""
+        return self.recorded.get(self.key) if self.key else None
 
     @property
     def reproduced(self) -> bool:
         return self.got == self.want
+
+
+def recorded_digests(reference: dict) -> dict[str, str]:
+    """A release's reference digests keyed by rounding (``tasks.determinism.rounding``). Session
+    35's releases keyed them by CPU maker alone, all under MKL's ``AVX2`` branch."""
+    return {
+        key if key == MAKER_INDEPENDENT_MKL or "@" in key else f"AVX2@{key}": digest
+        for key, digest in reference.get("digests", {}).items()
+    }
 
 
 def check_reference(cfg: Config, scratch: Path, preset: Config | None = None) -> ReferenceCheck:
@@ -159,16 +173,14 @@ def check_reference(cfg: Config, scratch: Path, preset: Config | None = None) ->
     reference = (read_record(path) or {}).get("release", {}).get("reference_run", {})
     kernels = kernel_tags()
     got = reference_run(cfg, scratch)
-    return ReferenceCheck(
-        path.name, kernels["runtime.cpu_vendor"], dict(reference.get("digests", {})), got, kernels
-    )
+    return ReferenceCheck(path.name, rounding(kernels), recorded_digests(reference), got, kernels)
 
 
 def record_reference(check: ReferenceCheck) -> None:
-    """Record ``check``'s digest as the reference run of its CPU's maker (maintainers: a maker
-    the release has none for). Refused off the portable kernels, and where one is recorded: a
-    digest that no longer reproduces means the numerics changed, and the release is re-shipped
-    (checkpoints/README.md)."""
+    """Record ``check``'s digest as the reference run of its rounding (maintainers: one the
+    release has none for, as after a change of the pins). Refused off the portable kernels, and
+    where one is recorded: a digest that no longer reproduces means the numerics changed, and the
+    release is re-shipped (checkpoints/README.md)."""
     if check.kernels.get("runtime.portable_kernels") != "true":
         raise PipelineError(
             "this machine does not run the portable kernels (runtime.portable_kernels=false): "
@@ -177,13 +189,13 @@ def record_reference(check: ReferenceCheck) -> None:
         )
     if check.want is not None:
         raise PipelineError(
-            f"checkpoints/{check.checkpoint} records a reference run for {check.vendor} CPUs "
+            f"checkpoints/{check.checkpoint} records a reference run for {check.key} "
             f"already ({check.want}); a digest that no longer reproduces is a change of "
             "numerics: re-ship the checkpoint (checkpoints/README.md)"
         )
     path = shipped.SHIPPED_ROOT / check.checkpoint
     reference = (read_record(path) or {}).get("release", {}).get("reference_run", {})
-    digests = {**reference.get("digests", {}), check.vendor: check.got}
+    digests = {**recorded_digests(reference), check.key: check.got}
     shipped.annotate(path, reference_run={**reference, "digests": dict(sorted(digests.items()))})
 
 

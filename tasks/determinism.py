@@ -1,4 +1,4 @@
-"""Which CPU kernels compute a run, so that x86-64 machines with AVX2 compute the same bits.
+"""Which CPU kernels compute a run, so that every x86-64 machine with AVX2 computes the same bits.
 
 Standard library only: the ``dapo`` entry point pins these before torch is imported (torch, MKL
 and oneDNN read them once, at load). What they pin, and what no setting pins, is in
@@ -7,7 +7,8 @@ docs/determinism.md:
 - ATen's kernel level (``ATEN_CPU_CAPABILITY``): its AVX-512 kernels reduce in another order than
   its AVX2 ones, so an AVX-512 machine and an AVX2 one round differently from the first step;
 - MKL's code path (``MKL_CBWR``, Conditional Numerical Reproducibility): torch's CPU wheel does
-  its matrix products in MKL, which otherwise picks a path per CPU (and per matrix shape on AMD);
+  its matrix products in MKL, which otherwise picks a path per CPU (and per matrix shape on AMD),
+  and runs the path it is told to on Intel CPUs alone unless that path is ``COMPATIBLE``;
 - oneDNN's instruction set (``ONEDNN_MAX_CPU_ISA``);
 - and on any machine, Inductor's deterministic mode (``TORCHINDUCTOR_DETERMINISTIC``): on a GPU,
   ``torch.compile``d code times a few candidate kernels on first use and keeps the fastest, so
@@ -17,10 +18,10 @@ docs/determinism.md:
 AVX2 is the newest level every x86-64 CPU of the last decade has. ``DAPO_PORTABLE_KERNELS=0``
 leaves each library to its own choice (faster on some CPUs, and machine-specific).
 
-One choice stays the CPU maker's: MKL runs the branch ``MKL_CBWR`` names on Intel CPUs only, and
-its ``AUTO`` branch on others (its documentation), and an Intel Xeon computes other bits than the
-three AMD EPYCs that agree with each other (docs/determinism.md). So runs compare bit for bit
-between machines of one maker (``runtime.cpu_vendor``)."""
+MKL's branch is ``COMPATIBLE`` (one SSE2 code path without approximate instructions): MKL
+documents it as the one branch besides ``AUTO`` that runs on every maker's CPU, and the only one
+that computes the same on all of them; its faster branches (``AVX2``) run on Intel CPUs alone,
+an AMD CPU running MKL's ``AUTO`` for AMD in their place (docs/determinism.md)."""
 
 from __future__ import annotations
 
@@ -30,11 +31,14 @@ from pathlib import Path
 
 PORTABLE_KERNELS = {
     "ATEN_CPU_CAPABILITY": "avx2",
-    "MKL_CBWR": "AVX2",
+    "MKL_CBWR": "COMPATIBLE",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
 }
 REPRODUCIBLE_COMPILER = {"TORCHINDUCTOR_DETERMINISTIC": "1"}
 SWITCH = "DAPO_PORTABLE_KERNELS"
+MAKER_INDEPENDENT_MKL = "COMPATIBLE"
+"""MKL's one branch that computes the same on every maker's CPU: under any other, MKL runs the
+branch on Intel CPUs and its ``AUTO`` branch for the CPU on others, so the bits are the maker's."""
 
 
 CPUINFO = Path("/proc/cpuinfo")
@@ -90,8 +94,8 @@ def pin_kernels() -> None:
 def kernels_in_effect(cpu_capability: str) -> dict[str, str]:
     """What decided this process's CPU rounding, as a run's tags: ATen's level as torch reports
     it (``cpu_capability``), MKL's and oneDNN's settings, whether all three are the portable
-    pins (``runtime.portable_kernels``: only then do two machines' runs compare bit for bit),
-    and the CPU's maker (which MKL's branch depends on, pinned or not)."""
+    pins (``runtime.portable_kernels``), the CPU's maker, and what of all this decides the bits
+    (``runtime.rounding``, :func:`rounding`: two runs compare bit for bit when it matches)."""
     mkl = os.environ.get("MKL_CBWR", "")
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "")
     portable = (
@@ -99,7 +103,7 @@ def kernels_in_effect(cpu_capability: str) -> dict[str, str]:
         and mkl == PORTABLE_KERNELS["MKL_CBWR"]
         and isa == PORTABLE_KERNELS["ONEDNN_MAX_CPU_ISA"]
     )
-    return {
+    tags = {
         "runtime.cpu_capability": cpu_capability,
         "runtime.mkl_cbwr": mkl or "native",
         "runtime.onednn_isa": isa or "native",
@@ -107,3 +111,22 @@ def kernels_in_effect(cpu_capability: str) -> dict[str, str]:
         "runtime.inductor_deterministic": os.environ.get("TORCHINDUCTOR_DETERMINISTIC", "0"),
         "runtime.cpu_vendor": cpu_vendor(),
     }
+    return {**tags, "runtime.rounding": rounding(tags) or "unpinned"}
+
+
+def rounding(kernels: Mapping[str, str]) -> str | None:
+    """What decides a run's bits on this CPU, from its kernel tags (:func:`kernels_in_effect`):
+    MKL's branch, and the CPU's maker where that branch is not :data:`MAKER_INDEPENDENT_MKL`
+    (``COMPATIBLE``, ``AVX2@AuthenticAMD``). Two runs of one computation on pinned ATen and
+    oneDNN levels are the same bits when this is; None off those pins or under MKL's own choice,
+    whose bits are this machine's alone. The key a reference digest is recorded under."""
+    pinned = PORTABLE_KERNELS
+    levels = (kernels.get("runtime.cpu_capability", "").upper(), kernels.get("runtime.onednn_isa"))
+    mkl = kernels.get("runtime.mkl_cbwr", "native")
+    if levels != (pinned["ATEN_CPU_CAPABILITY"].upper(), pinned["ONEDNN_MAX_CPU_ISA"]):
+        return None
+    if mkl == MAKER_INDEPENDENT_MKL:
+        return mkl
+    if mkl == "native":
+        return None
+    return f"{mkl}@{kernels.get('runtime.cpu_vendor', 'unknown')}"

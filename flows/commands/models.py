@@ -97,8 +97,9 @@ def model_build(
         console.print(
             f"[yellow]differs[/] from the shipped checkpoints/{r.shipped_as} "
             f"({r.shipped.shown()}): runs start from the shipped one; another CPU's rounding "
-            "(tags runtime.portable_kernels, runtime.cpu_vendor: the shipped ones were built on "
-            "AMD CPUs), other library versions or other settings build another model"
+            "(tag runtime.rounding: the shipped ones were built on AMD CPUs under MKL_CBWR=AVX2, "
+            "before the pins were COMPATIBLE), other library versions or other settings build "
+            "another model"
         )
 
 
@@ -112,13 +113,13 @@ def model_check(
         bool,
         typer.Option(
             "--record",
-            help="Maintainers: record this machine's digest as the reference of its CPU's maker, "
-            "for a maker the release has none for.",
+            help="Maintainers: record this machine's digest as the reference for its kernels "
+            "(runtime.rounding), where the release has none for them.",
         ),
     ] = False,
 ) -> None:
     """Run the short reference run (5 RL steps) from the shipped checkpoint and say whether this
-    machine computes the same final weights as the release recorded for its CPU's maker (exit 1
+    machine computes the same final weights as the release recorded for its kernels (exit 1
     if not)."""
     import tempfile
 
@@ -131,32 +132,49 @@ def model_check(
     if record:
         record_reference(r)
         console.print(
-            f"recorded: {r.got} as the reference run of checkpoints/{r.checkpoint} on "
-            f"{r.vendor} CPUs (commit checkpoints/{r.checkpoint}/dapo_build.json)"
+            f"recorded: {r.got} as the reference run of checkpoints/{r.checkpoint} under "
+            f"{_rounding_shown(r.key)} (commit checkpoints/{r.checkpoint}/dapo_build.json)"
         )
         return
     if r.reproduced:
         console.print(
             f"[green]reproduced[/]: {r.got} from checkpoints/{r.checkpoint}, bit for bit "
-            f"(the release's digest for {r.vendor} CPUs)"
+            f"(the release's digest under {_rounding_shown(r.key)})"
         )
         return
     kernels = ", ".join(f"{k}={v}" for k, v in r.kernels.items())
-    if r.want is None:
-        makers = ", ".join(sorted(r.recorded)) or "none"
+    if r.key is None:
         console.print(
-            f"[yellow]no reference for {r.vendor} CPUs[/]: this machine ended in {r.got}; the "
-            f"release recorded the run on CPUs of other makers only ({makers}), and MKL computes "
-            "differently on each maker's CPUs (docs/determinism.md); runs here are other draws "
-            "of the same experiment (maintainers: --record adds this maker's digest)"
+            f"[yellow]not comparable[/]: this machine ended in {r.got} on kernels of its own "
+            f"({kernels}), and only the portable ones compute the release's bits: run without "
+            "DAPO_PORTABLE_KERNELS=0 and without kernel settings of your own (docs/determinism.md)"
+        )
+        raise typer.Exit(1)
+    if r.want is None:
+        recorded = ", ".join(sorted(r.recorded)) or "none"
+        console.print(
+            f"[yellow]no reference under {_rounding_shown(r.key)}[/]: this machine ended in "
+            f"{r.got}; the release recorded the run under other kernels only ({recorded}), "
+            "which compute other bits (docs/determinism.md); runs here are other draws of the "
+            "same experiment (maintainers: --record adds this digest)"
         )
         raise typer.Exit(1)
     console.print(
-        f"[yellow]not reproduced[/]: {r.got}, the release recorded {r.want} for {r.vendor} CPUs "
-        f"(kernels here: {kernels}); runs here are other draws of the same experiment "
-        "(docs/results.md, 'The same numbers on every machine')"
+        f"[yellow]not reproduced[/]: {r.got}, the release recorded {r.want} under "
+        f"{_rounding_shown(r.key)} (kernels here: {kernels}); runs here are other draws of the "
+        "same experiment (docs/results.md, 'The same numbers on every machine')"
     )
     raise typer.Exit(1)
+
+
+def _rounding_shown(key: str | None) -> str:
+    """A rounding key (``tasks.determinism.rounding``) in words."""
+    from tasks.determinism import MAKER_INDEPENDENT_MKL
+
+    if key == MAKER_INDEPENDENT_MKL:
+        return f"MKL_CBWR={key}, on any maker's CPU"
+    branch, _, maker = (key or "unpinned@this machine").partition("@")
+    return f"MKL_CBWR={branch} on {maker} CPUs"
 
 
 pairs_app = typer.Typer(

@@ -216,24 +216,28 @@ def test_across_starts_says_which_differences_hold_from_every_start():
 
 
 @pytest.mark.parametrize(
-    ("vendor", "said"),
+    ("key", "said"),
     [
-        ("AuthenticAMD", "this machine computes the same bits"),
-        ("GenuineIntel", "other draws"),
-        ("HygonGenuine", "the release records none for HygonGenuine CPUs"),
+        ("COMPATIBLE", "this machine computes the same bits"),
+        ("AVX2@GenuineIntel", "other draws"),
+        ("AVX2@HygonGenuine", "the release records none for this machine's kernels"),
+        (None, "(unpinned)"),
     ],
 )
-def test_ladder_check_expects_the_tables_bits_only_on_their_makers_cpu(
-    monkeypatch, capsys, tmp_path, vendor, said
+def test_ladder_check_expects_the_tables_bits_only_under_their_rounding(
+    monkeypatch, capsys, tmp_path, key, said
 ):
-    """The tables are one maker's: an Intel machine reproducing Intel's reference run does not
-    compute the AMD-measured values (MKL, tasks.determinism)."""
+    """The tables are those of one rounding (MKL's COMPATIBLE branch): a machine reproducing
+    the reference run of another (an Intel one under MKL's AVX2 branch) does not compute the
+    tables' values."""
     import flows.models
     from bench import ladder_check
 
-    recorded = {"AuthenticAMD": "sha256:a", "GenuineIntel": "sha256:i"}
-    got = recorded.get(vendor, "sha256:h")
-    check = flows.models.ReferenceCheck("tiny-chain", vendor, recorded, got, {})
+    recorded = {"COMPATIBLE": "sha256:c", "AVX2@GenuineIntel": "sha256:i"}
+    got = recorded.get(key, "sha256:h")
+    check = flows.models.ReferenceCheck("tiny-chain", key, recorded, got, {})
     monkeypatch.setattr(flows.models, "check_reference", lambda cfg, scratch: check)
     ladder_check.reference(tmp_path)
-    assert said in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert said in out
+    assert ("same bits" in out) == (key == "COMPATIBLE")

@@ -60,7 +60,7 @@ def test_a_value_the_user_set_wins(monkeypatch):
         monkeypatch.delenv(key, raising=False)
     determinism.pin_kernels()
     assert os.environ["ATEN_CPU_CAPABILITY"] == "default"
-    assert os.environ["MKL_CBWR"] == "AVX2" and os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert os.environ["MKL_CBWR"] == "COMPATIBLE" and os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX2"
 
 
 def test_the_compiler_is_pinned_on_any_cpu_unless_switched_off(monkeypatch):
@@ -76,13 +76,37 @@ def test_the_compiler_is_pinned_on_any_cpu_unless_switched_off(monkeypatch):
 
 
 def test_a_run_is_tagged_portable_only_under_all_three_pins(monkeypatch):
-    monkeypatch.setenv("MKL_CBWR", "AVX2")
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
-    assert kernels_in_effect("AVX2")["runtime.portable_kernels"] == "true"
+    monkeypatch.setattr(determinism, "cpu_vendor", lambda: "AuthenticAMD")
+    pinned = kernels_in_effect("AVX2")
+    assert pinned["runtime.portable_kernels"] == "true"
+    assert pinned["runtime.rounding"] == "COMPATIBLE"  # whatever the maker
     assert kernels_in_effect("AVX512")["runtime.portable_kernels"] == "false"
+    assert kernels_in_effect("AVX512")["runtime.rounding"] == "unpinned"
+    monkeypatch.setenv("MKL_CBWR", "AVX2")  # the earlier pin: the maker's bits
+    tags = kernels_in_effect("AVX2")
+    assert tags["runtime.portable_kernels"] == "false"
+    assert tags["runtime.rounding"] == "AVX2@AuthenticAMD"
     monkeypatch.delenv("MKL_CBWR")
     tags = kernels_in_effect("AVX2")
-    assert tags["runtime.portable_kernels"] == "false" and tags["runtime.mkl_cbwr"] == "native"
+    assert tags["runtime.mkl_cbwr"] == "native" and tags["runtime.rounding"] == "unpinned"
+
+
+@pytest.mark.parametrize(
+    ("kernels", "key"),
+    [
+        ({"runtime.mkl_cbwr": "COMPATIBLE", "runtime.cpu_vendor": "GenuineIntel"}, "COMPATIBLE"),
+        ({"runtime.mkl_cbwr": "COMPATIBLE", "runtime.cpu_vendor": "AuthenticAMD"}, "COMPATIBLE"),
+        ({"runtime.mkl_cbwr": "AVX2", "runtime.cpu_vendor": "GenuineIntel"}, "AVX2@GenuineIntel"),
+        ({"runtime.mkl_cbwr": "native", "runtime.cpu_vendor": "GenuineIntel"}, None),
+        ({"runtime.mkl_cbwr": "COMPATIBLE", "runtime.cpu_capability": "AVX512"}, None),
+        ({"runtime.mkl_cbwr": "COMPATIBLE", "runtime.onednn_isa": "native"}, None),
+    ],
+)
+def test_rounding_names_the_maker_only_where_mkls_branch_is_the_makers(kernels, key):
+    pinned = {"runtime.cpu_capability": "AVX2", "runtime.onednn_isa": "AVX2"}
+    assert determinism.rounding({**pinned, **kernels}) == key
 
 
 @needs_pins
@@ -102,21 +126,22 @@ def test_the_dapo_entry_point_pins_the_kernels_before_torch_loads():
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True
     )
-    assert out.stdout.split() == ["AVX2", "AVX2"]
+    assert out.stdout.split() == ["AVX2", "COMPATIBLE"]
 
 
 @pytest.mark.slow
 @needs_pins
 def test_the_chain_reference_run_reproduces_the_release_bit_for_bit(tmp_path):
     """The determinism contract: 5 RL steps of the chain preset from its shipped checkpoint end
-    in the final weights the release recorded for this CPU's maker, on any machine with AVX2 (a
+    in the final weights the release recorded for the portable kernels, on any x86-64 machine
+    with AVX2 and FMA, whatever its maker (a
     change to the trainer's numerics changes them too: re-ship with `dapo model build -c
-    configs/chain.yaml --ship tiny-chain`, checkpoints/README.md). A maker the release has no
-    digest for fails here: record one with `dapo model check -c configs/chain.yaml --record`."""
+    configs/chain.yaml --ship tiny-chain`, checkpoints/README.md; after a change of the pins,
+    record the new rounding's digest with `dapo model check -c configs/chain.yaml --record`)."""
     from flows.models import check_reference
     from tasks.params import load_params
 
     cfg = load_params(None, [ROOT / "configs" / "chain.yaml"])
     r = check_reference(cfg, tmp_path)
-    assert r.want, f"no reference recorded for {r.vendor} CPUs (got {r.got}): see the docstring"
+    assert r.want, f"no reference recorded for {r.key} (got {r.got}): see the docstring"
     assert r.reproduced, (r.got, r.want)

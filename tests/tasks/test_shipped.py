@@ -16,6 +16,7 @@ from dapo_core.config import ConfigError
 from dapo_core.config_loader import resolve
 from dapo_core.errors import PipelineError
 from tasks.data.splits import splits
+from tasks.determinism import MAKER_INDEPENDENT_MKL
 from tasks.models import shipped, tiny, warm_start
 from tasks.models.build import BUILD_RECORD, dir_digest, read_record
 from tasks.params import load_params
@@ -92,8 +93,7 @@ def test_the_docs_quote_the_shipped_releases(page):
     for name in PRESETS:
         release = json.loads((shipped.SHIPPED_ROOT / name / BUILD_RECORD).read_text())["release"]
         assert release["digest"] in text, name
-        for maker, digest in release["reference_run"]["digests"].items():
-            assert digest in text and maker in text, (name, maker)
+        assert release["reference_run"]["digests"][MAKER_INDEPENDENT_MKL] in text, name
         start = re.escape(f"{release['start']['avg_at_k']:.3f}")
         assert re.search(rf"\b{start}\b", text), name
 
@@ -248,49 +248,88 @@ def test_a_hub_models_preset_has_no_reference_run_and_is_told_so(tmp_path):
         check_reference(cfg, tmp_path)
 
 
-def _check(vendor: str, recorded: dict[str, str], portable: str = "true"):
+def _check(key: str | None, recorded: dict[str, str], portable: str = "true"):
     from flows.models import ReferenceCheck
 
-    kernels = {"runtime.portable_kernels": portable, "runtime.cpu_vendor": vendor}
-    return ReferenceCheck("tiny-arith", vendor, recorded, "sha256:new", kernels)
+    kernels = {"runtime.portable_kernels": portable, "runtime.rounding": str(key)}
+    return ReferenceCheck("tiny-arith", key, recorded, "sha256:new", kernels)
 
 
-def test_the_reference_is_the_one_recorded_for_this_cpus_maker():
-    """MKL computes differently on each maker's CPUs (tasks.determinism): an Intel machine is
-    held to the digest recorded on Intel, not to AMD's."""
-    recorded = {"AuthenticAMD": "sha256:amd", "GenuineIntel": "sha256:new"}
-    assert _check("GenuineIntel", recorded).reproduced
-    assert not _check("AuthenticAMD", recorded).reproduced
-    assert _check("HygonGenuine", recorded).want is None
+def test_the_reference_is_the_one_recorded_for_this_machines_rounding():
+    """Under MKL's AVX2 branch the bits are the CPU maker's (tasks.determinism): an Intel machine
+    there is held to the digest recorded on Intel, not to AMD's; under COMPATIBLE, every maker's
+    CPU to the one digest; a machine off the pins to none."""
+    recorded = {"AVX2@AuthenticAMD": "sha256:amd", "AVX2@GenuineIntel": "sha256:new"}
+    assert _check("AVX2@GenuineIntel", recorded).reproduced
+    assert not _check("AVX2@AuthenticAMD", recorded).reproduced
+    assert _check("COMPATIBLE", recorded).want is None
+    assert _check(None, {**recorded, "None": "sha256:new"}).want is None
+    assert _check("COMPATIBLE", {**recorded, "COMPATIBLE": "sha256:new"}).reproduced
 
 
-def test_record_adds_a_makers_digest_and_refuses_to_replace_one(tmp_path, monkeypatch):
+def test_session_35s_per_maker_digests_read_as_mkl_avx2s():
+    from flows.models import recorded_digests
+
+    old = {"digests": {"AuthenticAMD": "sha256:a", "GenuineIntel": "sha256:i"}}
+    assert recorded_digests(old) == {
+        "AVX2@AuthenticAMD": "sha256:a",
+        "AVX2@GenuineIntel": "sha256:i",
+    }
+    now = {"digests": {"COMPATIBLE": "sha256:c", "AVX2@AuthenticAMD": "sha256:a"}}
+    assert recorded_digests(now) == now["digests"]
+    assert recorded_digests({"digest": "sha256:legacy"}) == {}
+
+
+def test_record_adds_a_roundings_digest_and_refuses_to_replace_one(tmp_path, monkeypatch):
     from flows.models import record_reference
 
     copy = _copy_release(tmp_path, monkeypatch)
     before = read_record(copy)["release"]["reference_run"]["digests"]
-    record_reference(_check("HygonGenuine", before))
+    record_reference(_check("AVX2@HygonGenuine", before))
     after = read_record(copy)["release"]["reference_run"]
-    assert after["digests"] == {**before, "HygonGenuine": "sha256:new"}
+    assert after["digests"] == {**before, "AVX2@HygonGenuine": "sha256:new"}
     assert after["overrides"] == ["train.steps=5", "train.checkpoint_every=0"]
     with pytest.raises(PipelineError, match="re-ship the checkpoint"):
-        record_reference(_check("HygonGenuine", after["digests"]))  # a change of numerics
+        record_reference(_check("AVX2@HygonGenuine", after["digests"]))  # a change of numerics
     with pytest.raises(PipelineError, match="portable kernels"):
-        record_reference(_check("OtherMaker", after["digests"], portable="false"))
+        record_reference(_check(None, after["digests"], portable="false"))
     assert read_record(copy)["release"]["reference_run"] == after
 
 
-def test_model_check_on_a_maker_without_a_reference_says_so_and_how_to_record_one(monkeypatch):
+def test_model_check_under_kernels_without_a_reference_says_so_and_how_to_record_one(monkeypatch):
     from typer.testing import CliRunner
 
     import flows.models
     from flows.cli import app
 
-    kernels = {"runtime.portable_kernels": "true", "runtime.cpu_vendor": "HygonGenuine"}
+    kernels = {
+        "runtime.cpu_capability": "AVX2",
+        "runtime.onednn_isa": "AVX2",
+        "runtime.mkl_cbwr": "AVX2",
+        "runtime.cpu_vendor": "HygonGenuine",
+    }
     monkeypatch.setattr(flows.models, "kernel_tags", lambda: kernels)
     monkeypatch.setattr(flows.models, "reference_run", lambda cfg, scratch: "sha256:hygon")
     out = CliRunner().invoke(app, ["model", "check"])
     assert out.exit_code == 1, out.output
     said = " ".join(out.output.split())
-    assert said.startswith("no reference for HygonGenuine CPUs: this machine ended in sha256:hygon")
-    assert "(AuthenticAMD, GenuineIntel)" in said and "--record" in said
+    assert said.startswith(
+        "no reference under MKL_CBWR=AVX2 on HygonGenuine CPUs: this machine ended in sha256:hygon"
+    )
+    assert "(AVX2@AuthenticAMD, AVX2@GenuineIntel, COMPATIBLE)" in said and "--record" in said
+
+
+def test_model_check_off_the_pins_says_which_settings_to_drop(monkeypatch):
+    from typer.testing import CliRunner
+
+    import flows.models
+    from flows.cli import app
+
+    kernels = {"runtime.cpu_capability": "AVX512", "runtime.mkl_cbwr": "native"}
+    monkeypatch.setattr(flows.models, "kernel_tags", lambda: kernels)
+    monkeypatch.setattr(flows.models, "reference_run", lambda cfg, scratch: "sha256:own")
+    out = CliRunner().invoke(app, ["model", "check"])
+    assert out.exit_code == 1, out.output
+    said = " ".join(out.output.split())
+    assert said.startswith("not comparable: this machine ended in sha256:own")
+    assert "DAPO_PORTABLE_KERNELS=0" in said and "Traceback" not in out.output

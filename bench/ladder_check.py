@@ -140,32 +140,36 @@ def compare(table: pd.DataFrame, published: dict[str, float]) -> int:
     return misses
 
 
-TABLES_ROUNDING = "COMPATIBLE"
-"""What decided the bits of the page's tables (``tasks.determinism.rounding``): bit-for-bit equal
-values need a machine that rounds so, which under the portable pins is every x86-64 CPU with
-AVX2, whatever its maker."""
+TABLES_ROUNDING = {"ladder": "COMPATIBLE", "algorithms": "AVX2@AuthenticAMD"}
+"""What decided the bits of each table of the page (``tasks.determinism.rounding``): the ladder
+was measured again under the portable pins (every x86-64 CPU with AVX2 computes its bits); the
+algorithms' table is from AMD CPUs under MKL's ``AVX2`` branch, the pin before session 36, which
+only AMD CPUs given ``MKL_CBWR=AVX2`` compute."""
 
 
-def reference(scratch: Path) -> None:
-    """Run the reference run in ``scratch`` and say whether this machine reproduced it."""
+def reference(scratch: Path, table: str = "ladder") -> None:
+    """Run the reference run in ``scratch`` and say whether this machine computes ``table``'s
+    bits."""
     from flows.models import check_reference
     from tasks.params import load_params
 
+    want = TABLES_ROUNDING[table]
+    branch, _, maker = want.partition("@")
+    how = f" (an {maker} CPU computes them with MKL_CBWR={branch} set)" if maker else ""
     r = check_reference(load_params(None, [CHAIN]), scratch)
-    if r.reproduced and r.key == TABLES_ROUNDING:
+    if r.reproduced and r.key == want:
         print(f"reference run: {r.got}, the shipped one: this machine computes the same bits")
     elif r.reproduced:
         print(
-            f"reference run: {r.got}, the release's under {r.key}; the tables were measured "
-            f"under {TABLES_ROUNDING}, which computes other bits, so runs here are other draws of "
-            "the same experiment; the table below is still the test"
+            f"reference run: {r.got}, the release's under {r.key}; the table was measured "
+            f"under {want}, which computes other bits{how}, so runs here are other draws of the "
+            "same experiment; the table below is still the test"
         )
     elif r.want is None:
         print(
             f"reference run: {r.got}; the release records none for this machine's kernels "
-            f"({r.key or 'unpinned'}), which compute other bits than the tables' "
-            f"({TABLES_ROUNDING}), so runs here are other draws of the same experiment; the "
-            "table below is still the test"
+            f"({r.key or 'unpinned'}), which compute other bits than the table's ({want}), so "
+            "runs here are other draws of the same experiment; the table below is still the test"
         )
     else:
         print(
@@ -195,7 +199,7 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="dapo-ladder-"))
     t0 = time.perf_counter()
     try:
-        reference(scratch)
+        reference(scratch, args.table)
         sweep = run_sweep(scratch, list(published), args.seeds, args.workers)
         table = pd.read_csv(sweep / "ablation.csv")
     except KeyboardInterrupt:

@@ -19,15 +19,16 @@ are here too, so that the command checks them before Prefect starts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import t as student_t
 
 from dapo_core.ablation import apply_variant, split_sweep_overrides
 from dapo_core.config import Config, ConfigError
 from dapo_core.config_loader import resolve
-from dapo_core.metrics import bootstrap_ci
 
 COLLAPSE_SHARE = 0.5
 """A run collapsed when its final held-out avg@k is below this share of the warm start's."""
@@ -35,8 +36,8 @@ COLLAPSE_SHARE = 0.5
 
 @dataclass(frozen=True)
 class Spread:
-    """A mean over seeds, the seeds' standard deviation and a percentile-bootstrap CI of the mean
-    over seeds (NaN where one seed cannot give them)."""
+    """A mean over seeds, the seeds' standard deviation and a Student-t CI of the mean over seeds
+    (NaN where one seed cannot give them)."""
 
     mean: float
     sd: float
@@ -45,14 +46,18 @@ class Spread:
     n: int
 
 
-def seed_spread(values: Sequence[float], n_boot: int = 2000, seed: int = 0) -> Spread:
+def seed_spread(values: Sequence[float], level: float = 0.95) -> Spread:
+    """mean +/- t(n - 1) * sd / sqrt(n). A comparison has 2-5 seeds, and a percentile bootstrap
+    of so few values under-covers: with two it spans at most the two, and a 95% interval for a
+    mean of two normal draws needs 12.7 standard errors each side."""
     x = np.asarray([v for v in values if np.isfinite(v)], dtype=np.float64)
     if x.size == 0:
         return Spread(float("nan"), float("nan"), float("nan"), float("nan"), 0)
     if x.size == 1:
         return Spread(float(x[0]), float("nan"), float("nan"), float("nan"), 1)
-    low, high = bootstrap_ci(x, n_boot, seed=seed)
-    return Spread(float(x.mean()), float(x.std(ddof=1)), low, high, int(x.size))
+    mean, sd = float(x.mean()), float(x.std(ddof=1))
+    half = float(student_t.ppf((1 + level) / 2, x.size - 1)) * sd / math.sqrt(x.size)
+    return Spread(mean, sd, mean - half, mean + half, int(x.size))
 
 
 def collapsed(final: float, start: float, share: float = COLLAPSE_SHARE) -> bool:

@@ -11,6 +11,7 @@ before their imports.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import stat
 import sys
@@ -58,11 +59,17 @@ def _stdout_is_pipe() -> bool:
 
 def _reader_went_away(stdout_was_pipe: bool) -> bool:
     """Whether the command ended because its stdout, a pipe, lost its reader. Click and Rich
-    then exit 1, click after wrapping stdout to swallow later flush errors, Rich after pointing
-    file descriptor 1 at the null device."""
+    then exit 1: click with file descriptor 1 still the pipe, which ``poll`` then reports in
+    error (Linux: a pipe's write end with no reader), Rich after pointing it at the null device."""
     if not stdout_was_pipe:
         return False
-    return type(sys.stdout).__name__.endswith("PacifyFlushWrapper") or not _stdout_is_pipe()
+    return not _stdout_is_pipe() or _pipe_has_no_reader(1)
+
+
+def _pipe_has_no_reader(fd: int) -> bool:
+    poll = select.poll()
+    poll.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poll.poll(0))
 
 
 def until_work_begins() -> None:

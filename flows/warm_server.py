@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.environment import apply_defaults
-from flows.signals import until_work_begins
+from flows.signals import run_to_the_end, until_work_begins
 from flows.warm import (
     CLI,
     IDLE_S,
@@ -327,7 +327,9 @@ def serve_main() -> None:
         raise
     if job is not None:  # the forked child
         become(job)
-        importlib.import_module(CLI).app()  # imported already: by name, as PRELOAD's modules
+        # imported already: by name, as PRELOAD's modules; run as the `dapo` entry point runs
+        # it (a reader that left its output makes 141, not 1)
+        run_to_the_end(importlib.import_module(CLI).app)
 
 
 if __name__ == "__main__":

@@ -117,7 +117,7 @@ TABLE_COLUMNS = [
 
 
 def comparison_table(records: list[RunRecord], methods: list[str], warm: float) -> pd.DataFrame:
-    """One row per method: the final held-out avg@k over seeds (mean, bootstrap CI over seeds,
+    """One row per method: the final held-out avg@k over seeds (mean, t-interval over seeds,
     seed sd), runs that collapsed below ``dapo_core.comparison.COLLAPSE_SHARE`` of the warm
     start's ``warm`` avg@k, the update statistics and the cost, each averaged over seeds."""
     rows = []

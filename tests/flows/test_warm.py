@@ -257,6 +257,22 @@ def test_a_warm_process_runs_commands_as_a_cold_start_would(tiny_cfg, tmp_path, 
         "error: override -S train.steps=-1: train.steps must be >= 1, got -1"
     ), out
 
+    read, write = os.pipe()  # a reader that left before the report (`dapo preflight | head -0`)
+    os.close(read)
+    try:
+        gone = subprocess.run(
+            [sys.executable, "-c", DAPO, "preflight", "--params", str(params)],
+            cwd=tmp_path,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert gone.returncode == 128 + signal.SIGPIPE and "Traceback" not in gone.stderr, gone.stderr
+    assert _served(log)[-1].endswith(": exit 141")  # the warm process ran it
+
     run = tmp_path / "long"
     long = _dapo(
         [*base, "--run-dir", str(run), "-S", "train.steps=500"],
@@ -292,7 +308,7 @@ def test_a_warm_process_runs_commands_as_a_cold_start_would(tiny_cfg, tmp_path, 
     )
     out, _ = cold.communicate(timeout=120)
     assert cold.returncode == 0, out
-    assert len(_served(log)) == 6  # not run warm: another context
+    assert len(_served(log)) == 8  # not run warm: another context
     assert warm.status(timeout=10)["pid"] == ready["pid"]  # which left this one be
 
     # Killed outright (SIGKILL: the OOM killer, a scheduler past its grace period), the

@@ -188,3 +188,19 @@ def test_a_stopped_command_exits_128_plus_its_first_signal():
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.split() == ["130", "143", "130"], done.stderr
+
+
+def test_a_pipe_is_read_as_left_only_once_its_reader_has_closed_it():
+    """A command that fails (exit 1) into a pipe someone still reads keeps its 1: only a pipe
+    with no reader turns it into 141."""
+    import os
+
+    from flows.signals import _pipe_has_no_reader
+
+    read, write = os.pipe()
+    try:
+        assert not _pipe_has_no_reader(write)
+        os.close(read)
+        assert _pipe_has_no_reader(write)
+    finally:
+        os.close(write)

@@ -36,6 +36,7 @@ from pathlib import Path
 import pandas as pd
 
 import bench
+from tasks import signals
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAIN = ROOT / "configs" / "chain.yaml"
@@ -179,11 +180,8 @@ def reference(scratch: Path, table: str = "ladder") -> None:
         )
 
 
-_STOPPED_BY = [signal.SIGINT]  # the signal a stop came by: the status is 128 + it
-
-
 def _terminate(signum, frame) -> None:
-    _STOPPED_BY[0] = signum
+    signals.note_interrupt(signum)  # SIGTERM stops the sweep as Ctrl-C does, and exits 143
     raise KeyboardInterrupt
 
 
@@ -204,7 +202,7 @@ def main() -> None:
         table = pd.read_csv(sweep / "ablation.csv")
     except KeyboardInterrupt:
         print("interrupted: the sweep stopped; run the same command to start again")
-        sys.exit(128 + _STOPPED_BY[0])  # 130 for Ctrl-C, 143 for SIGTERM
+        sys.exit(signals.interrupted_status())  # 130 for Ctrl-C, 143 for SIGTERM
     finally:
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)

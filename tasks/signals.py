@@ -65,6 +65,13 @@ def interrupted_status() -> int:
     return 128 + (_stopped_by[0] if _stopped_by else signal.SIGINT)
 
 
+def note_interrupt(signum: int) -> None:
+    """Record ``signum`` as what stopped this command, unless a signal did already (for
+    :func:`interrupted_status`)."""
+    if not _stopped_by:
+        _stopped_by.append(signum)
+
+
 def forget_interrupts() -> None:
     """A command begins: what stopped an earlier one in this process (a test's) is forgotten."""
     _stopped_by.clear()
@@ -113,8 +120,7 @@ def watched(handler: Any) -> Any:
         return handler
 
     def arming(signum: int, frame: Any) -> Any:
-        if not _stopped_by:
-            _stopped_by.append(signum)
+        note_interrupt(signum)
         arm_watchdog()
         redeliver_lost_interrupts(signum)
         return handler(signum, frame)

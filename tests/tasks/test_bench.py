@@ -245,3 +245,21 @@ def test_ladder_check_expects_the_tables_bits_only_under_their_rounding(
         ladder_check.reference(tmp_path, "algorithms")
         out = capsys.readouterr().out
         assert "same bits" not in out and "AuthenticAMD CPU computes them with MKL_CBWR=AVX2" in out
+
+
+def test_ladder_check_stopped_by_sigterm_exits_143_as_a_dapo_command_does():
+    import signal
+
+    from bench import ladder_check
+    from tasks import signals
+
+    signals.forget_interrupts()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ladder_check._terminate(signal.SIGTERM, None)
+        assert signals.interrupted_status() == 143
+        signals.note_interrupt(signal.SIGINT)  # a second signal does not change what stopped it
+        assert signals.interrupted_status() == 143
+    finally:
+        signals.forget_interrupts()
+    assert signals.interrupted_status() == 130  # a KeyboardInterrupt no handler saw: Ctrl-C's

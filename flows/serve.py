@@ -101,7 +101,13 @@ def _paused_if_killed() -> Iterator[_Schedules]:
         yield schedules
     finally:
         if schedules.ids and not schedules.served:
-            pause_deployments(str(api_url()), *schedules.ids)
+            paused = pause_deployments(str(api_url()), *schedules.ids)
+            if paused < len(schedules.ids):  # the server away or too slow to answer
+                sys.stderr.write(
+                    f"warning: {len(schedules.ids) - paused} of the deployments registered "
+                    "could not be paused and keep their schedules: pause them in the Prefect UI "
+                    "or with `prefect deployment pause NAME`\n"
+                )
         lifetime.take_back(schedules.key)
 
 

@@ -2,6 +2,7 @@
 
 import logging
 import re
+from unittest import mock
 
 import pytest
 from typer.testing import CliRunner
@@ -328,15 +329,38 @@ def test_a_stop_before_the_runner_serves_pauses_what_was_registered(prefect_harn
     so nothing paused them, and the command said the schedules were paused."""
     from prefect import get_client
 
+    import flows.serve
     from flows.serve import _paused_if_killed
 
     (nightly,) = build_deployments(schedule_specs(ablate_cron=""))
     deployment_id = str(nightly.apply())
-    with get_client(sync_client=True) as client:
+    accepted = []
+    pause = flows.serve.pause_deployments
+    with (
+        get_client(sync_client=True) as client,
+        mock.patch.object(
+            flows.serve, "pause_deployments", lambda *a: accepted.append(pause(*a)) or 1
+        ),
+    ):
         client.resume_deployment(deployment_id)
         try:
             with _paused_if_killed() as schedules:
                 schedules.registered(deployment_id)  # then stopped: the runner never started
+            assert accepted == [1], "the server did not accept the pause"
             assert client.read_deployment(deployment_id).paused
         finally:
             client.resume_deployment(deployment_id)  # as the other tests found it
+
+
+def test_deployments_the_server_would_not_pause_are_named_in_a_warning(monkeypatch, capsys):
+    import flows.serve
+
+    monkeypatch.setattr(flows.serve, "pause_deployments", lambda api, *ids: 0)  # server away
+    monkeypatch.setattr(flows.serve.lifetime, "last_words", lambda key, argv: None)
+    monkeypatch.setattr(flows.serve.lifetime, "take_back", lambda key: None)
+    with flows.serve._paused_if_killed() as schedules:
+        schedules.registered("d1")
+        schedules.registered("d2")
+    said = capsys.readouterr().err
+    assert said.startswith("warning: 2 of the deployments registered could not be paused")
+    assert "prefect deployment pause" in said

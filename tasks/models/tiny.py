@@ -137,7 +137,9 @@ def build_spec(cfg: Config) -> dict:
         **build_settings(cfg),
         "code": code_digest(*BUILD_MODULES),
         "libraries": library_versions(),
-        "kernels": kernel_tags(),  # another kernel level rounds, and so builds, differently
+        # another kernel level rounds, and so builds, differently; the CPU's maker matters only
+        # where runtime.rounding names it (not under the portable pins)
+        "kernels": {k: v for k, v in kernel_tags().items() if k != "runtime.cpu_vendor"},
     }
 
 

@@ -161,6 +161,25 @@ def test_embedded_model_build_is_keyed_on_its_code_and_libraries(tiny_cfg, monke
     assert tiny.build_spec(tiny_cfg)["libraries"]["no-such-library"] == "absent"
 
 
+def test_a_build_is_not_rebuilt_for_another_cpu_maker_where_the_bits_do_not_depend_on_it(
+    tiny_cfg, monkeypatch
+):
+    """Under the portable pins (runtime.rounding COMPATIBLE) Intel and AMD CPUs build the same
+    bytes, so a build directory moved between them is current; under MKL's AVX2 branch the
+    maker is part of runtime.rounding, and so of the spec."""
+    from tasks import determinism
+    from tasks.models import tiny
+
+    monkeypatch.setattr(determinism, "cpu_vendor", lambda: "GenuineIntel")
+    intel = tiny.build_spec(tiny_cfg)
+    monkeypatch.setattr(determinism, "cpu_vendor", lambda: "AuthenticAMD")
+    assert tiny.build_spec(tiny_cfg) == intel
+    monkeypatch.setenv("MKL_CBWR", "AVX2")
+    amd_avx2 = tiny.build_spec(tiny_cfg)
+    monkeypatch.setattr(determinism, "cpu_vendor", lambda: "GenuineIntel")
+    assert tiny.build_spec(tiny_cfg) != amd_avx2
+
+
 def test_dir_digest_reads_contents_and_says_when_it_does_not(tmp_path, monkeypatch):
     (tmp_path / "a").write_text("one")
     first = dir_digest(tmp_path)

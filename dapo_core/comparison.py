@@ -30,6 +30,8 @@ from dapo_core.ablation import apply_variant, split_sweep_overrides
 from dapo_core.config import Config, ConfigError
 from dapo_core.config_loader import resolve
 
+ACCURACY = (0.0, 1.0)
+"""Where an avg@k lies, and so its interval over seeds."""
 COLLAPSE_SHARE = 0.5
 """A run collapsed when its final held-out avg@k is below this share of the warm start's."""
 
@@ -46,10 +48,13 @@ class Spread:
     n: int
 
 
-def seed_spread(values: Sequence[float], level: float = 0.95) -> Spread:
-    """mean +/- t(n - 1) * sd / sqrt(n). A comparison has 2-5 seeds, and a percentile bootstrap
-    of so few values under-covers: with two it spans at most the two, and a 95% interval for a
-    mean of two normal draws needs 12.7 standard errors each side."""
+def seed_spread(
+    values: Sequence[float], level: float = 0.95, bounds: tuple[float, float] | None = None
+) -> Spread:
+    """mean +/- t(n - 1) * sd / sqrt(n), cut to ``bounds`` (an accuracy's [0, 1]). A comparison
+    has 2-5 seeds, and a percentile bootstrap of so few values under-covers: with two it spans at
+    most the two, and a 95% interval for a mean of two normal draws needs 12.7 standard errors
+    each side."""
     x = np.asarray([v for v in values if np.isfinite(v)], dtype=np.float64)
     if x.size == 0:
         return Spread(float("nan"), float("nan"), float("nan"), float("nan"), 0)
@@ -57,7 +62,10 @@ def seed_spread(values: Sequence[float], level: float = 0.95) -> Spread:
         return Spread(float(x[0]), float("nan"), float("nan"), float("nan"), 1)
     mean, sd = float(x.mean()), float(x.std(ddof=1))
     half = float(student_t.ppf((1 + level) / 2, x.size - 1)) * sd / math.sqrt(x.size)
-    return Spread(mean, sd, mean - half, mean + half, int(x.size))
+    low, high = mean - half, mean + half
+    if bounds is not None:
+        low, high = max(low, bounds[0]), min(high, bounds[1])
+    return Spread(mean, sd, low, high, int(x.size))
 
 
 def collapsed(final: float, start: float, share: float = COLLAPSE_SHARE) -> bool:
@@ -92,7 +100,7 @@ def mean_curve(curves: Sequence[Sequence[tuple[float, float]]]) -> list[CurvePoi
     points = []
     for i in range(n):
         xs = [c[i][0] for c in curves]
-        s = seed_spread([c[i][1] for c in curves])
+        s = seed_spread([c[i][1] for c in curves], bounds=ACCURACY)
         points.append(CurvePoint(float(np.mean(xs)), s.mean, s.low, s.high))
     return points
 

@@ -2,8 +2,7 @@
 (a value already in the environment wins). Telemetry and MLflow's download bars off; time for
 an embedded Prefect server to start on a busy machine; a Prefect home of this project's own
 (``.prefect/``: its flow runs, not every clone's in ``~/.prefect``); and CPU kernels pinned so
-that every x86-64 machine with AVX2 of one CPU maker computes the same bits
-(``tasks.determinism``).
+that every x86-64 machine with AVX2 and FMA computes the same bits (``tasks.determinism``).
 
 Standard library only: the ``dapo`` entry point applies these before it looks for a warm process
 (``flows.warm``), whose fingerprint includes them, so a command started by ``make`` and one typed

@@ -54,6 +54,12 @@ def build_and_compare(cfg: Config, ship_as: str | None = None) -> BuildReport:
             f"dapo model build builds the embedded model; model.name_or_path is "
             f"{cfg.model.name_or_path!r} (use -S model.name_or_path=tiny)"
         )
+    if ship_as and rounding(kernel_tags()) != MAKER_INDEPENDENT_MKL:
+        raise PipelineError(
+            "a release is built on the portable kernels, whose bits every x86-64 CPU with AVX2 "
+            "computes; this process's are not (tag runtime.rounding): ship from a CPU with AVX2 "
+            "and FMA, without DAPO_PORTABLE_KERNELS=0 or kernel settings of your own"
+        )
     configure_torch(cfg.train.cpu_threads)
     path = build_tiny(cfg)
     record = read_record(path) or {}
@@ -98,7 +104,7 @@ REFERENCE_OVERRIDES = (f"train.steps={REFERENCE_STEPS}", "train.checkpoint_every
 --no-track`` from the shipped checkpoint. Its final weights are the same bits on every machine
 whose kernels round alike (``tasks.determinism.rounding``: under the portable pins, every x86-64
 CPU with AVX2); the release records their digest per rounding (``reference_run.digests``:
-``COMPATIBLE``, and ``AVX2@AuthenticAMD`` for the releases' earlier pins)."""
+``COMPATIBLE``, and ``AVX2@AuthenticAMD`` and ``AVX2@GenuineIntel`` for the earlier pin)."""
 
 
 def reference_run(cfg: Config, scratch: Path) -> str:
@@ -164,10 +170,10 @@ def recorded_digests(reference: dict) -> dict[str, str]:
 
 def check_reference(cfg: Config, scratch: Path, preset: Config | None = None) -> ReferenceCheck:
     """Run the reference run from the shipped checkpoint of ``cfg`` and compare its final weights
-    with the digest the release recorded for this CPU's maker. ``preset``: ``cfg`` before its -S
-    overrides, which may change only where runs are tracked and written (any other setting makes
-    another run, whose weights would differ on every machine and be blamed on this one's
-    rounding)."""
+    with the digest the release recorded for this machine's kernels (``rounding``). ``preset``:
+    ``cfg`` before its -S overrides, which may change only where runs are tracked and written
+    (any other setting makes another run, whose weights would differ on every machine and be
+    blamed on this one's rounding)."""
     _same_run(cfg, preset or cfg)
     path = _shipped_checkpoint(cfg)
     reference = (read_record(path) or {}).get("release", {}).get("reference_run", {})

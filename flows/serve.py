@@ -105,8 +105,9 @@ def _paused_if_killed() -> Iterator[_Schedules]:
             if paused < len(schedules.ids):  # the server away or too slow to answer
                 sys.stderr.write(
                     f"warning: {len(schedules.ids) - paused} of the deployments registered "
-                    "could not be paused and keep their schedules: pause them in the Prefect UI "
-                    "or with `prefect deployment pause NAME`\n"
+                    f"(ids {', '.join(schedules.ids)}) could not be paused and keep their "
+                    "schedules: pause them in the Prefect UI's Deployments page or with "
+                    "`prefect deployment schedule pause FLOW/DEPLOYMENT --all`\n"
                 )
         lifetime.take_back(schedules.key)
 

@@ -118,15 +118,17 @@ def rounding(kernels: Mapping[str, str]) -> str | None:
     """What decides a run's bits on this CPU, from its kernel tags (:func:`kernels_in_effect`):
     MKL's branch, and the CPU's maker where that branch is not :data:`MAKER_INDEPENDENT_MKL`
     (``COMPATIBLE``, ``AVX2@AuthenticAMD``). Two runs of one computation on pinned ATen and
-    oneDNN levels are the same bits when this is; None off those pins or under MKL's own choice,
-    whose bits are this machine's alone. The key a reference digest is recorded under."""
+    oneDNN levels are the same bits when this is; None off those pins, under MKL's own choice
+    (unset, or ``AUTO``), or where the maker cannot be read: bits of this machine's alone. The key
+    a reference digest is recorded under."""
     pinned = PORTABLE_KERNELS
     levels = (kernels.get("runtime.cpu_capability", "").upper(), kernels.get("runtime.onednn_isa"))
-    mkl = kernels.get("runtime.mkl_cbwr", "native")
+    mkl = kernels.get("runtime.mkl_cbwr", "native").upper().removeprefix("BRANCH=")
+    vendor = kernels.get("runtime.cpu_vendor", "unknown")
     if levels != (pinned["ATEN_CPU_CAPABILITY"].upper(), pinned["ONEDNN_MAX_CPU_ISA"]):
         return None
     if mkl == MAKER_INDEPENDENT_MKL:
         return mkl
-    if mkl == "native":
+    if mkl in ("NATIVE", "AUTO") or vendor == "unknown":  # MKL's choice for this very CPU
         return None
-    return f"{mkl}@{kernels.get('runtime.cpu_vendor', 'unknown')}"
+    return f"{mkl}@{vendor}"

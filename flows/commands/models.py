@@ -144,19 +144,32 @@ def model_check(
         return
     kernels = ", ".join(f"{k}={v}" for k, v in r.kernels.items())
     if r.key is None:
+        from tasks.determinism import portable_kernels
+
+        remedy = (
+            "run without DAPO_PORTABLE_KERNELS=0 and without kernel settings of your own"
+            if portable_kernels()
+            else "this CPU cannot take them (they need AVX2 and FMA), so runs here are other "
+            "draws of the same experiment"
+        )
         console.print(
             f"[yellow]not comparable[/]: this machine ended in {r.got} on kernels of its own "
-            f"({kernels}), and only the portable ones compute the release's bits: run without "
-            "DAPO_PORTABLE_KERNELS=0 and without kernel settings of your own (docs/determinism.md)"
+            f"({kernels}), and only the portable ones compute the release's bits: {remedy} "
+            "(docs/determinism.md)"
         )
         raise typer.Exit(1)
     if r.want is None:
+        from tasks.determinism import MAKER_INDEPENDENT_MKL
+
         recorded = ", ".join(sorted(r.recorded)) or "none"
+        record = (
+            " (maintainers: --record adds this digest)" if r.key == MAKER_INDEPENDENT_MKL else ""
+        )
         console.print(
             f"[yellow]no reference under {_rounding_shown(r.key)}[/]: this machine ended in "
             f"{r.got}; the release recorded the run under other kernels only ({recorded}), "
             "which compute other bits (docs/determinism.md); runs here are other draws of the "
-            "same experiment (maintainers: --record adds this digest)"
+            f"same experiment{record}"
         )
         raise typer.Exit(1)
     console.print(

@@ -18,6 +18,7 @@ import pandas as pd
 
 from dapo_core import metric_names as metric
 from dapo_core.comparison import (
+    ACCURACY,
     coefficient_of_variation,
     collapsed,
     cumulative,
@@ -124,7 +125,7 @@ def comparison_table(records: list[RunRecord], methods: list[str], warm: float) 
     for m in methods:
         mine = [r for r in records if r.method == m]
         ok = [r for r in mine if r.status == "ok"]
-        final = seed_spread([r.avg_at_k for r in ok])
+        final = seed_spread([r.avg_at_k for r in ok], bounds=ACCURACY)
 
         def mean(attr: str, ok=ok) -> float:
             values = [getattr(r, attr) for r in ok if np.isfinite(getattr(r, attr))]

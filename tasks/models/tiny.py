@@ -23,6 +23,7 @@ from dapo_core.synthetic import solution
 from tasks.data import splits as data_splits
 from tasks.data.splits import splits
 from tasks.data.version import problems_digest
+from tasks.determinism import MAKER_INDEPENDENT_MKL
 from tasks.models import loading, shipped, warm_start
 from tasks.models.build import code_digest, ensure_built, library_versions
 from tasks.models.loading import save_model_dir, transformers_quietly
@@ -137,10 +138,18 @@ def build_spec(cfg: Config) -> dict:
         **build_settings(cfg),
         "code": code_digest(*BUILD_MODULES),
         "libraries": library_versions(),
-        # another kernel level rounds, and so builds, differently; the CPU's maker matters only
-        # where runtime.rounding names it (not under the portable pins)
-        "kernels": {k: v for k, v in kernel_tags().items() if k != "runtime.cpu_vendor"},
+        "kernels": _kernels_that_round(),
     }
+
+
+def _kernels_that_round() -> dict[str, str]:
+    """The kernel tags a build depends on: another kernel level rounds, and so builds,
+    differently; the CPU's maker too, unless MKL's branch computes alike on every maker's CPU
+    (``runtime.rounding`` ``COMPATIBLE``, the portable pins)."""
+    tags = kernel_tags()
+    if tags["runtime.rounding"] == MAKER_INDEPENDENT_MKL:
+        tags.pop("runtime.cpu_vendor")
+    return tags
 
 
 def ensure_tiny_model(cfg: Config) -> Path:

@@ -82,3 +82,13 @@ def test_cumulative_counts():
     rng = np.random.default_rng(0)
     x = rng.integers(0, 100, size=20)
     assert cumulative(x)[-1] == x.sum()
+
+
+def test_an_accuracys_interval_stays_within_0_and_1():
+    """Two seeds far apart: the t-interval (12.7 standard errors) reaches past both ends."""
+    wide = seed_spread([0.1, 0.9])
+    assert wide.low < 0 and wide.high > 1
+    cut = seed_spread([0.1, 0.9], bounds=(0.0, 1.0))
+    assert (cut.low, cut.mean, cut.high) == (0.0, pytest.approx(0.5), 1.0)
+    (point,) = mean_curve([[(10, 0.1)], [(12, 0.9)]])
+    assert (point.low, point.high) == (0.0, 1.0) and point.x == 11

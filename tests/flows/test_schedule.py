@@ -362,5 +362,5 @@ def test_deployments_the_server_would_not_pause_are_named_in_a_warning(monkeypat
         schedules.registered("d1")
         schedules.registered("d2")
     said = capsys.readouterr().err
-    assert said.startswith("warning: 2 of the deployments registered could not be paused")
-    assert "prefect deployment pause" in said
+    assert said.startswith("warning: 2 of the deployments registered (ids d1, d2) could not")
+    assert "prefect deployment schedule pause FLOW/DEPLOYMENT --all" in said

@@ -100,6 +100,13 @@ def test_a_run_is_tagged_portable_only_under_all_three_pins(monkeypatch):
         ({"runtime.mkl_cbwr": "COMPATIBLE", "runtime.cpu_vendor": "AuthenticAMD"}, "COMPATIBLE"),
         ({"runtime.mkl_cbwr": "AVX2", "runtime.cpu_vendor": "GenuineIntel"}, "AVX2@GenuineIntel"),
         ({"runtime.mkl_cbwr": "native", "runtime.cpu_vendor": "GenuineIntel"}, None),
+        ({"runtime.mkl_cbwr": "AUTO", "runtime.cpu_vendor": "GenuineIntel"}, None),
+        ({"runtime.mkl_cbwr": "AVX2", "runtime.cpu_vendor": "unknown"}, None),
+        ({"runtime.mkl_cbwr": "compatible", "runtime.cpu_vendor": "unknown"}, "COMPATIBLE"),
+        (
+            {"runtime.mkl_cbwr": "BRANCH=AVX2", "runtime.cpu_vendor": "AuthenticAMD"},
+            "AVX2@AuthenticAMD",
+        ),
         ({"runtime.mkl_cbwr": "COMPATIBLE", "runtime.cpu_capability": "AVX512"}, None),
         ({"runtime.mkl_cbwr": "COMPATIBLE", "runtime.onednn_isa": "native"}, None),
     ],

@@ -280,20 +280,36 @@ def test_session_35s_per_maker_digests_read_as_mkl_avx2s():
     assert recorded_digests({"digest": "sha256:legacy"}) == {}
 
 
-def test_record_adds_a_roundings_digest_and_refuses_to_replace_one(tmp_path, monkeypatch):
+def test_record_adds_the_pins_digest_and_refuses_to_replace_one(tmp_path, monkeypatch):
+    """After a change of the pins (session 36: MKL's AVX2 branch to COMPATIBLE) the release has
+    no digest for them: --record adds it, keeping the earlier ones; it never replaces one."""
     from flows.models import record_reference
 
     copy = _copy_release(tmp_path, monkeypatch)
-    before = read_record(copy)["release"]["reference_run"]["digests"]
-    record_reference(_check("AVX2@HygonGenuine", before))
+    reference = read_record(copy)["release"]["reference_run"]
+    earlier = {k: v for k, v in reference["digests"].items() if k != MAKER_INDEPENDENT_MKL}
+    shipped.annotate(copy, reference_run={**reference, "digests": earlier})
+    record_reference(_check(MAKER_INDEPENDENT_MKL, earlier))
     after = read_record(copy)["release"]["reference_run"]
-    assert after["digests"] == {**before, "AVX2@HygonGenuine": "sha256:new"}
+    assert after["digests"] == {**earlier, MAKER_INDEPENDENT_MKL: "sha256:new"}
     assert after["overrides"] == ["train.steps=5", "train.checkpoint_every=0"]
     with pytest.raises(PipelineError, match="re-ship the checkpoint"):
-        record_reference(_check("AVX2@HygonGenuine", after["digests"]))  # a change of numerics
+        record_reference(_check(MAKER_INDEPENDENT_MKL, after["digests"]))  # a change of numerics
     with pytest.raises(PipelineError, match="portable kernels"):
         record_reference(_check(None, after["digests"], portable="false"))
     assert read_record(copy)["release"]["reference_run"] == after
+
+
+def test_a_release_is_shipped_only_from_the_portable_kernels(monkeypatch):
+    import flows.models
+
+    kernels = {"runtime.cpu_capability": "AVX2", "runtime.onednn_isa": "AVX2"}
+    monkeypatch.setattr(
+        flows.models, "kernel_tags", lambda: {**kernels, "runtime.mkl_cbwr": "AVX2"}
+    )
+    monkeypatch.setattr(flows.models, "build_tiny", lambda cfg: pytest.fail("built off the pins"))
+    with pytest.raises(PipelineError, match="ship from a CPU with AVX2"):
+        flows.models.build_and_compare(load_params(), ship_as="tiny-other")
 
 
 def test_model_check_under_kernels_without_a_reference_says_so_and_how_to_record_one(monkeypatch):
@@ -316,7 +332,8 @@ def test_model_check_under_kernels_without_a_reference_says_so_and_how_to_record
     assert said.startswith(
         "no reference under MKL_CBWR=AVX2 on HygonGenuine CPUs: this machine ended in sha256:hygon"
     )
-    assert "(AVX2@AuthenticAMD, AVX2@GenuineIntel, COMPATIBLE)" in said and "--record" in said
+    assert "(AVX2@AuthenticAMD, AVX2@GenuineIntel, COMPATIBLE)" in said
+    assert "--record" not in said  # only the portable pins' digest is recorded
 
 
 def test_model_check_off_the_pins_says_which_settings_to_drop(monkeypatch):

@@ -350,3 +350,30 @@ def test_model_check_off_the_pins_says_which_settings_to_drop(monkeypatch):
     said = " ".join(out.output.split())
     assert said.startswith("not comparable: this machine ended in sha256:own")
     assert "DAPO_PORTABLE_KERNELS=0" in said and "Traceback" not in out.output
+
+
+def test_a_shipped_release_records_its_reference_run_under_the_portable_pins(
+    tiny_cfg, tmp_path, monkeypatch
+):
+    """Under the pins every maker's CPU computes the reference run's bits: the release records
+    its digest once, as COMPATIBLE's (a build, its scoring and the run are stood in for)."""
+    import flows.models
+
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    monkeypatch.setattr(shipped, "SHIPPED_ROOT", root)
+    kernels = {"runtime.cpu_capability": "AVX2", "runtime.onednn_isa": "AVX2"}
+    for vendor in ("GenuineIntel", "AuthenticAMD"):
+        tags = {**kernels, "runtime.mkl_cbwr": "COMPATIBLE", "runtime.cpu_vendor": vendor}
+        monkeypatch.setattr(flows.models, "kernel_tags", lambda tags=tags: tags)
+        monkeypatch.setattr(flows.models, "build_tiny", lambda cfg: Path(tiny_cfg.tiny.path))
+        monkeypatch.setattr(
+            flows.models,
+            "_start",
+            lambda cfg, path, digest: flows.models.Start(digest, 0.3, (0.2, 0.4)),
+        )
+        monkeypatch.setattr(flows.models, "reference_run", lambda cfg, scratch: "sha256:run")
+        name = f"tiny-{vendor.lower()}"
+        flows.models.build_and_compare(tiny_cfg, ship_as=name)
+        reference = read_record(root / name)["release"]["reference_run"]
+        assert reference["digests"] == {MAKER_INDEPENDENT_MKL: "sha256:run"}, vendor

@@ -29,16 +29,16 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+MAKER_INDEPENDENT_MKL = "COMPATIBLE"
+"""MKL's one branch that computes the same on every maker's CPU: under any other, MKL runs the
+branch on Intel CPUs and its ``AUTO`` branch for the CPU on others, so the bits are the maker's."""
 PORTABLE_KERNELS = {
     "ATEN_CPU_CAPABILITY": "avx2",
-    "MKL_CBWR": "COMPATIBLE",
+    "MKL_CBWR": MAKER_INDEPENDENT_MKL,
     "ONEDNN_MAX_CPU_ISA": "AVX2",
 }
 REPRODUCIBLE_COMPILER = {"TORCHINDUCTOR_DETERMINISTIC": "1"}
 SWITCH = "DAPO_PORTABLE_KERNELS"
-MAKER_INDEPENDENT_MKL = "COMPATIBLE"
-"""MKL's one branch that computes the same on every maker's CPU: under any other, MKL runs the
-branch on Intel CPUs and its ``AUTO`` branch for the CPU on others, so the bits are the maker's."""
 
 
 CPUINFO = Path("/proc/cpuinfo")

